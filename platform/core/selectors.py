@@ -1,0 +1,25 @@
+"""Reads of the core app."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import connection
+from django.utils import timezone
+
+from core.models import WorkerPing
+
+
+def health_summary(*, worker_window_s: int = 300) -> dict[str, object]:
+    """What a status page or a load balancer wants to know about this deployment."""
+    from django.conf import settings
+
+    since = timezone.now() - timedelta(seconds=worker_window_s)
+    last = WorkerPing.objects.filter(answered_at__gte=since).first()
+    return {
+        "database": connection.vendor,
+        "broker": settings.CELERY_BROKER_URL.split("://", 1)[0],
+        "channel_layer": settings.CHANNEL_LAYERS["default"]["BACKEND"].rsplit(".", 1)[-1],
+        "last_worker_ping": last.answered_at.isoformat() if last else None,
+        "worker_hostname": last.hostname if last else None,
+    }

@@ -1,0 +1,5 @@
+from django.urls import path
+
+from core.api import HealthView
+
+urlpatterns = [path("health/", HealthView.as_view(), name="health")]

@@ -1,0 +1,360 @@
+"""The one configuration schema of an experiment (pydantic; imports neither torch nor ray).
+
+The platform validates API bodies and renders its form from this tree (``experiment_json_schema``);
+the CLI loads it from YAML with ``--set a.b=c`` overrides. Cross-field checks raise messages that say
+what to change. Units: ``trainer.batch_size`` and ``trainer.mini_batch_size`` count *samples*
+(responses); a step consumes ``batch_size // rollout.n`` prompts, each answered ``rollout.n`` times.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    """Base: unknown keys are errors (a typo must not silently fall back to a default)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --- model --------------------------------------------------------------------------------------------
+
+
+class TinyModelSpec(_Strict):
+    """A deterministic random-init causal LM built locally (no hub) when ``model.path`` does not exist."""
+
+    architecture: Literal["llama", "qwen2"] = "llama"
+    hidden_size: int = Field(64, ge=8, le=1024)
+    num_layers: int = Field(2, ge=1, le=24)
+    num_heads: int = Field(4, ge=1, le=32)
+    intermediate_size: int = Field(128, ge=8, le=8192)
+    max_position_embeddings: int = Field(256, ge=16, le=8192)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> TinyModelSpec:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class ModelConfig(_Strict):
+    """Everything about the policy model. eos/pad ids: ``generation_config`` first, else the tokenizer."""
+
+    path: str = Field(..., description="Model directory (HF format) or, with `tiny`, where to build it.")
+    tokenizer_path: str | None = Field(None, description="Defaults to `path`.")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    trust_remote_code: bool = False
+    override_config: dict[str, Any] = Field(default_factory=dict, description="Merged into config.json.")
+    generation_config: dict[str, Any] | None = Field(
+        None, description="Overrides of generation_config.json (e.g. eos_token_id, pad_token_id)."
+    )
+    tiny: TinyModelSpec | None = Field(None, description="Build a tiny model at `path` if it is missing.")
+    gradient_checkpointing: bool = False
+
+
+# --- rollout (discriminated by backend) -----------------------------------------------------------------
+
+
+class _RolloutBase(_Strict):
+    n: int = Field(8, ge=1, le=1024, description="Responses per prompt (the GRPO group size).")
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(16, ge=1, le=65536)
+    max_prompt_tokens: int = Field(64, ge=1, le=65536)
+
+
+class HFRolloutConfig(_RolloutBase):
+    backend: Literal["hf"] = "hf"
+    micro_batch_size: int = Field(64, ge=1, description="Sequences per generate call.")
+    chunk_tokens: int = Field(
+        4, ge=1, description="Decode steps between interruption checks (partial rollout granularity)."
+    )
+    num_threads: int = Field(1, ge=1, le=64, description="torch threads in the rollout process.")
+
+
+class VLLMRolloutConfig(_RolloutBase):
+    backend: Literal["vllm"] = "vllm"
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = Field(256, ge=1)
+    weight_transfer: Literal["nccl", "ipc"] = "nccl"
+
+
+class SGLangRolloutConfig(_RolloutBase):
+    backend: Literal["sglang"] = "sglang"
+    tp_size: int = Field(1, ge=1)
+    mem_fraction_static: float = Field(0.5, gt=0.0, le=1.0)
+    weight_transfer: Literal["distributed", "tensor"] = "distributed"
+
+
+RolloutConfig = Annotated[
+    HFRolloutConfig | VLLMRolloutConfig | SGLangRolloutConfig, Field(discriminator="backend")
+]
+
+
+# --- trainer / algorithm ------------------------------------------------------------------------------
+
+
+class TrainerConfig(_Strict):
+    total_steps: int = Field(100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run.")
+    batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
+    mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
+    ppo_epochs: int = Field(1, ge=1, le=16)
+    lr: float = Field(3e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of the decayed LR, as a ratio of lr.")
+    num_threads: int = Field(1, ge=1, le=64, description="torch threads in the trainer process.")
+    checkpoint_dir: str | None = Field(None, description="Where checkpoints go; None disables them.")
+    checkpoint_every: int = Field(0, ge=0, description="Trainer steps between checkpoints; 0: only at the end.")
+    keep_checkpoints: int = Field(2, ge=1)
+    resume_from: str | None = Field(None, description="A checkpoint directory to resume from.")
+
+    @model_validator(mode="after")
+    def _batches(self) -> TrainerConfig:
+        if self.batch_size % self.mini_batch_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size ({self.mini_batch_size})"
+            )
+        if self.warmup_steps >= self.total_steps and self.lr_schedule != "constant":
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must be below total_steps ({self.total_steps})"
+            )
+        return self
+
+
+class AlgorithmConfig(_Strict):
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    norm_adv_by_std: bool = True
+    clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
+    clip_eps_high: float = Field(0.28, ge=0.0, le=10.0)
+    dual_clip_c: float | None = Field(3.0, gt=1.0, description="Dual-clip bound for negative advantages.")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL penalty against the reference (initial) policy.")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    off_policy: Literal["none", "tis", "decoupled"] = Field(
+        "none",
+        description=(
+            "none: behaviour log-probs are the old log-probs; tis: truncated importance sampling against "
+            "recomputed log-probs; decoupled: decoupled PPO with the proximal policy at the last sync."
+        ),
+    )
+    tis_threshold: float = Field(2.0, gt=1.0)
+
+
+# --- pipeline -----------------------------------------------------------------------------------------
+
+
+class PipelineConfig(_Strict):
+    mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
+    staleness_threshold: int = Field(
+        1, ge=0, description="Max trainer versions a sample may lag (fully_async); see docs/architecture.md."
+    )
+    trigger_parameter_sync_step: int = Field(1, ge=1, description="Trainer steps between weight syncs.")
+    require_batches: int = Field(1, ge=1, description="Mini-batches the trainer gathers before a step.")
+    partial_rollout: bool = True
+    num_rollouters: int = Field(1, ge=1, le=64)
+    queue_max_size: int = Field(0, ge=0, description="Queue bound in samples; 0: derived from the staleness.")
+    watchdog_timeout_s: float = Field(300.0, gt=0.0, description="Report a stage with no progress for this long.")
+    ray_address: str | None = Field(None, description="Ray cluster to join; None: start a local one.")
+
+
+# --- data / reward / resources / logging --------------------------------------------------------------
+
+
+class TaskDataConfig(_Strict):
+    source: Literal["task"] = "task"
+    task: str = Field("copy", description="A built-in verifiable task (see `python -m rl_engine presets`).")
+    task_kwargs: dict[str, Any] = Field(default_factory=dict)
+    num_prompts: int = Field(10000, ge=1)
+
+
+class JsonlDataConfig(_Strict):
+    source: Literal["jsonl"] = "jsonl"
+    path: str
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+
+
+DataConfig = Annotated[TaskDataConfig | JsonlDataConfig, Field(discriminator="source")]
+
+
+class RewardConfig(_Strict):
+    name: str = Field("exact_match", description="A reward function from the registry.")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResourcesConfig(_Strict):
+    rollout_gpus: int = Field(0, ge=0, description="GPUs per rollouter.")
+    trainer_gpus: int = Field(0, ge=0)
+    cpus_per_actor: float = Field(1.0, gt=0.0)
+
+
+class LoggingConfig(_Strict):
+    sinks: list[Literal["stdout", "jsonl", "http"]] = Field(default_factory=lambda: ["stdout"])
+    jsonl_path: str | None = None
+    log_every: int = Field(1, ge=1)
+    samples_per_step: int = Field(4, ge=0, description="Example (prompt, response) pairs reported per step.")
+    progress_bar: bool = True
+
+
+class ExperimentConfig(_Strict):
+    name: str = Field("experiment", min_length=1, max_length=200)
+    seed: int = 0
+    model: ModelConfig
+    rollout: RolloutConfig = Field(default_factory=HFRolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    data: DataConfig = Field(default_factory=TaskDataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> ExperimentConfig:
+        n, batch = self.rollout.n, self.trainer.batch_size
+        if batch % n:
+            raise ValueError(
+                f"trainer.batch_size ({batch}) must be a multiple of rollout.n ({n}): "
+                f"each prompt is answered rollout.n times (try batch_size={batch - batch % n or n})"
+            )
+        if self.trainer.mini_batch_size % n:
+            raise ValueError(
+                f"trainer.mini_batch_size ({self.trainer.mini_batch_size}) must be a multiple of rollout.n ({n}) "
+                "so that groups are never split across mini-batches"
+            )
+        if self.rollout.backend in ("vllm", "sglang") and self.resources.rollout_gpus < 1:
+            raise ValueError(
+                f"rollout.backend '{self.rollout.backend}' needs a GPU: set resources.rollout_gpus >= 1 "
+                "or use rollout.backend 'hf'"
+            )
+        if self.algorithm.advantage in ("grpo", "dr_grpo", "rloo") and n < 2:
+            raise ValueError(
+                f"algorithm.advantage '{self.algorithm.advantage}' compares responses within a group: "
+                "set rollout.n >= 2"
+            )
+        if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
+            raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
+        if self.pipeline.mode == "sync" and self.pipeline.staleness_threshold != 0:
+            # sync is on-policy by definition; the field is ignored rather than rejected.
+            pass
+        return self
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for one line of CLI output or one field of an HTTP 400."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{loc}: {msg}" if loc else msg for loc, msg in errors))
+
+
+def _loc_to_path(loc: tuple[Any, ...]) -> str:
+    """('rollout', 'hf', 'n') -> 'rollout.n': drop union tags pydantic inserts for discriminated unions."""
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item in {"hf", "vllm", "sglang", "task", "jsonl"} and parts and parts[-1] in {"rollout", "data"}:
+            continue
+        else:
+            parts.append(str(item))
+    return ".".join(parts).replace(".[", "[")
+
+
+def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """Flatten a pydantic error into (field.path, message) pairs."""
+    out = []
+    for err in exc.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append((_loc_to_path(tuple(err["loc"])), msg))
+    return out
+
+
+def parse_config(data: dict[str, Any]) -> ExperimentConfig:
+    """Validate a plain dict; raises ConfigError with field paths."""
+    if not isinstance(data, dict):
+        raise ConfigError([("", f"the config must be a mapping, got {type(data).__name__}")])
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_errors(exc)) from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=c`` -> (['a', 'b'], value); the value is parsed as YAML (numbers, bools, lists)."""
+    if "=" not in item:
+        raise ConfigError([("", f"override {item!r} must look like key.path=value")])
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError([("", f"override {item!r} has an empty key")])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with ``a.b=c`` overrides applied (creates missing mappings)."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError([(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")])
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_yaml(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a YAML file (optionally a preset name via ``preset:NAME``) and apply overrides."""
+    text_path = str(path)
+    if text_path.startswith("preset:"):
+        from rl_engine.presets import get_preset
+
+        data = get_preset(text_path.removeprefix("preset:"))
+    else:
+        try:
+            raw = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError([("", f"cannot read {path}: {exc.strerror}")]) from None
+        try:
+            data = yaml.safe_load(raw) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ConfigError([("", f"{path} is not valid YAML{where}")]) from None
+    return parse_config(apply_overrides(data, overrides or []))
+
+
+def dump_yaml(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def experiment_json_schema() -> dict[str, Any]:
+    """The JSON Schema the platform's form is rendered from."""
+    return ExperimentConfig.model_json_schema()
