@@ -1,0 +1,1 @@
+"""Rollout workers: one standalone class per backend behind the contract in ``base``."""

@@ -1,0 +1,1 @@
+"""The policy update: losses from ``rl_engine.algos``, optimizer, schedule, checkpoint/resume."""
