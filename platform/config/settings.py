@@ -8,6 +8,7 @@ in README.md (Configuration).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from config.env import env_bool, env_int, env_list, env_str, parse_database_url
@@ -78,17 +79,22 @@ TEMPLATES = [
     },
 ]
 
+# Test databases carry the test runner's PID so that two suites running at once never share one; the
+# suite's own Celery workers and servers are pointed at it explicitly (tests/conftest.py).
+_TEST_SUFFIX = str(os.getpid())
 if DATABASE_URL:
-    DATABASES = {"default": parse_database_url(DATABASE_URL).as_django()}
+    _db = parse_database_url(DATABASE_URL).as_django()
+    _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{_TEST_SUFFIX}"}
+    DATABASES = {"default": _db}
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "db.sqlite3",
+            "NAME": Path(env_str("SQLITE_PATH") or VAR_DIR / "db.sqlite3"),
             # Several processes (web server, Celery worker) share the file: wait on locks instead of failing.
             "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
             # A file, not :memory:, so that the test suite's Celery workers and servers see the test DB.
-            "TEST": {"NAME": str(VAR_DIR / "test_db.sqlite3")},
+            "TEST": {"NAME": str(VAR_DIR / f"test_db_{_TEST_SUFFIX}.sqlite3")},
         }
     }
 
@@ -153,6 +159,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_BACKEND = None  # tasks record their outcome in the database; no result store needed
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# One queue name per deployment (tests give each suite its own so that concurrent suites never share).
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}

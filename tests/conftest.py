@@ -1,0 +1,129 @@
+"""Fixtures shared by the whole suite: environment for Ray, and real Celery workers on the test database.
+
+A Celery worker is a separate process: it sees only committed rows, so tests that use one must use
+``transactional_db`` (or ``live_server``). Each test session gets its own Celery queue, so two suites
+running at once on one machine (or one broker) never steal each other's tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SESSION_QUEUE = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Route every task this session enqueues to the session's own queue: settings read CELERY_QUEUE,
+    # and Django settings are loaded lazily, after this hook.
+    os.environ["CELERY_QUEUE"] = SESSION_QUEUE
+
+
+def child_process_env() -> dict[str, str]:
+    """Environment that points a child process (worker, server) at the current test database."""
+    from django.conf import settings
+    from django.db import connection
+
+    env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE"}}
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        env["SQLITE_PATH"] = str(db["NAME"])
+        env.pop("DATABASE_URL", None)
+    else:
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+        env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env["VAR_DIR"] = str(settings.VAR_DIR)
+    env["CELERY_QUEUE"] = SESSION_QUEUE
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "platform"), str(REPO_ROOT)])
+    return env
+
+
+@dataclass
+class CeleryWorker:
+    """A real ``celery worker`` subprocess consuming this session's queue from the configured broker."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    queue: str
+    extra_args: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_celery_worker(
+    tmp_dir: Path, *, pool: str = "threads", concurrency: int = 4, extra_args: list[str] | None = None,
+    env_overrides: dict[str, str] | None = None, ready_timeout_s: float = 60.0,
+) -> CeleryWorker:
+    """Start a worker on the test database and wait until it reports ready."""
+    env = child_process_env() | (env_overrides or {})
+    log_path = tmp_dir / f"celery-{uuid.uuid4().hex[:6]}.log"
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "INFO",
+        "-Q", SESSION_QUEUE, f"--pool={pool}", f"--concurrency={concurrency}",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "-n", f"test-{uuid.uuid4().hex[:6]}@%h", *(extra_args or []),
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    worker = CeleryWorker(proc=proc, log_path=log_path, queue=SESSION_QUEUE, extra_args=extra_args or [])
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"celery worker exited with {proc.returncode}:\n{worker.log()[-3000:]}")
+        if " ready." in worker.log():
+            return worker
+        time.sleep(0.2)
+    worker.kill()
+    raise RuntimeError(f"celery worker not ready after {ready_timeout_s}s:\n{worker.log()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def celery_worker_proc(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[CeleryWorker]:
+    """One real worker for the session, on the session's test database and queue."""
+    with django_db_blocker.unblock():
+        worker = start_celery_worker(tmp_path_factory.mktemp("celery"))
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+def wait_for(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.1, message: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail the test with ``message`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {message}")

@@ -1,0 +1,92 @@
+"""The one codebase resolves to the embedded default without env, and to the production stack with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+PROBE = """
+import json, django
+django.setup()
+from django.conf import settings
+print(json.dumps({
+    "db": settings.DATABASES["default"]["ENGINE"],
+    "db_name": str(settings.DATABASES["default"]["NAME"]),
+    "broker": settings.CELERY_BROKER_URL,
+    "layer": settings.CHANNEL_LAYERS["default"]["BACKEND"],
+    "debug": settings.DEBUG,
+}))
+"""
+
+
+def run_probe(env_extra: dict[str, str], code: str = PROBE) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG", "DJANGO_SECRET_KEY", "SQLITE_PATH"}}
+    env |= {"DJANGO_SETTINGS_MODULE": "config.settings", "PYTHONPATH": str(REPO_ROOT / "platform")} | env_extra
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=60)
+
+
+@pytest.mark.smoke
+def test_no_env_resolves_to_embedded_default(tmp_path):
+    out = run_probe({"VAR_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    resolved = json.loads(out.stdout)
+    assert resolved["db"] == "django.db.backends.sqlite3"
+    assert resolved["db_name"] == str(tmp_path / "db.sqlite3")
+    assert resolved["broker"] == "filesystem://"
+    assert resolved["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert resolved["debug"] is True
+
+
+def test_database_and_redis_urls_resolve_to_production_stack(tmp_path):
+    out = run_probe({
+        "VAR_DIR": str(tmp_path),
+        "DATABASE_URL": "postgres://alice:s%40cret@db.internal:6543/rl",
+        "REDIS_URL": "redis://cache.internal:6380/2",
+    }, PROBE.replace('"db_name"', '"user": settings.DATABASES["default"]["USER"], '
+                     '"password": settings.DATABASES["default"]["PASSWORD"], '
+                     '"port": settings.DATABASES["default"]["PORT"], "db_name"'))
+    assert out.returncode == 0, out.stderr
+    resolved = json.loads(out.stdout)
+    assert resolved["db"] == "django.db.backends.postgresql"
+    assert (resolved["db_name"], resolved["user"], resolved["password"], resolved["port"]) == (
+        "rl", "alice", "s@cret", "6543")
+    assert resolved["broker"] == "redis://cache.internal:6380/2"
+    assert resolved["layer"] == "channels_redis.core.RedisChannelLayer"
+
+
+def test_debug_off_without_secret_key_refuses_to_start_with_one_line(tmp_path):
+    out = run_probe({"VAR_DIR": str(tmp_path), "DJANGO_DEBUG": "0"})
+    assert out.returncode != 0
+    assert out.stderr.strip() == "error: DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off"
+
+
+def test_unsupported_database_url_is_a_one_line_error(tmp_path):
+    out = run_probe({"VAR_DIR": str(tmp_path), "DATABASE_URL": "mysql://root@localhost/x"})
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().startswith("error: DATABASE_URL scheme 'mysql' is not supported")
+
+
+def test_check_deploy_passes_with_production_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in {"SQLITE_PATH"}}
+    env |= {
+        "VAR_DIR": str(tmp_path),
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(64),
+        "DJANGO_ALLOWED_HOSTS": "rl.example.com",
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+    }
+    out = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                         env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no issues" in out.stdout
