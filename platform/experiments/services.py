@@ -1,0 +1,268 @@
+"""Writes of the experiments app. ``run_transition`` is the one place a run's state changes."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from typing import Any
+
+import yaml
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from accounts.models import Project
+from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, RunState
+from rl_engine.config import ConfigError, parse_config
+
+log = logging.getLogger(__name__)
+
+
+class InvalidTransition(Exception):
+    """The run is not in a state from which the requested change is allowed."""
+
+    def __init__(self, run_id: int, current: str, to: str):
+        self.run_id, self.current, self.to = run_id, current, to
+        super().__init__(f"run {run_id} cannot go from {current} to {to}")
+
+
+class ExperimentInUse(Exception):
+    """The experiment still has active runs."""
+
+
+# to-state -> states it may be entered from. Anything else is an illegal transition.
+ALLOWED_FROM: dict[str, frozenset[str]] = {
+    RunState.QUEUED: frozenset({RunState.STARTING}),  # the launcher gives a run back (e.g. no capacity)
+    RunState.STARTING: frozenset({RunState.QUEUED}),
+    RunState.RUNNING: frozenset({RunState.STARTING}),
+    RunState.CANCELLING: frozenset({RunState.STARTING, RunState.RUNNING}),
+    RunState.SUCCEEDED: frozenset({RunState.RUNNING, RunState.CANCELLING}),
+    RunState.FAILED: frozenset({RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.CANCELLING}),
+    RunState.CANCELLED: frozenset({RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.CANCELLING}),
+}
+
+# Fields a transition may set alongside the state (what the launcher records as it goes).
+TRANSITION_FIELDS = frozenset(
+    {"provider", "cluster_address", "ray_job_id", "celery_task_id", "heartbeat_at", "cancel_requested_at"}
+)
+
+
+def normalise_config(config: Any) -> dict[str, Any]:
+    """Validate with the engine's schema and return it with every default explicit. Raises ConfigError."""
+    return parse_config(config).model_dump(mode="json")
+
+
+def clean_tags(tags: Any) -> list[str]:
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ValueError("tags must be a list of strings")
+    out: list[str] = []
+    for t in (t.strip() for t in tags):
+        if not t or len(t) > 50:
+            raise ValueError("each tag must have 1 to 50 characters")
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def experiment_create(
+    *, project: Project, user: AbstractBaseUser | None, name: str, config: Any,
+    description: str = "", tags: list[str] | None = None,
+) -> Experiment:
+    return Experiment.objects.create(
+        project=project, name=name, description=description, tags=clean_tags(tags or []),
+        config=normalise_config(config), created_by=user,
+    )
+
+
+def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
+    """Change name/description/tags/config. Runs keep the config they were launched with."""
+    if "config" in fields:
+        fields["config"] = normalise_config(fields["config"])
+    if "tags" in fields:
+        fields["tags"] = clean_tags(fields["tags"])
+    unknown = set(fields) - {"name", "description", "tags", "config"}
+    if unknown:
+        raise TypeError(f"cannot update {sorted(unknown)}")
+    for name, value in fields.items():
+        setattr(experiment, name, value)
+    # Only the edited columns: a full save would write back a stale run_counter.
+    experiment.save(update_fields=[*fields, "updated_at"])
+    return experiment
+
+
+def experiment_clone(*, experiment: Experiment, user: AbstractBaseUser | None, name: str | None = None) -> Experiment:
+    return Experiment.objects.create(
+        project=experiment.project, name=name or f"{experiment.name} (copy)"[:200],
+        description=experiment.description, tags=list(experiment.tags),
+        config=copy.deepcopy(experiment.config), created_by=user,
+    )
+
+
+def experiment_delete(*, experiment: Experiment) -> None:
+    if experiment.runs.filter(state__in=ACTIVE_STATES).exists():
+        raise ExperimentInUse("the experiment has active runs: cancel them first")
+    experiment.delete()
+
+
+def config_from_yaml(text: str) -> dict[str, Any]:
+    """Parse YAML text into a config dict (validated). Raises ConfigError with a line number."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError([("", f"not valid YAML{where}")]) from None
+    return normalise_config(data)
+
+
+def config_to_yaml(config: dict[str, Any]) -> str:
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _enqueue_start(run_id: int) -> None:
+    """Hand the run to the launcher. A missing launcher (or broker) leaves the run queued, logged."""
+    try:
+        from launcher.tasks import start_run
+    except ImportError:
+        log.warning("launcher.tasks.start_run is not available; run %s stays queued", run_id)
+        return
+    try:
+        result = start_run.delay(run_id)
+    except Exception:  # the run is stored and queued; the launcher's reaper/queue can pick it up later
+        log.exception("could not enqueue start of run %s", run_id)
+        return
+    task_id = getattr(result, "id", "") or ""
+    if task_id:
+        Run.objects.filter(pk=run_id, celery_task_id="").update(celery_task_id=task_id)
+
+
+def run_create(
+    *, experiment: Experiment, user: AbstractBaseUser | None, priority: int = 0,
+    resumed_from: Run | None = None, resumed_from_checkpoint: Any = None,
+    config: dict[str, Any] | None = None, provider: str = "",
+) -> Run:
+    """Launch: freeze the (validated) config into a queued run; the start task is enqueued on commit."""
+    from django.conf import settings
+
+    frozen = normalise_config(config if config is not None else experiment.config)
+    with transaction.atomic():
+        Experiment.objects.filter(pk=experiment.pk).update(run_counter=F("run_counter") + 1)
+        number = Experiment.objects.filter(pk=experiment.pk).values_list("run_counter", flat=True).get()
+        run = Run.objects.create(
+            experiment=experiment, project_id=experiment.project_id, number=number, config=frozen,
+            state=RunState.QUEUED, priority=priority, created_by=user, queued_at=timezone.now(),
+            provider=provider or getattr(settings, "RAY_PROVIDER", "local"),
+            resumed_from=resumed_from, resumed_from_checkpoint=resumed_from_checkpoint,
+        )
+        from tracking.services import events_append
+
+        what = f"resumed from run #{resumed_from.number}" if resumed_from else "created"
+        events_append(run_id=run.pk, kind="status", message=f"queued ({what})",
+                      data={"from": None, "to": RunState.QUEUED})
+        transaction.on_commit(functools.partial(_enqueue_start, run.pk))
+    return run
+
+
+def run_transition(
+    *, run_id: int, to: str, from_states: set[str] | frozenset[str] | None = None, error: str = "",
+    **fields: Any,
+) -> Run:
+    """Move a run to ``to`` with compare-and-set; the one place state changes.
+
+    ``from_states`` narrows the legal source states (e.g. the launcher only starts ``queued`` runs).
+    Raises :class:`InvalidTransition` when the current state is not allowed, ``Run.DoesNotExist`` when
+    there is no such run. Appends a ``status`` event and sets started/finished timestamps.
+    """
+    if to not in ALLOWED_FROM:
+        raise ValueError(f"unknown run state {to!r}")
+    unknown = set(fields) - TRANSITION_FIELDS
+    if unknown:
+        raise TypeError(f"run_transition cannot set {sorted(unknown)}")
+    allowed = ALLOWED_FROM[to] if from_states is None else ALLOWED_FROM[to] & frozenset(from_states)
+    from tracking.services import events_append
+
+    with transaction.atomic():
+        while True:  # retried only when another writer changed the state between our read and update
+            current = Run.objects.filter(pk=run_id).values_list("state", flat=True).get()
+            if current not in allowed:
+                raise InvalidTransition(run_id, current, to)
+            now = timezone.now()
+            values: dict[str, Any] = {"state": to, **fields}
+            if error:
+                values["error"] = error
+            if to == RunState.RUNNING:
+                values["started_at"] = now
+            if to in TERMINAL_STATES:
+                values["finished_at"] = now
+            if to == RunState.QUEUED:
+                values["queued_at"] = now
+            if Run.objects.filter(pk=run_id, state=current).update(**values):
+                break
+        message = f"{current} → {to}" + (f": {error}" if error else "")
+        events_append(run_id=run_id, kind="status", message=message,
+                      data={"from": current, "to": to, **({"error": error} if error else {})})
+        if to in TERMINAL_STATES:
+            from accounts.services import ingest_tokens_revoke_for_run
+
+            ingest_tokens_revoke_for_run(run_id=run_id)
+    return Run.objects.get(pk=run_id)
+
+
+def _enqueue_cancel(run_id: int) -> None:
+    try:
+        from launcher.tasks import cancel_run
+    except ImportError:
+        log.info("launcher.tasks.cancel_run is not available; the supervisor sees run %s cancelling", run_id)
+        return
+    try:
+        cancel_run.delay(run_id)
+    except Exception:
+        log.exception("could not enqueue cancel of run %s", run_id)
+
+
+def run_request_cancel(*, run: Run, user: AbstractBaseUser | None) -> Run:
+    """Cancel a run: a queued one is cancelled at once; a starting/running one goes to ``cancelling``
+    and the launcher stops its job. Idempotent while cancelling; a finished run raises InvalidTransition."""
+    who = getattr(user, "username", "") or "system"
+    for _ in range(3):  # the state may move (e.g. queued -> starting) between our read and the CAS
+        state = Run.objects.filter(pk=run.pk).values_list("state", flat=True).get()
+        if state == RunState.CANCELLING:
+            return Run.objects.get(pk=run.pk)
+        try:
+            if state == RunState.QUEUED:
+                return run_transition(run_id=run.pk, to=RunState.CANCELLED, from_states={RunState.QUEUED},
+                                      error=f"cancelled by {who} before it started")
+            with transaction.atomic():
+                out = run_transition(run_id=run.pk, to=RunState.CANCELLING, cancel_requested_at=timezone.now())
+                transaction.on_commit(lambda: _enqueue_cancel(run.pk))
+            return out
+        except InvalidTransition:
+            if Run.objects.filter(pk=run.pk, state__in=TERMINAL_STATES).exists():
+                raise
+    raise InvalidTransition(run.pk, state, RunState.CANCELLING)
+
+
+def run_heartbeat(*, run_id: int) -> bool:
+    """Record that the run is alive. False when the run is not active (the caller should stop)."""
+    return bool(
+        Run.objects.filter(pk=run_id, state__in=ACTIVE_STATES).update(heartbeat_at=timezone.now())
+    )
+
+
+def run_resume(*, run: Run, user: AbstractBaseUser | None, priority: int | None = None) -> Run:
+    """A new run of the same experiment continuing from ``run``'s latest checkpoint."""
+    from tracking.models import Checkpoint
+
+    if run.state not in TERMINAL_STATES:
+        raise InvalidTransition(run.pk, run.state, "resumed")
+    ckpt = Checkpoint.objects.filter(run=run).order_by("-step").first()
+    if ckpt is None:
+        raise ConfigError([("", f"run {run.pk} has no checkpoint to resume from")])
+    config = copy.deepcopy(run.config)
+    config.setdefault("trainer", {})["resume_from"] = ckpt.path
+    return run_create(
+        experiment=run.experiment, user=user, priority=run.priority if priority is None else priority,
+        resumed_from=run, resumed_from_checkpoint=ckpt, config=config, provider=run.provider,
+    )

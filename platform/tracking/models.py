@@ -1,0 +1,82 @@
+"""What runs produce: metric points, events (logs, status changes, alerts), checkpoints, samples."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class MetricPoint(models.Model):
+    """One scalar. Unique on (run, key, step): ingestion is idempotent and the first value stored wins."""
+
+    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="metric_points")
+    key = models.CharField(max_length=200)
+    step = models.BigIntegerField()
+    value = models.FloatField()
+    wall_time = models.FloatField(help_text="Unix seconds when the engine measured it.")
+
+    class Meta:
+        # The unique constraint's index on (run, key, step) serves every metric query (keys, step range).
+        constraints = [models.UniqueConstraint(fields=["run", "key", "step"], name="uniq_metric_point")]
+
+    def __str__(self) -> str:
+        return f"{self.key}@{self.step}={self.value}"
+
+
+class EventKind(models.TextChoices):
+    LOG = "log"
+    STATUS = "status"
+    ALERT = "alert"
+    CHECKPOINT = "checkpoint"
+
+
+class RunEvent(models.Model):
+    """An ordered record of a run: ``seq`` is 1, 2, ... per run without gaps between committed events."""
+
+    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    message = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run_id", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_event_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.kind}: {self.message[:60]}"
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.BigIntegerField()
+    path = models.CharField(max_length=1000)
+    size_bytes = models.BigIntegerField(default=0)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run_id", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="uniq_checkpoint_step")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.step}: {self.path}"
+
+
+class Sample(models.Model):
+    """An example (prompt, response, reward) for the sample browser; at most SAMPLES_PER_STEP per step."""
+
+    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="samples")
+    step = models.BigIntegerField()
+    prompt = models.TextField()
+    response = models.TextField()
+    reward = models.FloatField(null=True, blank=True)
+    version_start = models.IntegerField(null=True, blank=True, help_text="Policy version generation began on.")
+    version_end = models.IntegerField(null=True, blank=True, help_text="Policy version generation ended on.")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run_id", "step", "id"]
+        indexes = [models.Index(fields=["run", "step"], name="sample_run_step")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.step}: {self.prompt[:40]}"

@@ -1,0 +1,205 @@
+"""Writes of the tracking app: idempotent metric ingestion, ordered events, checkpoints, samples.
+
+Every write is stored first and published to the run's live group only after its transaction commits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, F
+
+from experiments.models import Run
+from tracking import live
+from tracking.models import Checkpoint, EventKind, MetricPoint, RunEvent, Sample
+
+MAX_POINTS_PER_BATCH = 5000
+MAX_EVENTS_PER_BATCH = 1000
+MAX_SAMPLES_PER_BATCH = 1000
+
+
+def samples_per_step_cap() -> int:
+    return int(getattr(settings, "SAMPLES_PER_STEP_CAP", 32))
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    step: int
+    value: float
+    wall_time: float
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    received: int
+    inserted: int  # points that were new; a retried batch inserts 0
+
+
+def _on_commit_publish(run_id: int, payload: dict[str, Any]) -> None:
+    transaction.on_commit(lambda: live.publish(run_id, payload))
+
+
+def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
+    """Store a batch of points, idempotent on (run, key, step).
+
+    A point whose (run, key, step) already exists is ignored: **the first value stored wins**, so a
+    retried or replayed batch changes nothing (also when a retry carries a different value). Within one
+    batch, the first occurrence of a (key, step) wins as well.
+    """
+    if not points:
+        return IngestResult(received=0, inserted=0)
+    for p in points:  # the database would store them, but no chart or JSON export can carry them
+        if not (math.isfinite(p.value) and math.isfinite(p.wall_time)):
+            raise ValueError(f"{p.key}@{p.step}: value and wall_time must be finite numbers")
+    table = MetricPoint._meta.db_table
+    with transaction.atomic(), connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            # One statement for the whole batch: arrays in, ON CONFLICT keeps the first value.
+            cur.execute(
+                f"INSERT INTO {table} (run_id, key, step, value, wall_time) "
+                "SELECT %s, k, s, v, w FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) "
+                "AS t(k, s, v, w) ON CONFLICT (run_id, key, step) DO NOTHING",
+                [run_id, [p.key for p in points], [p.step for p in points],
+                 [p.value for p in points], [p.wall_time for p in points]],
+            )
+        else:
+            cur.executemany(
+                f"INSERT INTO {table} (run_id, key, step, value, wall_time) VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (run_id, key, step) DO NOTHING",
+                [(run_id, p.key, p.step, p.value, p.wall_time) for p in points],
+            )
+        inserted = max(cur.rowcount, 0)
+        if inserted:
+            _on_commit_publish(run_id, _metrics_payload(points))
+    return IngestResult(received=len(points), inserted=inserted)
+
+
+def _metrics_payload(points: Sequence[Point]) -> dict[str, Any]:
+    """Columnar per key, the shape charts consume: {key: {"steps": [...], "values": [...], ...}}."""
+    series: dict[str, dict[str, list[float]]] = {}
+    for p in points:
+        s = series.setdefault(p.key, {"steps": [], "values": [], "wall_times": []})
+        s["steps"].append(p.step)
+        s["values"].append(p.value)
+        s["wall_times"].append(p.wall_time)
+    return {"kind": "metrics", "count": len(points), "series": series}
+
+
+def event_payload(event: RunEvent) -> dict[str, Any]:
+    return {
+        "kind": "event",
+        "event": {
+            "seq": event.seq, "kind": event.kind, "message": event.message, "data": event.data,
+            "created": event.created.isoformat(),
+        },
+    }
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    kind: str
+    message: str = ""
+    data: dict[str, Any] | None = None
+
+
+def events_append_many(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEvent]:
+    """Append events with consecutive per-run sequence numbers.
+
+    The counter lives on the run row: the F() update takes the row lock until commit, so concurrent
+    writers get distinct, gap-free ranges in commit order.
+    """
+    if not events:
+        return []
+    for e in events:
+        if e.kind not in EventKind.values:
+            raise ValueError(f"unknown event kind {e.kind!r}; one of {', '.join(EventKind.values)}")
+    with transaction.atomic():
+        updated = Run.objects.filter(pk=run_id).update(event_seq=F("event_seq") + len(events))
+        if not updated:
+            raise Run.DoesNotExist(f"run {run_id} does not exist")
+        last = Run.objects.filter(pk=run_id).values_list("event_seq", flat=True).get()
+        first = last - len(events) + 1
+        rows = RunEvent.objects.bulk_create(
+            [
+                RunEvent(run_id=run_id, seq=first + i, kind=e.kind, message=e.message, data=e.data or {})
+                for i, e in enumerate(events)
+            ]
+        )
+        for row in rows:
+            _on_commit_publish(run_id, event_payload(row))
+    return rows
+
+
+def events_append(*, run_id: int, kind: str, message: str, data: dict[str, Any] | None = None) -> RunEvent:
+    return events_append_many(run_id=run_id, events=[NewEvent(kind=kind, message=message, data=data)])[0]
+
+
+def events_ingest(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEvent]:
+    """Events sent by the engine. A ``checkpoint`` event whose data has ``step`` and ``path`` also
+    records the :class:`Checkpoint` (what resume uses)."""
+    with transaction.atomic():
+        rows = events_append_many(run_id=run_id, events=events)
+        for e in events:
+            data = e.data or {}
+            if e.kind == EventKind.CHECKPOINT and "path" in data and "step" in data:
+                _checkpoint_upsert(run_id, int(data["step"]), str(data["path"]), int(data.get("size_bytes") or 0))
+    return rows
+
+
+def _checkpoint_upsert(run_id: int, step: int, path: str, size_bytes: int) -> Checkpoint:
+    ckpt, _ = Checkpoint.objects.update_or_create(
+        run_id=run_id, step=step, defaults={"path": path, "size_bytes": size_bytes}
+    )
+    return ckpt
+
+
+def checkpoint_record(*, run_id: int, step: int, path: str, size_bytes: int = 0) -> Checkpoint:
+    """Record (or update, idempotent on (run, step)) a checkpoint and log a ``checkpoint`` event."""
+    with transaction.atomic():
+        ckpt = _checkpoint_upsert(run_id, step, path, size_bytes)
+        events_append(
+            run_id=run_id, kind=EventKind.CHECKPOINT, message=f"checkpoint at step {step}",
+            data={"step": step, "path": path, "size_bytes": size_bytes},
+        )
+    return ckpt
+
+
+@dataclass(frozen=True)
+class NewSample:
+    step: int
+    prompt: str
+    response: str
+    reward: float | None = None
+    version_start: int | None = None
+    version_end: int | None = None
+
+
+def samples_record(*, run_id: int, samples: Iterable[NewSample]) -> int:
+    """Store samples, at most ``SAMPLES_PER_STEP_CAP`` per step (extras are dropped). Returns how many
+    were stored. The run row is locked so concurrent reporters cannot overshoot the cap."""
+    cap = samples_per_step_cap()
+    samples = list(samples)
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True).get()
+        steps = {s.step for s in samples}
+        used = dict(
+            Sample.objects.filter(run_id=run_id, step__in=steps)
+            .values_list("step")
+            .annotate(n=Count("id"))
+            .values_list("step", "n")
+        )
+        keep: list[Sample] = []
+        for s in samples:
+            if used.get(s.step, 0) >= cap:
+                continue
+            used[s.step] = used.get(s.step, 0) + 1
+            keep.append(Sample(run_id=run_id, step=s.step, prompt=s.prompt, response=s.response,
+                               reward=s.reward, version_start=s.version_start, version_end=s.version_end))
+        Sample.objects.bulk_create(keep)
+    return len(keep)

@@ -1,0 +1,73 @@
+"""factory-boy factories for the platform's models (real rows in the test database)."""
+
+from __future__ import annotations
+
+import factory
+from django.contrib.auth import get_user_model
+
+from accounts.models import Membership, Project, Role
+from experiments.models import Experiment, Run, RunState
+from experiments.services import normalise_config
+from rl_engine.presets import get_preset
+
+
+def demo_config() -> dict:
+    """A small valid config (the CPU demo preset, shortened)."""
+    cfg = get_preset("demo-cpu")
+    cfg["trainer"]["total_steps"] = 3
+    return cfg
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.org")
+    password = factory.PostGenerationMethodCall("set_password", "pw-for-tests")
+
+    @factory.post_generation
+    def _save(self, create, extracted, **kwargs):
+        if create:
+            self.save()
+
+
+class ProjectFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Project
+
+    name = factory.Sequence(lambda n: f"project {n}")
+    created_by = factory.SubFactory(UserFactory)
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    project = factory.SubFactory(ProjectFactory)
+    user = factory.SubFactory(UserFactory)
+    role = Role.MEMBER
+
+
+class ExperimentFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Experiment
+
+    project = factory.SubFactory(ProjectFactory)
+    name = factory.Sequence(lambda n: f"experiment {n}")
+    tags = factory.LazyFunction(lambda: ["demo"])
+    config = factory.LazyFunction(lambda: normalise_config(demo_config()))
+
+
+class RunFactory(factory.django.DjangoModelFactory):
+    """A run row in any state (for tests of reads); launches go through ``run_create``."""
+
+    class Meta:
+        model = Run
+
+    experiment = factory.SubFactory(ExperimentFactory)
+    project = factory.SelfAttribute("experiment.project")
+    number = factory.Sequence(lambda n: n + 1)
+    config = factory.SelfAttribute("experiment.config")
+    state = RunState.QUEUED

@@ -1,0 +1,149 @@
+"""Tracking writes: idempotent metrics (first value wins), gap-free event sequence, live publish, caps."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from experiments.services import run_create
+from tracking import live
+from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
+from tracking.services import (
+    NewEvent,
+    NewSample,
+    Point,
+    events_append,
+    events_ingest,
+    metrics_ingest,
+    samples_record,
+)
+
+
+@pytest.fixture
+def run(team, experiment):
+    return run_create(experiment=experiment, user=team["member"])
+
+
+def pts(key: str, steps, value=1.0) -> list[Point]:
+    return [Point(key=key, step=s, value=float(value if value is not None else s), wall_time=1e9 + s) for s in steps]
+
+
+@pytest.mark.smoke
+def test_metric_retries_add_nothing_and_the_first_value_wins(run):
+    first = metrics_ingest(run_id=run.pk, points=pts("reward/mean", range(100), value=0.5))
+    again = metrics_ingest(run_id=run.pk, points=pts("reward/mean", range(100), value=0.5))
+    changed = metrics_ingest(run_id=run.pk, points=pts("reward/mean", range(90, 110), value=9.0))
+    assert (first.inserted, again.inserted, changed.inserted) == (100, 0, 10)
+    assert MetricPoint.objects.filter(run=run).count() == 110
+    assert MetricPoint.objects.get(run=run, key="reward/mean", step=95).value == 0.5  # kept the first
+    assert MetricPoint.objects.get(run=run, key="reward/mean", step=105).value == 9.0
+
+
+def test_duplicates_inside_one_batch_keep_the_first(run):
+    batch = [Point("k", 1, 1.0, 0.0), Point("k", 1, 2.0, 0.0), Point("j", 1, 3.0, 0.0)]
+    assert metrics_ingest(run_id=run.pk, points=batch).inserted == 2
+    assert MetricPoint.objects.get(run=run, key="k", step=1).value == 1.0
+
+
+def test_non_finite_values_are_rejected(run):
+    with pytest.raises(ValueError, match="finite"):
+        metrics_ingest(run_id=run.pk, points=[Point("k", 1, float("nan"), 0.0)])
+    assert not MetricPoint.objects.filter(run=run).exists()
+
+
+@pytest.mark.smoke
+def test_stored_metrics_and_events_are_published_to_the_run_group_after_commit(
+    run, listen, django_capture_on_commit_callbacks
+):
+    listener = listen(run.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        metrics_ingest(run_id=run.pk, points=[Point("loss", 3, 0.25, 10.0), Point("loss", 4, 0.2, 11.0)])
+    msg = listener.receive()
+    assert msg["type"] == "run.update"
+    assert msg["payload"] == {
+        "kind": "metrics", "count": 2,
+        "series": {"loss": {"steps": [3, 4], "values": [0.25, 0.2], "wall_times": [10.0, 11.0]}},
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        event = events_append(run_id=run.pk, kind="log", message="hello", data={"line": 1})
+    payload = listener.receive()["payload"]
+    assert payload["kind"] == "event"
+    assert payload["event"] | {"created": None} == {
+        "seq": event.seq, "kind": "log", "message": "hello", "data": {"line": 1}, "created": None
+    }
+
+
+def test_nothing_is_published_when_the_transaction_rolls_back(run, listen, django_capture_on_commit_callbacks):
+    from django.db import transaction
+
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        try:
+            with transaction.atomic():
+                events_append(run_id=run.pk, kind="log", message="never stored")
+                raise RuntimeError("abort")
+        except RuntimeError:
+            pass
+    assert callbacks == []
+    assert not RunEvent.objects.filter(run=run, message="never stored").exists()
+
+
+def test_publish_with_a_broken_channel_layer_logs_instead_of_raising(settings, caplog):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}}
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    try:
+        assert live.publish(1, {"kind": "event"}) is False
+    finally:
+        channel_layers.backends.clear()
+    assert "live publish to run_1 failed" in caplog.text
+
+
+def test_unknown_event_kind_is_refused(run):
+    with pytest.raises(ValueError, match="unknown event kind"):
+        events_append(run_id=run.pk, kind="gossip", message="x")
+
+
+def test_checkpoint_events_record_checkpoints(run):
+    events_ingest(run_id=run.pk, events=[
+        NewEvent(kind="checkpoint", message="saved", data={"step": 5, "path": "/c/5", "size_bytes": 7}),
+        NewEvent(kind="log", message="line"),
+    ])
+    assert list(Checkpoint.objects.filter(run=run).values_list("step", "path", "size_bytes")) == [(5, "/c/5", 7)]
+
+
+def test_samples_are_capped_per_step(run, settings):
+    settings.SAMPLES_PER_STEP_CAP = 3
+    stored = samples_record(run_id=run.pk, samples=[NewSample(step=1, prompt=f"p{i}", response="r") for i in range(5)])
+    stored += samples_record(run_id=run.pk, samples=[NewSample(step=1, prompt="late", response="r"),
+                                                     NewSample(step=2, prompt="q", response="r", reward=1.0)])
+    assert stored == 4
+    assert list(Sample.objects.filter(run=run, step=1).values_list("prompt", flat=True)) == ["p0", "p1", "p2"]
+    assert Sample.objects.filter(run=run, step=2).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_event_writers_get_distinct_gap_free_sequence_numbers(team, experiment):
+    run = run_create(experiment=experiment, user=None)  # seq 1: the queued status event
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(10):
+                events_append(run_id=run.pk, kind="log", message=f"w{n}-{i}")
+        except BaseException as exc:  # surfaced below; a thread's exception would otherwise vanish
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, 42))
