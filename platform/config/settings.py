@@ -135,6 +135,7 @@ X_FRAME_OPTIONS = "DENY"
 # --- REST API ---------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -202,6 +203,18 @@ RUN_CONCURRENCY_LIMIT = env_int("RUN_CONCURRENCY_LIMIT", 2)
 RUN_CONCURRENCY_LIMIT_PER_PROJECT = env_int("RUN_CONCURRENCY_LIMIT_PER_PROJECT", 0)  # 0: no per-project cap
 RUN_HEARTBEAT_TIMEOUT_S = env_int("RUN_HEARTBEAT_TIMEOUT_S", 120)
 ENGINE_PYTHON = env_str("ENGINE_PYTHON")  # interpreter for the Ray job; default: the platform's own
+ENGINE_WORKDIR = env_str("ENGINE_WORKDIR")  # the job's working dir on the cluster; default: this repository
+RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)  # SIGTERM -> SIGKILL of a cancelled job (local head)
+LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 10)  # a supervisor silent this long is replaced
+LAUNCHER_SWEEP_INTERVAL_S = env_int("LAUNCHER_SWEEP_INTERVAL_S", 3)  # reaper / re-attach / queue period
+# The sweep runs from `celery worker -B` (embedded beat) or a separate `celery beat`.
+CELERY_BEAT_SCHEDULE = {
+    "launcher-sweep": {
+        "task": "launcher.sweep",
+        "schedule": float(LAUNCHER_SWEEP_INTERVAL_S),
+        "options": {"expires": float(LAUNCHER_SWEEP_INTERVAL_S) * 2},  # no backlog after downtime
+    },
+}
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,36 @@
+"""Launcher bookkeeping: who supervises a run right now (a lease), and how far its log was read.
+
+The lease is what makes re-attach work: a supervising task renews it every poll; when a Celery worker
+dies (``kill -9``), the lease runs out and the periodic sweep hands the run to another worker, which
+finds the job again by ``Run.ray_job_id`` instead of starting it twice.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Supervision(models.Model):
+    run = models.OneToOneField("experiments.Run", on_delete=models.CASCADE, primary_key=True,
+                               related_name="supervision")
+    # "" = reserved for whichever task picks it up next; otherwise "<hostname>:<pid>:<nonce>".
+    owner = models.CharField(max_length=200, blank=True, default="")
+    lease_until = models.DateTimeField()
+    log_offset = models.BigIntegerField(default=0, help_text="Characters of the job log already turned into events.")
+    attaches = models.PositiveIntegerField(default=0, help_text="How many times a supervisor took this run.")
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} by {self.owner or '(unowned)'} until {self.lease_until:%H:%M:%S}"
+
+
+class LauncherLock(models.Model):
+    """A named row locked (SELECT ... FOR UPDATE) to serialise admission of queued runs.
+
+    On SQLite the settings open every transaction IMMEDIATE, which serialises writers the same way."""
+
+    name = models.CharField(max_length=50, primary_key=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,279 @@
+"""Launcher business rules: admission (concurrency + priority), launch, leases, finishing, reaping.
+
+Every state change goes through :func:`experiments.services.run_transition` (compare-and-set). The
+Celery tasks in ``tasks.py`` only parse ids and call these functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shlex
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+
+from experiments.models import Run, RunState
+from experiments.services import InvalidTransition, run_transition
+from launcher import jobs
+from launcher.models import LauncherLock, Supervision
+from tracking.services import events_append
+
+log = logging.getLogger(__name__)
+
+BUSY_STATES = (RunState.STARTING, RunState.RUNNING, RunState.CANCELLING)
+# A launch may wait for a local head to boot (up to ~90 s): its lease must outlast that.
+LAUNCH_LEASE_S = 180
+
+
+def setting(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+def lease_s() -> int:
+    return int(setting("LAUNCHER_LEASE_S", 10))
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+# --- admission -------------------------------------------------------------------------------------------
+
+
+def _lock_admission() -> None:
+    LauncherLock.objects.get_or_create(name="admission")
+    LauncherLock.objects.select_for_update().get(name="admission")
+
+
+def runs_admit() -> list[int]:
+    """Move queued runs to ``starting`` in priority order while the limits allow; returns their ids.
+
+    Global limit RUN_CONCURRENCY_LIMIT and per-project RUN_CONCURRENCY_LIMIT_PER_PROJECT (0: none) count
+    runs in starting/running/cancelling. A project at its cap does not block other projects' runs.
+    """
+    global_cap = int(setting("RUN_CONCURRENCY_LIMIT", 2))
+    project_cap = int(setting("RUN_CONCURRENCY_LIMIT_PER_PROJECT", 0))
+    admitted: list[int] = []
+    with transaction.atomic():
+        _lock_admission()
+        busy = Run.objects.filter(state__in=BUSY_STATES)
+        free = global_cap - busy.count() if global_cap > 0 else 1 << 30
+        if free <= 0:
+            return []
+        per_project = dict(busy.values_list("project_id").annotate(n=Count("id")))
+        queue = Run.objects.filter(state=RunState.QUEUED).order_by("-priority", "created_at", "id")
+        for run_id, project_id in queue.values_list("id", "project_id")[:500]:
+            if free <= 0:
+                break
+            if project_cap > 0 and per_project.get(project_id, 0) >= project_cap:
+                continue
+            try:
+                run_transition(run_id=run_id, to=RunState.STARTING, from_states={RunState.QUEUED})
+            except InvalidTransition:  # cancelled meanwhile
+                continue
+            # Reserve the launch for whichever task picks the run up next (see lease_acquire).
+            Supervision.objects.update_or_create(
+                run_id=run_id, defaults={"owner": "", "lease_until": timezone.now() + timedelta(seconds=LAUNCH_LEASE_S)}
+            )
+            admitted.append(run_id)
+            per_project[project_id] = per_project.get(project_id, 0) + 1
+            free -= 1
+    return admitted
+
+
+# --- leases ---------------------------------------------------------------------------------------------
+
+
+def lease_acquire(*, run_id: int, owner: str, seconds: int) -> bool:
+    """Take the run for ``owner`` if it is unowned, expired, or already ours (idempotent)."""
+    now = timezone.now()
+    Supervision.objects.get_or_create(run_id=run_id, defaults={"lease_until": now})
+    taken = Supervision.objects.filter(
+        Q(owner="") | Q(lease_until__lt=now) | Q(owner=owner), run_id=run_id
+    ).update(owner=owner, lease_until=now + timedelta(seconds=seconds))
+    if taken:
+        Supervision.objects.filter(run_id=run_id).update(attaches=F("attaches") + 1)
+    return bool(taken)
+
+
+def lease_renew(*, run_id: int, owner: str, seconds: int | None = None) -> bool:
+    """False when someone else took the run (we must stop supervising it)."""
+    until = timezone.now() + timedelta(seconds=seconds or lease_s())
+    return bool(Supervision.objects.filter(run_id=run_id, owner=owner).update(lease_until=until))
+
+
+def lease_release(*, run_id: int, owner: str, reserve_s: int = 0) -> None:
+    """Give the run up; ``reserve_s`` keeps it for the next task enqueued for it for that long."""
+    until = timezone.now() + timedelta(seconds=reserve_s)
+    Supervision.objects.filter(run_id=run_id, owner=owner).update(owner="", lease_until=until)
+
+
+# --- launch ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    provider: str
+    address: str  # the dashboard URL the Jobs API answers on
+
+
+class LaunchError(RuntimeError):
+    """The run cannot be launched; the message goes to Run.error."""
+
+
+def cluster_for(run: Run) -> Cluster:
+    """Reach (and for ``local``, start if needed) the cluster the run asked for."""
+    provider = run.provider or setting("RAY_PROVIDER", "local")
+    if provider == "local":
+        from launcher import ray_local
+
+        try:
+            return Cluster("local", ray_local.ensure_started().dashboard_url)
+        except ray_local.LocalHeadError as exc:
+            raise LaunchError(str(exc)) from exc
+    if provider == "address":
+        address = run.cluster_address or setting("RAY_ADDRESS", "")
+        if not address:
+            raise LaunchError("provider 'address' needs RAY_ADDRESS (the cluster's dashboard URL, e.g. http://head:8265)")
+        if "://" not in address:
+            address = f"http://{address}"
+        return Cluster("address", address.rstrip("/"))
+    raise LaunchError(f"unknown provider {provider!r}: use 'local' or 'address'")
+
+
+def submission_id_for(run: Run) -> str:
+    """Deterministic per run *row*: a re-attempted start finds its job instead of starting a second one.
+    The creation time keeps ids unique if the database is reset while a cluster keeps old jobs."""
+    return f"rlp-run-{run.pk}-{int(run.created_at.timestamp() * 1000)}"
+
+
+def run_dir(run_id: int) -> Path:
+    path = Path(settings.VAR_DIR) / "runs" / str(run_id)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def frozen_config_file(run: Run) -> Path:
+    """Write the config the job runs with: the run's frozen config plus what the platform needs."""
+    cfg: dict[str, Any] = yaml.safe_load(yaml.safe_dump(run.config))  # deep copy of plain data
+    logging_cfg = cfg.setdefault("logging", {})
+    sinks = list(logging_cfg.get("sinks") or ["stdout"])
+    if "http" not in sinks:
+        sinks.append("http")
+    logging_cfg["sinks"] = sinks
+    logging_cfg["progress_bar"] = False  # carriage-return bars make unreadable run events
+    trainer = cfg.setdefault("trainer", {})
+    if not trainer.get("checkpoint_dir"):
+        # Cancel and resume rely on checkpoints: give every run its own directory.
+        trainer["checkpoint_dir"] = str(run_dir(run.pk) / "checkpoints")
+    ckpt = getattr(run, "resumed_from_checkpoint", None)
+    if ckpt is not None and not trainer.get("resume_from"):
+        trainer["resume_from"] = ckpt.path
+    path = run_dir(run.pk) / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def engine_entrypoint(config_path: Path) -> str:
+    python = setting("ENGINE_PYTHON", "") or sys.executable  # absolute: the head's PATH is not ours
+    workdir = str(setting("ENGINE_WORKDIR", "") or settings.BASE_DIR)
+    return (
+        f"cd {shlex.quote(workdir)} && exec {shlex.quote(python)} -m rl_engine train "
+        f"--config {shlex.quote(str(config_path))}"
+    )
+
+
+def engine_env(run: Run, token_secret: str) -> dict[str, str]:
+    return {
+        "RL_ENGINE_INGEST_URL": setting("PLATFORM_URL", "http://127.0.0.1:8000"),
+        "RL_ENGINE_INGEST_TOKEN": token_secret,
+        "RL_ENGINE_RUN_ID": str(run.pk),
+        "RL_ENGINE_SPOOL_DIR": str(run_dir(run.pk) / "spool"),
+        "RL_ENGINE_HEARTBEAT_S": str(setting("RUN_ENGINE_HEARTBEAT_S", 10)),
+        "PYTHONUNBUFFERED": "1",  # log lines reach the run's events as they are printed
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+
+def run_launch(*, run_id: int, owner: str) -> str:
+    """Submit the job of a ``starting`` run (or find the one an earlier attempt submitted); → running.
+
+    Returns the resulting run state. Raises nothing for expected failures: they become ``failed``.
+    """
+    from accounts.services import ingest_token_issue
+
+    run = Run.objects.select_related("resumed_from_checkpoint").get(pk=run_id)
+    if run.state != RunState.STARTING:
+        return run.state
+    try:
+        cluster = cluster_for(run)
+        sid = run.ray_job_id or submission_id_for(run)
+        # Recorded before submitting: if we die in between, the next attempt looks for this id first.
+        Run.objects.filter(pk=run_id).update(ray_job_id=sid, cluster_address=cluster.address, provider=cluster.provider)
+        try:
+            jobs.state(cluster.address, sid)
+            events_append(run_id=run_id, kind="log", message=f"re-attached to existing Ray job {sid}")
+        except jobs.JobNotFound:
+            token = ingest_token_issue(run=run)
+            entry = engine_entrypoint(frozen_config_file(run))
+            jobs.submit(cluster.address, submission_id=sid, entrypoint=entry, env=engine_env(run, token.secret),
+                        metadata={"platform_run_id": str(run_id)})  # fmt: skip
+            events_append(run_id=run_id, kind="log", message=f"submitted Ray job {sid} to {cluster.address}",
+                          data={"entrypoint": entry})  # fmt: skip
+    except (LaunchError, jobs.ClusterUnreachable) as exc:
+        _finish(run_id, RunState.FAILED, error=f"launch failed: {exc}", from_states={RunState.STARTING})
+        return RunState.FAILED
+    try:
+        run_transition(run_id=run_id, to=RunState.RUNNING, from_states={RunState.STARTING},
+                       heartbeat_at=timezone.now())  # fmt: skip
+    except InvalidTransition:
+        # Cancelled while we were submitting: the job must not outlive the run.
+        run = Run.objects.get(pk=run_id)
+        job_stop_quietly(run)
+        if run.state == RunState.CANCELLING:
+            _finish(run_id, RunState.CANCELLED, from_states={RunState.CANCELLING})
+        return Run.objects.get(pk=run_id).state
+    return RunState.RUNNING
+
+
+def job_stop_quietly(run: Run) -> None:
+    if run.ray_job_id and run.cluster_address:
+        try:
+            jobs.stop(run.cluster_address, run.ray_job_id)
+        except (jobs.JobNotFound, jobs.ClusterUnreachable) as exc:
+            log.info("stop of job %s: %s", run.ray_job_id, exc)
+
+
+def _finish(run_id: int, to: str, *, error: str = "", from_states: set[str] | None = None) -> bool:
+    try:
+        run_transition(run_id=run_id, to=to, error=error, from_states=from_states)
+    except InvalidTransition:
+        return False
+    return True
+
+
+def run_finish_from_job(*, run: Run, job: jobs.JobState | None, log_text: str, reason: str = "") -> str:
+    """Terminal state of a run whose job ended (``job``) or vanished (``job`` None, ``reason`` says why)."""
+    if run.state == RunState.CANCELLING:
+        _finish(run.pk, RunState.CANCELLED, from_states={RunState.CANCELLING})
+    elif job is None:
+        _finish(run.pk, RunState.FAILED, error=reason)
+    elif job.status == "SUCCEEDED":
+        _finish(run.pk, RunState.SUCCEEDED, from_states={RunState.RUNNING})
+    elif job.status == "STOPPED":
+        _finish(run.pk, RunState.FAILED, error="the Ray job was stopped outside the platform")
+    else:
+        error = jobs.error_from_logs(log_text, fallback=job.message) or f"the job failed ({job.message})"
+        _finish(run.pk, RunState.FAILED, error=error)
+    return Run.objects.get(pk=run.pk).state

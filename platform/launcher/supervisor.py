@@ -1,0 +1,197 @@
+"""Following a run's Ray job (status, log tail, heartbeats), cancelling it, and the periodic sweep.
+
+One supervisor per run at a time, guaranteed by the lease in :class:`launcher.models.Supervision`.
+A supervisor that dies (worker ``kill -9``) stops renewing; the sweep reserves the run again and a new
+``supervise_run`` re-attaches by the stored job id.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from experiments.models import TERMINAL_STATES, Run, RunState
+from experiments.services import InvalidTransition, run_heartbeat, run_transition
+from launcher import jobs
+from launcher.models import Supervision
+from launcher.services import (
+    BUSY_STATES,
+    job_stop_quietly,
+    lease_acquire,
+    lease_release,
+    lease_renew,
+    lease_s,
+    run_finish_from_job,
+    setting,
+)
+from tracking.services import NewEvent, events_append_many
+
+log = logging.getLogger(__name__)
+
+MAX_LINES_PER_POLL = 1000
+RESERVE_S = 30  # how long a sweep's reservation waits for the task it enqueued
+
+
+def poll_s() -> float:
+    return float(setting("LAUNCHER_POLL_S", 1.0))
+
+
+def _tail_logs(run: Run, owner: str, final: bool) -> str:
+    """Turn new complete lines of the job log into ``log`` events; returns the whole log text."""
+    text = jobs.logs(run.cluster_address, run.ray_job_id)
+    offset = Supervision.objects.filter(run_id=run.pk).values_list("log_offset", flat=True).first() or 0
+    new = text[offset:]
+    if not final:
+        new = new[: new.rfind("\n") + 1]  # only complete lines; the rest comes next poll
+    lines = new.splitlines(keepends=True)[:MAX_LINES_PER_POLL]
+    if lines:
+        consumed = sum(len(line) for line in lines)
+        events_append_many(
+            run_id=run.pk,
+            events=[NewEvent(kind="log", message=line.rstrip("\r\n")) for line in lines if line.strip()],
+        )
+        Supervision.objects.filter(run_id=run.pk, owner=owner).update(log_offset=offset + consumed)
+    return text
+
+
+def _drain_logs_quietly(run: Run, owner: str) -> str:
+    try:
+        return _tail_logs(run, owner, final=True)
+    except (jobs.JobNotFound, jobs.ClusterUnreachable):
+        return ""
+
+
+def supervise(*, run_id: int, owner: str) -> str:
+    """Follow the run's job until the run is terminal. Returns the outcome (a state, or why we left)."""
+    if not lease_acquire(run_id=run_id, owner=owner, seconds=lease_s()):
+        return "supervised elsewhere"
+    try:
+        return _follow(run_id, owner)
+    finally:
+        lease_release(run_id=run_id, owner=owner)
+
+
+def _follow(run_id: int, owner: str) -> str:
+    stop_sent = False
+    while True:
+        run = Run.objects.get(pk=run_id)
+        if run.state in TERMINAL_STATES:
+            # Finished elsewhere (cancel task, reaper): collect the last lines, make sure the job is gone.
+            if run.ray_job_id and run.cluster_address:
+                _drain_logs_quietly(run, owner)
+                job_stop_quietly(run)
+            return run.state
+        if run.state not in (RunState.RUNNING, RunState.CANCELLING) or not run.ray_job_id:
+            return f"nothing to supervise in state {run.state}"
+        try:
+            job = jobs.state(run.cluster_address, run.ray_job_id)
+            if run.state == RunState.CANCELLING and not stop_sent:
+                job_stop_quietly(run)
+                stop_sent = True
+            text = _tail_logs(run, owner, final=job.terminal)
+        except jobs.JobNotFound:
+            reason = (f"the Ray job {run.ray_job_id} no longer exists on {run.cluster_address} "
+                      "(was the cluster restarted?)")  # fmt: skip
+            return run_finish_from_job(run=run, job=None, log_text="", reason=reason)
+        except jobs.ClusterUnreachable as exc:
+            # No heartbeat while unreachable: if this lasts, the reaper fails the run with a reason.
+            log.warning("run %s: %s", run_id, exc)
+        else:
+            if job.terminal:
+                return run_finish_from_job(run=run, job=job, log_text=text)
+            # The job exists and answers: that is the supervisor's heartbeat (the engine sends its own).
+            run_heartbeat(run_id=run_id)
+        if not lease_renew(run_id=run_id, owner=owner):
+            return "lease lost"
+        time.sleep(poll_s())
+
+
+def cancel(*, run_id: int) -> str:
+    """Graceful stop (SIGTERM: the engine checkpoints and exits), hard stop after the grace period
+    (Ray kills the driver after RAY_JOB_STOP_WAIT_TIME_S); → cancelled. Idempotent."""
+    run = Run.objects.get(pk=run_id)
+    if run.state == RunState.QUEUED:
+        _try(run_id, RunState.CANCELLED, {RunState.QUEUED}, error="cancelled before it started")
+    elif run.state in (RunState.STARTING, RunState.RUNNING):
+        _try(run_id, RunState.CANCELLING, {RunState.STARTING, RunState.RUNNING})
+    run = Run.objects.get(pk=run_id)
+    if run.state != RunState.CANCELLING:
+        return run.state
+    error = ""
+    if run.ray_job_id and run.cluster_address:
+        grace = float(setting("RUN_CANCEL_GRACE_S", 5))
+        try:
+            jobs.stop(run.cluster_address, run.ray_job_id)
+            if jobs.wait_terminal(run.cluster_address, run.ray_job_id, timeout=grace + 3.0) is None:
+                error = f"the Ray job did not stop within {grace + 3.0:.0f} s; Ray kills it"
+        except jobs.JobNotFound:
+            pass  # never submitted (cancelled while starting) or already cleaned up
+        except jobs.ClusterUnreachable as exc:
+            error = f"could not reach the cluster to stop the job: {exc}"
+    _try(run_id, RunState.CANCELLED, {RunState.CANCELLING}, error=error)
+    return Run.objects.get(pk=run_id).state
+
+
+def _try(run_id: int, to: str, from_states: set[str], error: str = "") -> None:
+    try:
+        fields = {"cancel_requested_at": timezone.now()} if to == RunState.CANCELLING else {}
+        run_transition(run_id=run_id, to=to, from_states=from_states, error=error, **fields)
+    except InvalidTransition:
+        pass
+
+
+@dataclass
+class SweepResult:
+    reaped: list[int] = field(default_factory=list)
+    to_start: list[int] = field(default_factory=list)  # starting runs nobody is launching
+    to_supervise: list[int] = field(default_factory=list)  # running/cancelling runs nobody follows
+
+
+def reap_silent() -> list[int]:
+    """Runs whose heartbeat is older than RUN_HEARTBEAT_TIMEOUT_S become ``failed`` with the reason."""
+    timeout = int(setting("RUN_HEARTBEAT_TIMEOUT_S", 120))
+    cutoff = timezone.now() - timedelta(seconds=timeout)
+    silent = Run.objects.filter(state__in=(RunState.RUNNING, RunState.CANCELLING)).filter(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
+    )
+    reaped = []
+    for run in silent:
+        reason = (f"no heartbeat for over {timeout} s: neither the engine nor its supervisor reported "
+                  f"(last heartbeat {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)" if run.heartbeat_at
+                  else f"no heartbeat within {timeout} s of the start")  # fmt: skip
+        try:
+            run_transition(run_id=run.pk, to=RunState.FAILED, from_states=set(BUSY_STATES), error=reason)
+        except InvalidTransition:
+            continue
+        job_stop_quietly(run)  # a silent job must not keep holding the cluster
+        reaped.append(run.pk)
+    return reaped
+
+
+def find_orphans() -> tuple[list[int], list[int]]:
+    """Busy runs whose lease expired (their task died): reserve them and say what to enqueue."""
+    now = timezone.now()
+    busy = Run.objects.filter(state__in=BUSY_STATES)
+    for run_id in busy.filter(supervision__isnull=True).values_list("id", flat=True):
+        Supervision.objects.get_or_create(run_id=run_id, defaults={"lease_until": now})
+    to_start: list[int] = []
+    to_supervise: list[int] = []
+    expired = Supervision.objects.filter(run__state__in=BUSY_STATES, lease_until__lt=now)
+    for run_id, state in expired.values_list("run_id", "run__state"):
+        reserved = Supervision.objects.filter(run_id=run_id, lease_until__lt=now).update(
+            owner="", lease_until=now + timedelta(seconds=RESERVE_S)
+        )
+        if reserved:
+            (to_start if state == RunState.STARTING else to_supervise).append(run_id)
+    return to_start, to_supervise
+
+
+def sweep() -> SweepResult:
+    reaped = reap_silent()
+    to_start, to_supervise = find_orphans()
+    return SweepResult(reaped=reaped, to_start=to_start, to_supervise=to_supervise)

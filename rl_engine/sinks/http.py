@@ -1,0 +1,255 @@
+"""The HTTP metrics sink: the engine reports to the platform's ingestion API like any tracking client.
+
+Points, events and samples are queued in memory and sent in batches by one background thread; a second
+thread posts heartbeats. While the platform is unreachable, batches go to an append-only JSONL spool
+file (with a cursor file holding how many bytes were delivered) and are delivered, in order, once it
+answers again — so a web-server restart mid-run loses nothing. Metric ingestion is idempotent on
+(run, key, step), which makes re-sending a batch whose answer was lost harmless.
+
+Configured from the environment by ``build_sinks`` (``logging.sinks: [http]``):
+``RL_ENGINE_INGEST_URL`` (the platform's base URL), ``RL_ENGINE_INGEST_TOKEN``, ``RL_ENGINE_RUN_ID``;
+optional ``RL_ENGINE_SPOOL_DIR``, ``RL_ENGINE_HEARTBEAT_S``, ``RL_ENGINE_CLOSE_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+try:  # subclass the engine's interface when it exists; the methods below are that interface
+    from rl_engine.sinks import MetricsSink as _Base  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - only while the engine's sinks package is being written
+    _Base = object  # type: ignore[assignment,misc]
+
+MAX_POINTS_PER_REQUEST = 1000  # the server accepts up to 5000; smaller batches retry cheaply
+_RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class DeliveryRejected(RuntimeError):
+    """The platform answered with a non-retryable error (bad token, invalid body): do not retry."""
+
+
+class HttpSink(_Base):  # type: ignore[misc,valid-type]
+    """MetricsSink that posts to ``{url}/api/runs/{run_id}/{metrics|events|samples|heartbeat}``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        run_id: int | str,
+        *,
+        spool_dir: str | Path | None = None,
+        flush_interval_s: float = 0.5,
+        heartbeat_interval_s: float = 10.0,
+        request_timeout_s: float = 10.0,
+        close_timeout_s: float = 60.0,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        if not url or not token or not str(run_id):
+            raise ValueError("HttpSink needs the platform URL, an ingest token and the run id")
+        self.base = f"{url.rstrip('/')}/api/runs/{run_id}"
+        self._headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+        self.flush_interval_s = flush_interval_s
+        self.request_timeout_s = request_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self.max_backoff_s = max_backoff_s
+        spool_root = Path(spool_dir) if spool_dir else Path(tempfile.gettempdir()) / "rl_engine_spool"
+        spool_root.mkdir(parents=True, exist_ok=True)
+        self.spool_path = spool_root / f"run-{run_id}.jsonl"
+        self._cursor_path = spool_root / f"run-{run_id}.cursor"
+        self._pending: list[tuple[str, dict[str, Any]]] = []  # (endpoint, one point/event/sample batch)
+        self._cond = threading.Condition()
+        self._closing = False
+        self._backoff_s = 0.0
+        self._stop_heartbeat = threading.Event()
+        self.delivered_requests = 0
+        self._last_error = ""
+        self._flusher = threading.Thread(target=self._flush_loop, name="http-sink-flush", daemon=True)
+        self._flusher.start()
+        self._heartbeat = threading.Thread(
+            target=self._heartbeat_loop, args=(heartbeat_interval_s,), name="http-sink-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+
+    @classmethod
+    def from_env(cls) -> HttpSink:
+        """Build from RL_ENGINE_* variables; a clear error names the one that is missing."""
+        env = os.environ
+        missing = [n for n in ("RL_ENGINE_INGEST_URL", "RL_ENGINE_INGEST_TOKEN", "RL_ENGINE_RUN_ID") if not env.get(n)]
+        if missing:
+            raise ValueError(f"logging.sinks includes 'http' but {', '.join(missing)} is not set")
+        return cls(
+            env["RL_ENGINE_INGEST_URL"], env["RL_ENGINE_INGEST_TOKEN"], env["RL_ENGINE_RUN_ID"],
+            spool_dir=env.get("RL_ENGINE_SPOOL_DIR") or None,
+            heartbeat_interval_s=float(env.get("RL_ENGINE_HEARTBEAT_S", "10")),
+            close_timeout_s=float(env.get("RL_ENGINE_CLOSE_TIMEOUT_S", "60")),
+        )  # fmt: skip
+
+    # --- the MetricsSink interface ---------------------------------------------------------------------
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        now = time.time()
+        points = [
+            ("metrics", {"key": str(k), "step": int(step), "value": float(v), "wall_time": now})
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and math.isfinite(float(v))  # JSON has no NaN/inf
+        ]
+        self._enqueue(points)
+
+    def log_event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        self._enqueue([("events", {"kind": kind, "message": message, "data": data or {}})])
+
+    def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        if samples:
+            self._enqueue([("samples", {"step": int(step), "samples": samples})])
+
+    def close(self) -> None:
+        """Deliver everything still queued (waiting out a platform outage up to close_timeout_s)."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._flusher.join(timeout=self.close_timeout_s + self.request_timeout_s + 5)
+        self._stop_heartbeat.set()
+        self._heartbeat.join(timeout=self.request_timeout_s + 1)
+        if self._spool_backlog() > 0:
+            print(
+                f"http sink: the platform was unreachable; undelivered data is in {self.spool_path}",
+                file=sys.stderr,
+            )
+
+    # --- internals ---------------------------------------------------------------------------------------
+
+    def _enqueue(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+        if not items:
+            return
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("HttpSink is closed")
+            self._pending.extend(items)
+            if len(self._pending) >= MAX_POINTS_PER_REQUEST:
+                self._cond.notify_all()
+
+    def _take_batches(self) -> list[tuple[str, dict[str, Any]]]:
+        """Group pending items into request bodies, preserving order per endpoint."""
+        with self._cond:
+            items, self._pending = self._pending, []
+        points = [body for ep, body in items if ep == "metrics"]
+        events = [body for ep, body in items if ep == "events"]
+        batches: list[tuple[str, dict[str, Any]]] = []
+        for i in range(0, len(points), MAX_POINTS_PER_REQUEST):
+            batches.append(("metrics", {"points": points[i : i + MAX_POINTS_PER_REQUEST]}))
+        for i in range(0, len(events), MAX_POINTS_PER_REQUEST):
+            batches.append(("events", {"events": events[i : i + MAX_POINTS_PER_REQUEST]}))
+        batches.extend((ep, body) for ep, body in items if ep == "samples")
+        return batches
+
+    def _flush_loop(self) -> None:
+        deadline: float | None = None
+        while True:
+            with self._cond:
+                if not self._closing:
+                    self._cond.wait(timeout=max(self.flush_interval_s, self._backoff_s))
+                closing = self._closing
+            if closing and deadline is None:
+                deadline = time.monotonic() + self.close_timeout_s
+            for endpoint, body in self._take_batches():
+                self._spool_append(endpoint, body)
+            self._deliver_spool()
+            if closing:
+                with self._cond:
+                    drained = not self._pending
+                if drained and self._spool_backlog() == 0:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                time.sleep(min(self._backoff_s, max(0.0, deadline - time.monotonic())) if deadline else 0)
+
+    def _deliver_spool(self) -> None:
+        """Send spooled requests in order from the cursor; stop at the first retryable failure."""
+        if self._spool_backlog() == 0:
+            return
+        offset = self._read_cursor()
+        with open(self.spool_path, "rb") as fh:
+            fh.seek(offset)
+            for raw in fh:
+                try:
+                    record = json.loads(raw)
+                except ValueError:  # a torn last line (crash mid-write): skip it
+                    offset += len(raw)
+                    continue
+                try:
+                    self._post(record["endpoint"], record["body"])
+                except DeliveryRejected as exc:
+                    print(f"http sink: dropped a {record['endpoint']} batch the platform rejected: {exc}",
+                          file=sys.stderr)  # fmt: skip
+                except (OSError, urllib.error.URLError) as exc:
+                    self._backoff_s = min(self.max_backoff_s, max(0.25, self._backoff_s * 2))
+                    self._last_error = str(exc)
+                    self._write_cursor(offset)
+                    return
+                offset += len(raw)
+                self._backoff_s = 0.0
+                self.delivered_requests += 1
+        self._write_cursor(offset)
+        if offset >= self.spool_path.stat().st_size:
+            self._reset_spool()
+
+    def _post(self, endpoint: str, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.base}/{endpoint}", data=data, headers=self._headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.request_timeout_s) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code in _RETRYABLE_STATUS:
+                raise OSError(f"HTTP {exc.code}") from exc
+            detail = exc.read()[:300].decode(errors="replace")
+            raise DeliveryRejected(f"HTTP {exc.code}: {detail}") from exc
+
+    def _heartbeat_loop(self, interval_s: float) -> None:
+        while True:
+            with contextlib.suppress(OSError, urllib.error.URLError, DeliveryRejected):
+                self._post("heartbeat", {})
+            if self._stop_heartbeat.wait(interval_s):
+                return
+
+    # The spool: every batch is appended before it is sent, and the cursor records what was delivered,
+    # so a platform outage (or a crash between send and acknowledgement) costs a resend, never a loss.
+    def _spool_append(self, endpoint: str, body: dict[str, Any]) -> None:
+        with open(self.spool_path, "ab") as fh:
+            fh.write(json.dumps({"endpoint": endpoint, "body": body}).encode() + b"\n")
+
+    def _spool_backlog(self) -> int:
+        try:
+            return self.spool_path.stat().st_size - self._read_cursor()
+        except FileNotFoundError:
+            return 0
+
+    def _read_cursor(self) -> int:
+        try:
+            return int(self._cursor_path.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _write_cursor(self, offset: int) -> None:
+        tmp = self._cursor_path.with_suffix(".tmp")
+        tmp.write_text(str(offset))
+        tmp.replace(self._cursor_path)
+
+    def _reset_spool(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.spool_path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self._cursor_path.unlink()
