@@ -109,6 +109,9 @@ class TrainerConfig(_Strict):
     total_steps: int = Field(100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run.")
     batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
     mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per forward/backward (gradient accumulation); None: the mini-batch."
+    )
     ppo_epochs: int = Field(1, ge=1, le=16)
     lr: float = Field(3e-4, gt=0.0, le=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -128,6 +131,11 @@ class TrainerConfig(_Strict):
         if self.batch_size % self.mini_batch_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of mini_batch_size ({self.mini_batch_size})"
+            )
+        if self.micro_batch_size is not None and self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"mini_batch_size ({self.mini_batch_size}) must be a multiple of micro_batch_size "
+                f"({self.micro_batch_size})"
             )
         if self.warmup_steps >= self.total_steps and self.lr_schedule != "constant":
             raise ValueError(

@@ -1,0 +1,107 @@
+"""Token-level policy-gradient losses, KL, off-policy weights and loss aggregation. Pure tensor functions.
+
+Shapes: every per-token tensor is [B, T] (B responses, T response tokens, right-padded); ``mask`` is
+[B, T] with 1 on real tokens. Log-probs are of logits / temperature everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PolicyLossOut:
+    """Per-token surrogate loss and which tokens were clipped, all [B, T]."""
+
+    loss: torch.Tensor
+    clipped: torch.Tensor  # the ratio clip was active (the gradient of that token is zero)
+    dual_clipped: torch.Tensor  # the dual clip bound -c*A was active (negative advantages only)
+    ratio: torch.Tensor
+
+
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+) -> PolicyLossOut:
+    """PPO clipped surrogate with asymmetric clip and optional dual clip, per token.
+
+    r = exp(logp - old_logp); L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A);
+    for A < 0 with dual clip: L = min(L, -c A) (caps the loss when r is far above 1).
+    logp, old_logp, advantages: [B, T] -> PolicyLossOut of [B, T] tensors.
+    """
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    dual = torch.zeros_like(was_clipped)
+    if dual_clip_c is not None:
+        bound = -advantages * dual_clip_c
+        dual = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+    return PolicyLossOut(loss=loss, clipped=was_clipped, dual_clipped=dual, ratio=ratio)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 >= 0. [B, T]."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def truncated_is_weights(
+    target_logp: torch.Tensor, behaviour_logp: torch.Tensor, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance weights w = min(exp(target - behaviour), threshold), no gradient.
+
+    target_logp, behaviour_logp: [B, T] -> (weights [B, T], truncated [B, T] bool).
+    """
+    raw = torch.exp((target_logp - behaviour_logp).detach())
+    return raw.clamp(max=threshold), raw > threshold
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+    norm_len: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values [B, T] to a scalar.
+
+    token_mean: sum(v m) / num_tokens (every token weighs the same; DAPO).
+    seq_mean_token_mean: mean over sequences of each sequence's token mean (GRPO paper).
+    seq_mean_token_sum_norm: sum(v m) / (num_seqs * norm_len), a constant normaliser (Dr.GRPO).
+    ``num_seqs``/``num_tokens`` default to this tensor's; pass the whole mini-batch's counts when
+    ``values`` is one micro-batch of it, so gradient accumulation sums to the mini-batch loss.
+    ``norm_len`` defaults to T.
+    """
+    m = mask.to(values.dtype)
+    seqs = values.shape[0] if num_seqs is None else num_seqs
+    if mode == "token_mean":
+        toks = m.sum() if num_tokens is None else num_tokens
+        return (values * m).sum() / max(float(toks), 1.0)
+    if mode == "seq_mean_token_mean":
+        per_seq = (values * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+        return per_seq.sum() / max(seqs, 1)
+    if mode == "seq_mean_token_sum_norm":
+        length = values.shape[1] if norm_len is None else norm_len
+        return (values * m).sum() / (max(seqs, 1) * length)
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(LOSS_AGGS)}")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of values over mask == 1 (0 when the mask is empty). [B, T] -> scalar."""
+    m = mask.to(values.dtype)
+    return (values * m).sum() / m.sum().clamp(min=1.0)
+
+
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")

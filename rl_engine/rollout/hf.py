@@ -1,0 +1,206 @@
+"""HF transformers rollout worker: batched sampling with its own KV-cache decode loop.
+
+Why not ``model.generate``: the loop must (1) record the log-prob of each sampled token under exactly
+the distribution sampled from (logits / temperature), (2) stop at a chunk boundary when another thread
+calls ``interrupt()`` and hand back the partial responses, and (3) continue them later from
+prompt + prefix. The loop is the same work ``generate`` does per step (one cached forward, one
+multinomial draw); ``benchmarks/engine_core.py`` measures it against bare ``generate``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl_engine.config import HFRolloutConfig, ModelConfig
+from rl_engine.models import load_model, load_tokenizer, special_token_ids
+from rl_engine.models.batching import left_pad, position_ids_from_mask
+from rl_engine.rollout.base import RolloutWorker
+from rl_engine.types import FinishReason, Prompt, Sample
+
+
+@dataclass
+class _Request:
+    """One response to produce: the prompt, the tokens already generated (for resume), and its sample."""
+
+    prompt_ids: list[int]
+    prefix_ids: list[int]
+    prefix_logprobs: list[float]
+    budget: int  # new tokens still allowed
+    template: Sample
+    new_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason = "abort"
+    elapsed_s: float = 0.0
+
+
+def sample_top_p(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row from softmax restricted to the nucleus of mass ``top_p``.
+
+    logp: [B, V] log-probs (already temperature-scaled) -> [B] token ids.
+    """
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Drop a token when the mass before it already reaches top_p (the top token always stays).
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class HFRolloutWorker(RolloutWorker):
+    """Rollout on a local transformers model (CPU here; any torch device in principle).
+
+    Behaviour log-probs are of logits / temperature (no top-p renormalisation: with ``top_p < 1`` they
+    are the log-probs of the temperature-scaled distribution the nucleus was cut from, matching what the
+    trainer recomputes).
+    """
+
+    def __init__(
+        self, rollout_cfg: HFRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu"
+    ):
+        super().__init__()
+        self.cfg = rollout_cfg
+        torch.set_num_threads(rollout_cfg.num_threads)
+        self.model = load_model(model_cfg, device=device).eval()
+        self.tokenizer = load_tokenizer(model_cfg)
+        self.special = special_token_ids(model_cfg, self.tokenizer)
+        self.device = torch.device(device)
+        self._eos = torch.tensor(self.special.eos_ids, dtype=torch.long, device=self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._params = dict(self.model.named_parameters())
+
+    # --- public API -------------------------------------------------------------------------------
+    def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
+        reqs = []
+        for p in prompts:
+            for _ in range(n):
+                tmpl = Sample(
+                    prompt_uid=p.uid,
+                    group_id=p.uid,
+                    prompt_ids=list(p.token_ids),
+                    response_ids=[],
+                    logprobs=[],
+                    finish_reason="abort",
+                    param_version_start=self.version,
+                    param_version_end=self.version,
+                    prompt_text=p.text,
+                    answer=p.answer,
+                )
+                reqs.append(_Request(list(p.token_ids), [], [], self.cfg.max_new_tokens, tmpl))
+        return self._run(reqs)
+
+    def resume(self, samples: list[Sample]) -> list[Sample]:
+        reqs = []
+        for s in samples:
+            budget = self.cfg.max_new_tokens - len(s.response_ids)
+            if s.finish_reason != "abort" or budget <= 0:
+                reqs.append(None)  # nothing to continue
+                continue
+            reqs.append(_Request(list(s.prompt_ids), list(s.response_ids), list(s.logprobs), budget, s))
+        todo = [r for r in reqs if r is not None]
+        done = iter(self._run(todo))
+        return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        """Copy weights in place by parameter name (numpy arrays or tensors); unknown names are an error."""
+        unknown = [k for k in named_tensors if k not in self._params]
+        if unknown:
+            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
+        for name, value in named_tensors.items():
+            src = torch.from_numpy(np.asarray(value)) if not isinstance(value, torch.Tensor) else value
+            dst = self._params[name]
+            if src.shape != dst.shape:
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
+                )
+            dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
+        self._version = int(version)
+
+    # --- internals --------------------------------------------------------------------------------
+    def _run(self, reqs: list[_Request]) -> list[Sample]:
+        mb = self.cfg.micro_batch_size
+        for start in range(0, len(reqs), mb):
+            chunk = reqs[start : start + mb]
+            if self.interrupted:
+                continue  # not started: comes back as an abort with its prefix unchanged
+            t0 = time.perf_counter()
+            self._decode(chunk)
+            dt = time.perf_counter() - t0
+            for r in chunk:
+                r.elapsed_s = dt
+        return [self._to_sample(r) for r in reqs]
+
+    def _to_sample(self, r: _Request) -> Sample:
+        ids = r.prefix_ids + r.new_ids
+        return replace(
+            r.template,
+            response_ids=ids,
+            logprobs=r.prefix_logprobs + r.new_logprobs,
+            finish_reason=r.finish,
+            # A resumed sample that got no new token (interrupted before its micro-batch ran) keeps its end.
+            param_version_end=self.version if r.new_ids else r.template.param_version_end,
+            response_text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            gen_time_s=r.template.gen_time_s + r.elapsed_s,
+            num_interruptions=r.template.num_interruptions + (r.finish == "abort"),
+        )
+
+    def _decode(self, reqs: list[_Request]) -> None:
+        """Sample continuations for one micro-batch in place (``new_ids``, ``new_logprobs``, ``finish``)."""
+        dev, pad = self.device, self.special.pad_id
+        ids, mask = left_pad([r.prompt_ids + r.prefix_ids for r in reqs], pad)
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = position_ids_from_mask(mask)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
+        )
+        past, logits = out.cache, out.logits[:, -1, :]
+        next_pos = pos[:, -1] + 1
+        budgets = torch.tensor([r.budget for r in reqs], device=dev)
+        done = torch.zeros(len(reqs), dtype=torch.bool, device=dev)
+        toks, lps = [], []
+        chunk, temp, top_p = self.cfg.chunk_tokens, self.cfg.temperature, self.cfg.top_p
+        for step in range(int(budgets.max())):
+            logp_all = torch.log_softmax(logits.float() / temp, dim=-1)
+            tok = sample_top_p(logp_all, top_p, self.generator)
+            tok = torch.where(done, pad, tok)
+            toks.append(tok)
+            lps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
+            done = done | torch.isin(tok, self._eos) | (budgets <= step + 1)
+            if bool(done.all()) or ((step + 1) % chunk == 0 and self.interrupted):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                cache=past,
+                use_cache=True,
+            )
+            past, logits = out.cache, out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        self._collect(reqs, torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist())
+
+    def _collect(self, reqs: list[_Request], toks: list[list[int]], lps: list[list[float]]) -> None:
+        eos = set(self.special.eos_ids)
+        for r, row_t, row_l in zip(reqs, toks, lps, strict=True):
+            r.finish = "abort"
+            for t, lp in zip(row_t, row_l, strict=True):
+                r.new_ids.append(t)
+                r.new_logprobs.append(lp)
+                if t in eos:
+                    r.finish = "stop"
+                    break
+                if len(r.new_ids) >= r.budget:
+                    r.finish = "length"
+                    break
+
+
+__all__ = ["HFRolloutWorker", "sample_top_p"]
