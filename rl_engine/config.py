@@ -169,7 +169,7 @@ class AlgorithmConfig(_Strict):
 class PipelineConfig(_Strict):
     mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
     staleness_threshold: int = Field(
-        1, ge=0, description="Max trainer versions a sample may lag (fully_async); see docs/architecture.md."
+        1, ge=0, description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md."
     )
     trigger_parameter_sync_step: int = Field(1, ge=1, description="Trainer steps between weight syncs.")
     require_batches: int = Field(1, ge=1, description="Mini-batches the trainer gathers before a step.")
@@ -178,6 +178,12 @@ class PipelineConfig(_Strict):
     queue_max_size: int = Field(0, ge=0, description="Queue bound in samples; 0: derived from the staleness.")
     watchdog_timeout_s: float = Field(300.0, gt=0.0, description="Report a stage with no progress for this long.")
     ray_address: str | None = Field(None, description="Ray cluster to join; None: start a local one.")
+    prompts_per_call: int = Field(
+        0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
+    )
+    sync_backend: Literal["object_store", "nccl"] = Field(
+        "object_store", description="Weight sync transport: Ray object store (CPU) or NCCL broadcast (GPU)."
+    )
 
 
 # --- data / reward / resources / logging --------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""Which classes the pipeline actors build: the real engine parts by default, simulated ones in the
+orchestration tests and the long-tail benchmark (GPU engines cannot run here; the simulated parts
+model their *costs*, everything around them — actors, queue, sync, gates — is the real code).
+
+A factory is named by ``"module:attribute"`` so it can be shipped to Ray worker processes by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_engine.config import ExperimentConfig
+
+
+@dataclass(frozen=True)
+class Factory:
+    """A callable named by import path, called as ``fn(cfg, **kwargs)`` (plus ``index=`` for rollouters)."""
+
+    path: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, cfg: ExperimentConfig, **extra: Any) -> Any:
+        module, _, attr = self.path.partition(":")
+        fn = getattr(importlib.import_module(module), attr)
+        return fn(cfg, **self.kwargs, **extra)
+
+
+@dataclass(frozen=True)
+class Components:
+    """The four pluggable parts: rollout worker, prompt stream, reward function, policy trainer."""
+
+    worker: Factory = Factory("rl_engine.pipeline.components:real_worker")
+    prompts: Factory = Factory("rl_engine.pipeline.components:real_prompts")
+    reward: Factory = Factory("rl_engine.pipeline.components:real_reward")
+    trainer: Factory = Factory("rl_engine.pipeline.components:real_trainer")
+    prepare: Factory | None = Factory("rl_engine.pipeline.components:real_prepare")
+
+
+def real_prepare(cfg: ExperimentConfig) -> None:
+    """Build the tiny model once in the driver, before actors race to load it."""
+    from rl_engine.models import ensure_model
+
+    ensure_model(cfg.model)
+
+
+def real_worker(cfg: ExperimentConfig, index: int = 0) -> Any:
+    from rl_engine.rollout import build_rollout_worker
+
+    return build_rollout_worker(cfg)
+
+
+def real_prompts(cfg: ExperimentConfig, index: int = 0) -> Any:
+    from rl_engine.data import PromptStream
+    from rl_engine.models import load_tokenizer
+
+    return PromptStream(cfg, load_tokenizer(cfg.model))
+
+
+def real_reward(cfg: ExperimentConfig, index: int = 0) -> Any:
+    from rl_engine.rewards import build_reward
+
+    return build_reward(cfg.reward)
+
+
+def real_trainer(cfg: ExperimentConfig) -> Any:
+    from rl_engine.trainer import PolicyTrainer
+
+    return PolicyTrainer(cfg)

@@ -1,0 +1,291 @@
+"""The one driver: ``run_experiment(cfg, sink)`` builds the actors and runs any mode to the end.
+
+Reads top to bottom like the training loop it orchestrates: (restore) → start rollouters → per step:
+train on a batch pulled from the queue → sync weights every ``trigger_parameter_sync_step`` steps →
+log → checkpoint. Every wait is a short poll so a stop request, an actor failure or a stall is seen
+within a second (``_Waiter``); nothing blocks on an actor without a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rl_engine.config import ExperimentConfig
+from rl_engine.pipeline import checkpoint as ckpt
+from rl_engine.pipeline.components import Components
+from rl_engine.pipeline.knobs import Knobs, knobs_from_config
+from rl_engine.pipeline.metrics import step_metrics
+from rl_engine.pipeline.queue import MessageQueue
+from rl_engine.pipeline.rollouter import Rollouter
+from rl_engine.pipeline.sync import build_sync
+from rl_engine.pipeline.trainer_actor import TrainerActor
+from rl_engine.pipeline.watch import Waiter
+
+
+@dataclass
+class RunSummary:
+    """What a run did. ``samples_trained`` counts every sample trained since step 0 (across resumes)."""
+
+    steps_done: int
+    start_step: int
+    samples_trained: int
+    final_reward_mean: float | None
+    wall_time_s: float
+    stopped: bool
+    last_checkpoint: str | None
+    dropped_stale: int
+    queued: int
+    in_flight: int
+    admitted: int
+    sync_times_s: list[float] = field(default_factory=list)
+    trained_uids: list[str] = field(default_factory=list)
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    sink: Any,
+    *,
+    stop_event: threading.Event | None = None,
+    components: Components | None = None,
+) -> RunSummary:
+    """Run ``cfg`` until ``trainer.total_steps`` or a stop request (``stop_event`` or SIGTERM).
+
+    Raises ``PipelineError`` (one-line message naming the failing actor and its error) when an actor fails.
+    """
+    knobs = knobs_from_config(cfg)
+    components = components or Components()
+    stop = stop_event or threading.Event()
+    with _sigterm_sets(stop), _ray_session(cfg):
+        if components.prepare is not None:
+            components.prepare.build(cfg)
+        run = _Run(cfg, knobs, sink, stop, components)
+        try:
+            return run.execute()
+        finally:
+            run.shutdown()
+
+
+@contextlib.contextmanager
+def _sigterm_sets(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM (Ray Job stop, platform cancel) requests a graceful stop instead of killing the driver."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _ray_session(cfg: ExperimentConfig) -> Iterator[None]:
+    """Join an initialised Ray, an address (config or RAY_ADDRESS of a Ray Job), or start a private one."""
+    if ray.is_initialized():
+        yield
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = cfg.pipeline.ray_address or os.environ.get("RAY_ADDRESS")
+    tmp = None
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        tmp = tempfile.mkdtemp(prefix="rle_", dir="/tmp")  # short: Ray's socket paths have a length limit
+        need = cfg.pipeline.num_rollouters + 1
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, int(need * cfg.resources.cpus_per_actor + 0.999)),
+            include_dashboard=False,
+            _temp_dir=tmp,
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}},
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Run:
+    """State of one run in the driver: actor handles, counters, the pending log line."""
+
+    def __init__(
+        self, cfg: ExperimentConfig, knobs: Knobs, sink: Any, stop: threading.Event, components: Components
+    ) -> None:
+        self.cfg, self.knobs, self.sink, self.stop, self.components = cfg, knobs, sink, stop, components
+        self.t_start = time.monotonic()
+        self.rewards: list[float] = []
+        self.trained_uids: list[str] = []
+        self.last_ckpt: str | None = None
+        self.last_ckpt_step = -1
+        self.start_step = 0
+        self.step = 0
+        self.stopped = False
+        self.actors: list[Any] = []
+        self.final: dict[str, Any] = {}
+
+    # --- build ------------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        cfg, res = self.cfg, self.cfg.resources
+        self.queue = ray.remote(MessageQueue).options(num_cpus=0).remote(self.knobs, cfg.pipeline.queue_max_size)
+        self.trainer = (
+            ray.remote(TrainerActor)
+            .options(num_cpus=res.cpus_per_actor, num_gpus=res.trainer_gpus, max_concurrency=2)
+            .remote(cfg, self.knobs, self.queue, self.components)
+        )
+        count = cfg.pipeline.num_rollouters
+        self.rollouters = [
+            ray.remote(Rollouter)
+            .options(num_cpus=res.cpus_per_actor, num_gpus=res.rollout_gpus, max_concurrency=4)
+            .remote(cfg, self.knobs, i, count, self.queue, self.components)
+            for i in range(count)
+        ]
+        self.actors = [self.queue, self.trainer, *self.rollouters]
+        self.waiter = Waiter(self)
+        # constructors run asynchronously: surface their errors (model load, bad data) now
+        self.waiter.wait_all([self.trainer.get_version.remote()] + [r.in_flight.remote() for r in self.rollouters],
+                             "build", check_health=False)
+        self.syncer = build_sync(cfg.pipeline.sync_backend, self.trainer, self.rollouters)
+
+    # --- main loop ----------------------------------------------------------------------------------------
+    def execute(self) -> RunSummary:
+        self._build()
+        self._maybe_resume()
+        self.sink.log_event("status", f"pipeline running ({self.knobs.mode}) from step {self.start_step}",
+                            {"step": self.start_step, "mode": self.knobs.mode,
+                             "max_staleness": self.knobs.max_staleness})
+        ray.get([r.start.remote() for r in self.rollouters])
+        total, every = self.cfg.trainer.total_steps, self.cfg.trainer.checkpoint_every
+        pending_log = None
+        t_last = time.monotonic()
+        while self.step < total and not self.stop.is_set():
+            ref = self.trainer.train_step.remote(self.cfg.logging.samples_per_step)
+            if pending_log is not None:
+                self._log(*pending_log)  # overlaps with the running step
+                pending_log = None
+            result = self.waiter.wait_one(ref, "train")
+            if result["cancelled"]:
+                break
+            self.step = result["version"]
+            sync_s = self._sync(self.step) if self.step % self.knobs.trigger == 0 and self.step < total else None
+            now = time.monotonic()
+            health = [r.health.remote() for r in self.rollouters]
+            pending_log = (self.step, result, sync_s, now - t_last, self.queue.stats.remote(), health)
+            t_last = now
+            if every and self.step % every == 0 and self.step < total:
+                self._log(*pending_log)
+                pending_log = None
+                self._checkpoint(self.step)
+        if pending_log is not None:
+            self._log(*pending_log)
+        self.stopped = self.step < total
+        if self.cfg.trainer.checkpoint_dir and self.last_ckpt_step != self.step:
+            self._checkpoint(self.step)
+        self.sink.log_event(
+            "status", ("stopped" if self.stopped else "finished") + f" at step {self.step}",
+            {"step": self.step, "stopped": self.stopped, "checkpoint": self.last_ckpt},
+        )
+        return self._summary()
+
+    def _sync(self, version: int) -> float:
+        refs, publish_s = self.syncer.start(version)
+        t0 = time.monotonic() - publish_s
+        results = self.waiter.wait_all(refs, "weight sync")
+        return self.syncer.finish(version, t0, publish_s, [r for r in results if r]).total_s
+
+    def _log(self, step: int, result: dict, sync_s: float | None, wall: float, qref: Any, href: list) -> None:
+        qstats = ray.get(qref)
+        health = ray.get(href)
+        prev = getattr(self, "_prev_busy", None)
+        busy = [h["busy_s"] for h in health]
+        deltas = [b - p for b, p in zip(busy, prev, strict=True)] if prev else busy
+        self._prev_busy = busy
+        metrics = step_metrics(result, step_wall_s=wall, sync_s=sync_s, queue_stats=qstats,
+                               rollout_busy_delta_s=deltas, gen_window_s=wall)
+        self.rewards.append(metrics["reward/mean"])
+        self.trained_uids.extend(result["uids"])
+        if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
+            self.sink.log_metrics(step, metrics)
+        if result["examples"]:
+            self.sink.log_samples(step, result["examples"])
+
+    # --- checkpoint / resume -------------------------------------------------------------------------------
+    def _checkpoint(self, step: int) -> None:
+        directory = self.cfg.trainer.checkpoint_dir
+        if not directory:
+            return
+        states = self.waiter.wait_all([r.pause.remote() for r in self.rollouters], "checkpoint pause")
+        try:
+            qsnap = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
+            extra = ckpt.pipeline_extra(step, qsnap, states)
+            path = ckpt.checkpoint_path(directory, step)
+            size = self.waiter.wait_one(self.trainer.save_checkpoint.remote(str(path), extra), "checkpoint")
+        finally:
+            ray.get([r.unpause.remote() for r in self.rollouters])
+        self.last_ckpt, self.last_ckpt_step = str(path), step
+        ckpt.prune(directory, self.cfg.trainer.keep_checkpoints)
+        self.sink.log_event("checkpoint", f"checkpoint at step {step}",
+                            {"step": step, "path": str(path), "size_bytes": int(size)})
+
+    def _maybe_resume(self) -> None:
+        src = self.cfg.trainer.resume_from
+        if not src:
+            return
+        extra = self.waiter.wait_one(self.trainer.load_checkpoint.remote(src), "resume")
+        qstate, rstates = ckpt.restore_parts(extra, len(self.rollouters))
+        self.waiter.wait_all([self.queue.restore.remote(qstate)]
+                             + [r.restore.remote(s) for r, s in zip(self.rollouters, rstates, strict=True)], "resume")
+        self.start_step = self.step = ray.get(self.trainer.get_version.remote())
+        self._sync(self.step)  # rollouters start from the checkpointed weights
+        self.sink.log_event("status", f"resumed from {src} at step {self.step}",
+                            {"step": self.step, "path": src, "queued": len(qstate["groups"])})
+
+    # --- teardown --------------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop rollouters (report what is in flight), then kill every actor of this run."""
+        if not self.actors:
+            return
+        with contextlib.suppress(Exception):
+            ready, _ = ray.wait([r.stop.remote(2.0) for r in self.rollouters], num_returns=len(self.rollouters),
+                                timeout=5.0)
+            stops = [ray.get(x) for x in ready]
+            self.final["in_flight"] = sum(s["in_flight"] for s in stops)
+        with contextlib.suppress(Exception):
+            self.final["queue"] = ray.get(self.queue.stats.remote(), timeout=5.0)
+            self.final["dropped_uids"] = ray.get(self.queue.dropped_uids.remote(), timeout=5.0)
+        for a in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(a)
+        self.actors = []
+
+    def _summary(self) -> RunSummary:
+        self.shutdown()
+        q = self.final.get("queue", {})
+        tail = self.rewards[-5:]
+        return RunSummary(
+            steps_done=self.step,
+            start_step=self.start_step,
+            samples_trained=int(q.get("consumed", 0)),
+            final_reward_mean=sum(tail) / len(tail) if tail else None,
+            wall_time_s=time.monotonic() - self.t_start,
+            stopped=self.stopped,
+            last_checkpoint=self.last_ckpt,
+            dropped_stale=int(q.get("dropped_stale", 0)),
+            queued=int(q.get("queued", 0)),
+            in_flight=int(self.final.get("in_flight", 0)),
+            admitted=int(q.get("admitted", 0)),
+            sync_times_s=[s.total_s for s in self.syncer.history],
+            trained_uids=self.trained_uids,
+        )

@@ -1,0 +1,51 @@
+"""Per-step metrics with the stable names of DESIGN.md §3, computed from one trainer step's result."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def step_metrics(
+    result: dict[str, Any],
+    *,
+    step_wall_s: float,
+    sync_s: float | None,
+    queue_stats: dict[str, Any],
+    rollout_busy_delta_s: list[float],
+    gen_window_s: float,
+) -> dict[str, float]:
+    """Merge the trainer's own metrics with pipeline figures for one step.
+
+    ``rollout_busy_delta_s``: per rollouter, seconds spent inside worker calls since the last step;
+    ``gen_window_s``: wall seconds of that window (so idle ratio = 1 - busy / window).
+    """
+    rewards, lengths, stal = result["rewards"], result["lengths"], result["staleness"]
+    m: dict[str, float] = {k: float(v) for k, v in result["trainer_metrics"].items()}
+    busy_window = max(gen_window_s, 1e-9)
+    m.update(
+        {
+            "reward/mean": statistics.fmean(rewards),
+            "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "response_length/mean": statistics.fmean(lengths),
+            "timing/gen_s": statistics.fmean(rollout_busy_delta_s) if rollout_busy_delta_s else 0.0,
+            "timing/train_s": result["train_s"],
+            "timing/wait_s": result["wait_s"],
+            "timing/step_s": step_wall_s,
+            "async/staleness_mean": statistics.fmean(stal),
+            "async/staleness_max": float(max(stal)),
+            "async/queue_size": float(queue_stats["queued"]),
+            "async/partial_ratio": sum(result["partial"]) / len(result["partial"]),
+            "async/dropped_stale": float(queue_stats["dropped_stale"]),
+            "async/param_version": float(result["version"]),
+            "trainer/idle_ratio": result["wait_s"] / max(step_wall_s, 1e-9),
+            "rollouter/idle_ratio": 1.0 - min(1.0, statistics.fmean(rollout_busy_delta_s) / busy_window)
+            if rollout_busy_delta_s
+            else 0.0,
+            "throughput/tokens_per_s": sum(lengths) / max(step_wall_s, 1e-9),
+            "throughput/samples_per_s": len(lengths) / max(step_wall_s, 1e-9),
+        }
+    )
+    if sync_s is not None:
+        m["timing/weight_sync_s"] = sync_s
+    return m

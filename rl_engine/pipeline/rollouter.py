@@ -1,0 +1,270 @@
+"""Rollouter: one actor per rollout worker, generating continuously into the MessageQueue.
+
+Threads inside the actor (created with ``max_concurrency`` >= 4):
+
+* the **generation loop** (started by ``start``): resume unfinished groups first, otherwise ask the
+  queue to admit one unit (``prompts_per_call * n`` samples) for the current weights version, draw
+  the prompts of this rollouter's slice of the stream, generate, score finished groups and put them
+  on the queue. It never waits on the driver: weight updates come to it, not the other way round
+  (a driver that handed out fixed chunks could deadlock, see NOTES.md).
+* **control calls** (``update_weights``, ``pause``/``unpause``, ``health``, ``stop``) run on the
+  actor's other threads. ``update_weights`` with partial rollout interrupts the running call at the
+  next chunk boundary: unfinished responses keep their prefix and behaviour log-probs and are
+  continued on the new weights, so the sample spans ``param_version_start..param_version_end``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import traceback
+from dataclasses import asdict
+from typing import Any
+
+import ray
+
+from rl_engine.config import ExperimentConfig
+from rl_engine.pipeline.components import Components
+from rl_engine.pipeline.knobs import Knobs
+from rl_engine.types import Sample
+
+_ADMIT_POLL_S = 0.02  # re-ask the queue this often while gated (drops may free capacity)
+
+
+def sample_to_dict(s: Sample) -> dict[str, Any]:
+    return asdict(s)
+
+
+def sample_from_dict(d: dict[str, Any]) -> Sample:
+    return Sample(**d)
+
+
+class Rollouter:
+    """Owns a rollout worker, a slice of the prompt stream and a reward function."""
+
+    def __init__(
+        self, cfg: ExperimentConfig, knobs: Knobs, index: int, count: int, queue: Any, components: Components
+    ) -> None:
+        self.cfg, self.knobs, self.index, self.count, self.queue = cfg, knobs, index, count, queue
+        self.worker = components.worker.build(cfg, index=index)
+        self.prompts = components.prompts.build(cfg, index=index)
+        self.reward_fn = components.reward.build(cfg, index=index)
+        self._pending: list[list[Sample]] = []  # admitted groups with unfinished ("abort") samples
+        self._parked: list[Any] | None = None  # admitted prompts not started yet (a control call came)
+        self._cv = threading.Condition()
+        self._busy_since: float | None = None  # a worker call is running since (monotonic)
+        self._hold = 0  # control calls that need the worker (update, pause) — the loop waits
+        self._stop = threading.Event()
+        self._error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._busy_s = 0.0  # accumulated time inside worker calls
+        self._samples_out = 0
+        self._tokens_out = 0
+        self._last_progress = time.monotonic()
+
+    # --- generation loop ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"rollouter-{self.index}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                job = self._next_job()
+                if job is None:
+                    continue
+                kind, payload = job
+                t0 = time.monotonic()
+                try:
+                    if kind == "resume":
+                        self._run_resume(payload)
+                    else:
+                        self._run_generate(payload)
+                finally:
+                    with self._cv:
+                        self._busy_s += time.monotonic() - t0
+                        self._busy_since = None
+                        self._last_progress = time.monotonic()
+                        self._cv.notify_all()
+        except BaseException as exc:  # report any failure to the queue: the trainer and driver raise it
+            self._error = f"rollouter {self.index}: {type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            with contextlib.suppress(Exception):
+                ray.get(self.queue.fail.remote(self._error))
+
+    def _next_job(self) -> tuple[str, Any] | None:
+        """Wait until no control call holds the worker, then pick the next call (or None: retry)."""
+        with self._cv:
+            while self._hold and not self._stop.is_set():
+                self._cv.wait(0.5)
+            if self._stop.is_set():
+                return None
+            if self._pending:
+                self._busy_since = time.monotonic()
+                return "resume", self._take_resumable()
+            if self._parked is not None:
+                prompts, self._parked = self._parked, None
+                self._busy_since = time.monotonic()
+                return "generate", prompts
+            version = self.worker.version
+        unit = self.knobs.prompts_per_call * self.knobs.group_size
+        if not ray.get(self.queue.try_admit.remote(unit, version)):
+            with self._cv:  # gated by the staleness bound: wake up early on a weight update
+                self._cv.wait(_ADMIT_POLL_S)
+            return None
+        prompts = self._next_prompts()
+        with self._cv:
+            if self._hold or self._stop.is_set() or self.worker.version != version:
+                # a weight update or pause arrived meanwhile: these prompts were admitted for
+                # ``version``; park them (counted in flight) and generate them next, on fresh weights
+                self._parked = prompts
+                return None
+            self._busy_since = time.monotonic()
+        return "generate", prompts
+
+    def _next_prompts(self) -> list[Any]:
+        """This rollouter's slice: unit j of the shared stream goes to rollouter ``j % count``."""
+        mine: list[Any] = []
+        for j in range(self.count):
+            batch = self.prompts.next_batch(self.knobs.prompts_per_call)
+            if j == self.index:
+                mine = batch
+        return mine
+
+    def _take_resumable(self) -> list[list[Sample]]:
+        """Pop pending groups; drop (and report) those that can no longer meet the staleness bound."""
+        groups, self._pending = self._pending, []
+        keep, dropped = [], []
+        for g in groups:
+            if self.knobs.is_stale(self.worker.version, min(s.param_version_start for s in g)):
+                dropped.extend(f"{s.group_id}/{i}" for i, s in enumerate(g))
+            else:
+                keep.append(g)
+        if dropped:
+            ray.get(self.queue.report_dropped.remote(dropped))
+        return keep
+
+    def _run_generate(self, prompts: list[Any]) -> None:
+        samples = self.worker.generate(prompts, self.knobs.group_size)
+        self._dispatch(_split_groups(samples))
+
+    def _run_resume(self, groups: list[list[Sample]]) -> None:
+        unfinished = [s for g in groups for s in g if s.finish_reason == "abort"]
+        if unfinished:
+            resumed = iter(self.worker.resume(unfinished))
+            groups = [[next(resumed) if s.finish_reason == "abort" else s for s in g] for g in groups]
+        self._dispatch(groups)
+
+    def _dispatch(self, groups: list[list[Sample]]) -> None:
+        """Score finished groups and queue them; keep groups with unfinished samples for resume."""
+        done = []
+        for g in groups:
+            if any(s.finish_reason == "abort" for s in g):
+                self._pending.append(g)
+                continue
+            for s in g:
+                s.reward = float(self.reward_fn(s))
+            done.append(g)
+        for g in done:
+            ray.get(self.queue.put.remote(g))
+            self._samples_out += len(g)
+            self._tokens_out += sum(s.response_length for s in g)
+
+    # --- control calls (other threads) --------------------------------------------------------------
+    def _acquire_worker(self, interrupt: bool) -> None:
+        """Stop the loop from starting calls; interrupt the running one if allowed; wait for it."""
+        with self._cv:
+            self._hold += 1
+            if interrupt and self._busy_since is not None:
+                self.worker.interrupt()
+            while self._busy_since is not None:
+                self._cv.wait(0.5)
+
+    def _release_worker(self) -> None:
+        self.worker.clear_interrupt()
+        with self._cv:
+            self._hold -= 1
+            self._cv.notify_all()
+
+    def update_weights(self, ref_box: list[Any], version: int) -> dict[str, float]:
+        """Load weights published by the trainer (``[ObjectRef]`` of a numpy dict) as ``version``."""
+        t0 = time.monotonic()
+        self._acquire_worker(interrupt=self.knobs.partial_rollout)
+        t_wait = time.monotonic() - t0
+        try:
+            weights = ray.get(ref_box[0])  # numpy arrays map the object store: no copy here
+            t_get = time.monotonic() - t0 - t_wait
+            self.worker.update_weights(weights, version)
+        finally:
+            self._release_worker()
+        return {"wait_s": t_wait, "get_s": t_get, "total_s": time.monotonic() - t0}
+
+    def pause(self) -> dict[str, Any]:
+        """Hold the loop (in-flight calls interrupted with partial rollout) and return the state."""
+        self._acquire_worker(interrupt=self.knobs.partial_rollout)
+        with self._cv:
+            parked = self._parked
+            return {
+                "pending": [[sample_to_dict(s) for s in g] for g in self._pending],
+                "parked_prompts": [asdict(p) for p in parked] if parked else None,
+                "prompts": self.prompts.state_dict(),
+                "in_flight": self.in_flight(),
+            }
+
+    def unpause(self) -> None:
+        self._release_worker()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Before ``start``: pending groups and the stream position from a checkpoint."""
+        from rl_engine.types import Prompt
+
+        self.prompts.load_state_dict(state["prompts"])
+        self._pending = [[sample_from_dict(d) for d in g] for g in state["pending"]]
+        parked = state.get("parked_prompts")
+        self._parked = [Prompt(**p) for p in parked] if parked else None
+
+    def in_flight(self) -> int:
+        """Admitted samples not yet on the queue (pending groups + parked prompts)."""
+        parked = self._parked
+        return sum(len(g) for g in self._pending) + (len(parked) * self.knobs.group_size if parked else 0)
+
+    def health(self) -> dict[str, Any]:
+        """Raise the loop's error, if any; else progress figures for metrics and the watchdog."""
+        if self._error:
+            raise RuntimeError(self._error)
+        now = time.monotonic()
+        with self._cv:
+            busy_for = now - self._busy_since if self._busy_since is not None else 0.0
+            return {
+                "version": self.worker.version,
+                "busy_s": self._busy_s + busy_for,
+                "call_running_s": busy_for,
+                "samples_out": self._samples_out,
+                "tokens_out": self._tokens_out,
+                "since_progress_s": now - self._last_progress,
+                "now": now,
+            }
+
+    def stop(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """End the loop (interrupting a running call) and report what is still in flight."""
+        self._stop.set()
+        self.worker.interrupt()
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        with contextlib.suppress(Exception):
+            self.worker.close()
+        return {"in_flight": self.in_flight(), "alive": bool(self._thread and self._thread.is_alive())}
+
+
+def _split_groups(samples: list[Sample]) -> list[list[Sample]]:
+    """Group consecutive samples by ``group_id`` (workers return them grouped by prompt)."""
+    groups: list[list[Sample]] = []
+    for s in samples:
+        if groups and groups[-1][0].group_id == s.group_id:
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups

@@ -1,0 +1,228 @@
+"""Simulated rollout worker, prompt stream, reward and trainer whose *costs* follow a seeded model.
+
+Used by the orchestration tests and the long-tail benchmark: GPU inference engines cannot run on this
+machine, so these stand in for the engine and the optimizer only; the actors, queue, admission gate,
+weight sync, partial rollout, checkpointing around them are the production code.
+
+Cost model (documented in docs/pipeline.md):
+
+* **Response lengths**: log-normal with median ``len_median`` and ``len_sigma`` (sigma = 0.99 gives
+  p99/p50 ≈ 10), capped at ``len_cap``; drawn from a generator seeded by (seed, prompt index,
+  response index), so a response has the same length whatever the schedule.
+* **Decoding**: a continuous-batching engine with ``slots`` concurrent sequences; one decode step
+  advances every active sequence by one token and costs ``decode_step_s`` whatever the number of
+  active sequences (memory-bound decoding). A freed slot takes the next waiting sequence at the next
+  chunk of ``chunk_steps`` steps, where interruption is also checked (partial rollout granularity).
+* **Training**: ``train_token_s`` seconds per response token, divided by ``devices``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_engine.config import ExperimentConfig
+from rl_engine.rollout.base import RolloutWorker
+from rl_engine.types import Prompt, Sample
+
+
+def response_length(seed: int, prompt_index: int, j: int, median: float, sigma: float, cap: int) -> int:
+    rng = np.random.default_rng([seed, prompt_index, j])
+    return int(min(cap, max(1, round(median * float(np.exp(sigma * rng.standard_normal()))))))
+
+
+class SimPromptStream:
+    """Deterministic infinite prompt stream with the ``PromptStream`` interface."""
+
+    def __init__(self, cfg: ExperimentConfig, index: int = 0, prompt_len: int = 16) -> None:
+        self.next_index = 0
+        self.prompt_len = prompt_len
+
+    def next_batch(self, k: int) -> list[Prompt]:
+        out = []
+        for i in range(self.next_index, self.next_index + k):
+            ids = [(i * 7 + t) % 50 + 3 for t in range(self.prompt_len)]
+            out.append(Prompt(uid=f"p{i}", token_ids=ids, text=f"prompt {i}", answer=str(i % 10), index=i))
+        self.next_index += k
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_index": self.next_index}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.next_index = int(d["next_index"])
+
+
+def sim_reward(cfg: ExperimentConfig, index: int = 0) -> Any:
+    """Reward 1 when the (simulated) answer digit matches the response length's last digit."""
+
+    def fn(sample: Sample) -> float:
+        return float(str(sample.response_length % 10) == sample.answer)
+
+    return fn
+
+
+def sim_prompts(cfg: ExperimentConfig, index: int = 0, prompt_len: int = 16) -> SimPromptStream:
+    return SimPromptStream(cfg, index, prompt_len)
+
+
+class SimRolloutWorker(RolloutWorker):
+    """A continuous-batching decode engine whose costs are simulated (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        index: int = 0,
+        *,
+        slots: int = 64,
+        decode_step_s: float = 0.0005,
+        chunk_steps: int = 8,
+        len_median: float = 16,
+        len_sigma: float = 0.99,
+        len_cap: int = 256,
+        fail_at_call: int | None = None,
+        hang_at_call: int | None = None,
+        update_hang_s: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.seed, self.index = cfg.seed, index
+        self.slots, self.decode_step_s, self.chunk_steps = slots, decode_step_s, chunk_steps
+        self.len_args = (len_median, len_sigma, len_cap)
+        self.fail_at_call, self.hang_at_call, self.update_hang_s = fail_at_call, hang_at_call, update_hang_s
+        self.calls = 0
+        self.weights: dict[str, np.ndarray] = {}
+
+    def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
+        self._fault_points()
+        samples = [
+            Sample(
+                prompt_uid=p.uid, group_id=p.uid, prompt_ids=list(p.token_ids), response_ids=[], logprobs=[],
+                finish_reason="abort", param_version_start=self.version, param_version_end=self.version,
+                prompt_text=p.text, answer=p.answer,
+                extra={"target_len": float(response_length(self.seed, p.index, j, *self.len_args))},
+            )
+            for p in prompts
+            for j in range(n)
+        ]
+        return self._decode(samples)
+
+    def resume(self, samples: list[Sample]) -> list[Sample]:
+        self._fault_points()
+        for s in samples:
+            s.num_interruptions += 1
+        return self._decode(samples)
+
+    def _fault_points(self) -> None:
+        self.calls += 1
+        if self.fail_at_call is not None and self.calls >= self.fail_at_call:
+            raise RuntimeError(f"simulated rollout failure at call {self.calls}")
+        if self.hang_at_call is not None and self.calls >= self.hang_at_call:
+            threading.Event().wait(3600)  # a stuck engine that ignores interrupts
+
+    def _decode(self, samples: list[Sample]) -> list[Sample]:
+        """Advance ``samples`` through the slot engine until done or interrupted (chunk granularity)."""
+        waiting = list(range(len(samples)))
+        active: list[int] = []
+        while waiting or active:
+            if self.interrupted:
+                break
+            while waiting and len(active) < self.slots:
+                active.append(waiting.pop(0))
+            steps = self.chunk_steps
+            time.sleep(steps * self.decode_step_s)
+            still = []
+            for i in active:
+                s = samples[i]
+                target = int(s.extra["target_len"])
+                take = min(steps, target - len(s.response_ids))
+                s.response_ids.extend([5] * take)
+                s.logprobs.extend([-1.0] * take)
+                s.param_version_end = self.version
+                if len(s.response_ids) >= target:
+                    s.finish_reason = "stop"
+                else:
+                    still.append(i)
+            active = still
+        for s in samples:
+            s.response_text = "x" * len(s.response_ids)
+        return samples
+
+    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        if self.update_hang_s:
+            time.sleep(self.update_hang_s)
+        self.weights = {k: np.asarray(v) for k, v in named_tensors.items()}
+        self._version = version
+
+
+class SimTrainer:
+    """``PolicyTrainer`` stand-in: sleeps the modelled cost, updates a deterministic weight vector."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        train_token_s: float = 0.0,
+        devices: int = 1,
+        weight_mb: float = 1.0,
+        fail_at_step: int | None = None,
+    ) -> None:
+        self.cfg, self.train_token_s, self.devices, self.fail_at_step = cfg, train_token_s, devices, fail_at_step
+        size = max(1, int(weight_mb * 2**20 / 4))
+        self.params = {"w": np.zeros(size, dtype=np.float32), "b": np.zeros(8, dtype=np.float32)}
+        self.version = 0
+        self.synced_version = 0
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        if len(samples) != self.cfg.trainer.batch_size:
+            raise ValueError(f"train_step needs {self.cfg.trainer.batch_size} samples, got {len(samples)}")
+        if self.fail_at_step is not None and self.version + 1 >= self.fail_at_step:
+            raise RuntimeError(f"simulated trainer failure at step {self.version + 1}")
+        tokens = sum(s.response_length for s in samples)
+        time.sleep(tokens * self.train_token_s / self.devices)
+        mean_r = float(np.mean([s.reward for s in samples]))
+        self.params["b"] += np.float32(mean_r)
+        self.params["w"][self.version % self.params["w"].size] += 1.0
+        self.version += 1
+        lag = self.version - 1 - self.synced_version
+        return {"actor/pg_loss": -mean_r, "off_policy/is_ratio_mean": 1.0, "off_policy/is_ratio_max": 1.0,
+                "off_policy/tis_clipfrac": 0.0, "actor/clipfrac": 0.0, "sim/proximal_lag": float(lag)}
+
+    def weights_numpy(self) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v) for k, v in self.params.items()}
+
+    def mark_synced(self) -> None:
+        self.synced_version = self.version
+
+    def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        np.savez(tmp / "params.npz", **self.params)
+        (tmp / "state.json").write_text(json.dumps({"version": self.version, "extra": extra}))
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        path = Path(path)
+        with np.load(path / "params.npz") as z:
+            self.params = {k: z[k].copy() for k in z.files}
+        state = json.loads((path / "state.json").read_text())
+        self.version = self.synced_version = int(state["version"])
+        return state["extra"]
+
+
+def sim_worker(cfg: ExperimentConfig, index: int = 0, **kw: Any) -> SimRolloutWorker:
+    return SimRolloutWorker(cfg, index, **kw)
+
+
+def sim_trainer(cfg: ExperimentConfig, **kw: Any) -> SimTrainer:
+    return SimTrainer(cfg, **kw)

@@ -1,0 +1,129 @@
+"""Trainer actor: pulls batches from the MessageQueue, runs ``PolicyTrainer.train_step``, publishes weights.
+
+It gathers ``trainer.batch_size`` samples in pulls of ``require_batches * mini_batch_size`` samples
+(whole groups, FIFO), timing how long it waited (``trainer/idle_ratio``); the queue drops groups that
+are too stale for the current version on the way. The driver decides when to sync (every
+``trigger_parameter_sync_step`` steps): ``publish_weights`` puts the numpy state dict into the Ray
+object store once, and rollouters map it zero-copy.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from rl_engine.config import ExperimentConfig
+from rl_engine.pipeline.components import Components
+from rl_engine.pipeline.knobs import Knobs
+from rl_engine.types import Sample
+
+_PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is noticed quickly
+
+
+class TrainerActor:
+    """Wraps the policy trainer; one instance per run (threaded actor, ``max_concurrency=2``)."""
+
+    def __init__(self, cfg: ExperimentConfig, knobs: Knobs, queue: Any, components: Components) -> None:
+        self.cfg, self.knobs, self.queue = cfg, knobs, queue
+        self.trainer = components.trainer.build(cfg)
+        self._cancel = threading.Event()
+        self._weights_ref: Any = None
+        self._rng = random.Random(cfg.seed)  # picks example samples for the sink
+
+    @property
+    def version(self) -> int:
+        return int(self.trainer.version)
+
+    def get_version(self) -> int:
+        return self.version
+
+    def cancel(self) -> None:
+        """Make a waiting ``train_step`` return without training (graceful stop)."""
+        self._cancel.set()
+
+    def train_step(self, num_examples: int = 0) -> dict[str, Any]:
+        """Gather one batch and train on it. Returns metrics, timings and example samples."""
+        self._cancel.clear()
+        t0 = time.monotonic()
+        batch, dropped = self._gather()
+        t_wait = time.monotonic() - t0
+        if batch is None:
+            return {"cancelled": True, "wait_s": t_wait}
+        version_before = self.version
+        t1 = time.monotonic()
+        metrics = dict(self.trainer.train_step(batch))
+        t_train = time.monotonic() - t1
+        stal = [version_before - s.param_version_start for s in batch]
+        assert max(stal) <= self.knobs.max_staleness, "queue let a too-stale sample through"
+        return {
+            "cancelled": False,
+            "version": self.version,
+            "trainer_metrics": metrics,
+            "wait_s": t_wait,
+            "train_s": t_train,
+            "dropped_now": dropped,
+            "staleness": stal,
+            "rewards": [s.reward for s in batch],
+            "lengths": [s.response_length for s in batch],
+            "partial": [s.param_version_end > s.param_version_start or s.num_interruptions > 0 for s in batch],
+            "gen_s": [s.gen_time_s for s in batch],
+            "uids": [f"{s.group_id}/{i % self.knobs.group_size}" for i, s in enumerate(batch)],
+            "examples": self._examples(batch, num_examples),
+        }
+
+    def _gather(self) -> tuple[list[Sample] | None, int]:
+        need = self.cfg.trainer.batch_size
+        pull = max(self.knobs.require_batches * self.cfg.trainer.mini_batch_size, self.knobs.group_size)
+        got: list[Sample] = []
+        dropped = 0
+        while len(got) < need:
+            if self._cancel.is_set():
+                if got:  # hand them back: a checkpoint taken now must still see them as queued
+                    ray.get(self.queue.unget.remote(got))
+                return None, dropped
+            res = ray.get(self.queue.get.remote(min(pull, need - len(got)), self.version, _PULL_TIMEOUT_S))
+            if res is not None:
+                got.extend(res["samples"])
+                dropped += res["dropped"]
+        return got, dropped
+
+    def _examples(self, batch: list[Sample], k: int) -> list[dict[str, Any]]:
+        picks = self._rng.sample(range(len(batch)), min(k, len(batch)))
+        return [
+            {
+                "prompt": batch[i].prompt_text,
+                "response": batch[i].response_text,
+                "answer": batch[i].answer,
+                "reward": batch[i].reward,
+                "param_version_start": batch[i].param_version_start,
+                "param_version_end": batch[i].param_version_end,
+            }
+            for i in picks
+        ]
+
+    # --- weights ---------------------------------------------------------------------------------------
+    def publish_weights(self) -> list[Any]:
+        """Put the current weights in the object store once; returns ``[ObjectRef]`` (boxed: not fetched)."""
+        self._weights_ref = ray.put(self.trainer.weights_numpy())
+        return [self._weights_ref]
+
+    def mark_synced(self) -> None:
+        self.trainer.mark_synced()
+
+    def weights_numpy(self) -> dict[str, np.ndarray]:
+        return self.trainer.weights_numpy()
+
+    # --- checkpoint --------------------------------------------------------------------------------------
+    def save_checkpoint(self, path: str, extra: dict[str, Any]) -> int:
+        """Save model/optimizer/RNG plus the pipeline's ``extra``; returns the size in bytes."""
+        self.trainer.save_checkpoint(Path(path), extra)
+        return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return dict(self.trainer.load_checkpoint(Path(path)))

@@ -1,0 +1,113 @@
+"""Waiting on actors without ever hanging: stop requests, failures and the progress watchdog.
+
+Every wait of the driver goes through ``Waiter``: it polls the awaited refs in short slices and,
+between slices, (1) turns a stop request into ``TrainerActor.cancel``, (2) pings rollouters — a
+rollouter whose loop died re-raises its error from ``health`` and the run fails with it within about
+a second, and (3) raises a sink ``alert`` event once per episode when a stage makes no progress for
+``pipeline.watchdog_timeout_s``: a weight sync still running, a rollout call still running, a trainer
+step (waiting or training) still running, or a rollouter not answering.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+_SLICE_S = 0.2
+_HEALTH_EVERY_S = 0.5
+
+
+class PipelineError(RuntimeError):
+    """A pipeline actor failed; the message is one line: which actor, which error."""
+
+
+def root_cause(exc: BaseException) -> str:
+    """One line for an error that may be wrapped by Ray several times (actor → actor → driver)."""
+    seen = 0
+    while isinstance(exc, RayTaskError) and getattr(exc, "cause", None) is not None and seen < 10:
+        exc, seen = exc.cause, seen + 1
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if type(exc).__name__ == "PipelineFailure":
+        return first
+    return f"{type(exc).__name__}: {first}"
+
+
+class Waiter:
+    """Polls refs for the driver ``run`` (which has ``stop``, ``sink``, ``cfg``, ``trainer``, ``rollouters``)."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.timeout = run.cfg.pipeline.watchdog_timeout_s
+        self._alerted: set[str] = set()
+        self._health_refs: list[Any] | None = None
+        self._health_sent = 0.0
+        self._cancel_sent = False
+
+    def wait_one(self, ref: Any, stage: str, check_health: bool = True) -> Any:
+        return self.wait_all([ref], stage, check_health)[0]
+
+    def wait_all(self, refs: list[Any], stage: str, check_health: bool = True) -> list[Any]:
+        t0 = time.monotonic()
+        self._cancel_sent = False
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=_SLICE_S)
+            for ref in refs:  # surface a failure as soon as any awaited ref fails
+                if ref not in pending:
+                    self._get(ref, stage)
+            if pending:
+                self._between(stage, time.monotonic() - t0, check_health)
+        self._alerted.discard(stage)
+        return [self._get(r, stage) for r in refs]
+
+    def _get(self, ref: Any, stage: str) -> Any:
+        try:
+            return ray.get(ref, timeout=30)
+        except (RayTaskError, RayActorError) as exc:
+            raise PipelineError(f"{stage} failed: {root_cause(exc)}") from None
+
+    def _between(self, stage: str, elapsed: float, check_health: bool) -> None:
+        run = self.run
+        if run.stop.is_set() and stage == "train" and not self._cancel_sent:
+            run.trainer.cancel.remote()
+            self._cancel_sent = True
+        if check_health:
+            self._check_rollouters()
+        if elapsed > self.timeout:
+            what = "a trainer step (waiting for samples or training)" if stage == "train" else stage
+            self._alert(stage, f"watchdog: {what} made no progress for {elapsed:.1f} s")
+
+    def _check_rollouters(self) -> None:
+        now = time.monotonic()
+        if self._health_refs is None:
+            if now - self._health_sent >= _HEALTH_EVERY_S:
+                self._health_refs = [r.health.remote() for r in self.run.rollouters]
+                self._health_sent = now
+            return
+        ready, _ = ray.wait(self._health_refs, num_returns=len(self._health_refs), timeout=0)
+        if len(ready) < len(self._health_refs):
+            if now - self._health_sent > self.timeout:
+                self._alert("rollouter health", f"watchdog: a rollouter has not answered for {now - self._health_sent:.1f} s")
+            return
+        for i, ref in enumerate(self._health_refs):
+            try:
+                h = ray.get(ref)
+            except (RayTaskError, RayActorError) as exc:
+                raise PipelineError(f"rollouter {i} failed: {root_cause(exc)}") from None
+            key = f"rollout {i}"
+            if h["call_running_s"] > self.timeout:
+                self._alert(key, f"watchdog: rollout call on rollouter {i} made no progress for "
+                                 f"{h['call_running_s']:.1f} s")
+            else:
+                self._alerted.discard(key)
+        self._health_refs = None
+
+    def _alert(self, key: str, message: str) -> None:
+        if key in self._alerted:
+            return
+        self._alerted.add(key)
+        self.run.sink.log_event("alert", message, {"stage": key, "timeout_s": self.timeout})

@@ -1,0 +1,97 @@
+"""Shared fixtures: one private Ray instance per test session, a recording sink, configs.
+
+The simulated rollout worker/trainer (rl_engine.pipeline.simulated) stand in for GPU inference
+engines in orchestration tests only; tests about learning, parity or log-probs use the real HF
+worker and PolicyTrainer on the tiny model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from typing import Any
+
+import pytest
+
+from rl_engine.config import ExperimentConfig, parse_config
+from rl_engine.pipeline.components import Components, Factory
+
+
+class RecordingSink:
+    """A MetricsSink that keeps everything in memory (thread-safe; tests read it afterwards)."""
+
+    def __init__(self) -> None:
+        self.metrics: list[tuple[int, dict[str, float]]] = []
+        self.events: list[tuple[str, str, dict]] = []
+        self.samples: list[tuple[int, list[dict]]] = []
+        self._lock = threading.Lock()
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        with self._lock:
+            self.metrics.append((step, dict(metrics)))
+
+    def log_event(self, kind: str, message: str, data: dict | None = None) -> None:
+        with self._lock:
+            self.events.append((kind, message, dict(data or {})))
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        with self._lock:
+            self.samples.append((step, list(samples)))
+
+    def close(self) -> None:
+        pass
+
+    def kinds(self, kind: str) -> list[tuple[str, str, dict]]:
+        return [e for e in self.events if e[0] == kind]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    tmp = tempfile.mkdtemp(prefix="rlp_", dir="/tmp")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def sink() -> RecordingSink:
+    return RecordingSink()
+
+
+def sim_config(**overrides: Any) -> ExperimentConfig:
+    """A small config for orchestration tests (the model path is not read by the simulated parts)."""
+    data: dict[str, Any] = {
+        "name": "sim",
+        "seed": 0,
+        "model": {"path": "/nonexistent/sim-model"},
+        "rollout": {"backend": "hf", "n": 4, "max_new_tokens": 64},
+        "trainer": {"total_steps": 6, "batch_size": 16, "mini_batch_size": 16},
+        "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "watchdog_timeout_s": 30.0},
+        "logging": {"sinks": [], "samples_per_step": 2},
+    }
+    for key, value in overrides.items():
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return parse_config(data)
+
+
+def sim_components(worker: dict | None = None, trainer: dict | None = None) -> Components:
+    return Components(
+        worker=Factory("rl_engine.pipeline.simulated:sim_worker",
+                       {"slots": 8, "decode_step_s": 0.0005, "chunk_steps": 4, "len_median": 8, "len_cap": 64,
+                        **(worker or {})}),
+        prompts=Factory("rl_engine.pipeline.simulated:sim_prompts"),
+        reward=Factory("rl_engine.pipeline.simulated:sim_reward"),
+        trainer=Factory("rl_engine.pipeline.simulated:sim_trainer", {"train_token_s": 0.0001, **(trainer or {})}),
+        prepare=None,
+    )
