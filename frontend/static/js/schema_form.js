@@ -1,0 +1,412 @@
+// A form rendered from a JSON Schema (pydantic's output for rl_engine.config.ExperimentConfig).
+//
+// Handles: nested objects ($ref), enums, booleans, integers/numbers with bounds, strings, nullable values
+// (anyOf [X, null]), optional sub-objects, free-form dicts (JSON text), tuples (prefixItems), arrays of
+// enums (checkboxes) and discriminated unions (oneOf + discriminator: a select that swaps the variant).
+//
+// The form keeps a plain JS value as its model; every input writes into it at its field path. The server
+// is the judge of validity: numbers that do not parse are sent as typed so the API answers with a field
+// error, which `showErrors` places next to the field whose data-path matches (or its nearest ancestor).
+
+import { el } from "./api.js";
+
+const clone = (v) => (v === undefined ? undefined : JSON.parse(JSON.stringify(v)));
+const isObj = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+
+/** "a.b" + "c" -> "a.b.c" */
+const join = (base, key) => (base ? `${base}.${key}` : key);
+
+export class SchemaForm {
+  /**
+   * @param {HTMLElement} root where the form is drawn
+   * @param {object} schema the JSON Schema (with $defs)
+   */
+  constructor(root, schema) {
+    this.root = root;
+    this.schema = schema;
+    this.defs = schema.$defs || {};
+    this.value = {};
+    this.closed = new Set(); // paths of sections the user collapsed (kept across re-renders)
+    this.onChange = null;
+  }
+
+  // --- public ------------------------------------------------------------------------------------------
+
+  /** Replace the whole value (a preset, a parsed YAML document) and redraw. */
+  setValue(value) {
+    this.value = this.fill(this.schema, isObj(value) ? clone(value) : {});
+    this.render();
+  }
+
+  /** The current config as a plain object (fields left empty are omitted: the server applies defaults). */
+  getValue() {
+    return clone(this.value);
+  }
+
+  clearErrors() {
+    for (const n of this.root.querySelectorAll(".has-error")) n.classList.remove("has-error");
+    for (const n of this.root.querySelectorAll(".sf-error")) n.textContent = "";
+    const general = this.root.querySelector(".sf-general-errors");
+    if (general) general.replaceChildren();
+  }
+
+  /**
+   * Show {"trainer.lr": ["msg"], "": ["cross-field msg"]} next to fields. A path with no field of its own
+   * (e.g. "trainer.betas[0]", or "trainer" for a whole-section check) lands on its nearest ancestor;
+   * errors with no field at all go to the box at the top of the form. Returns the first marked element.
+   */
+  showErrors(errors) {
+    this.clearErrors();
+    let first = null;
+    const general = this.root.querySelector(".sf-general-errors");
+    for (const [rawPath, msgs] of Object.entries(errors || {})) {
+      const path = rawPath.replace(/^config\.?/, "");
+      const target = this.findField(path);
+      const text = (Array.isArray(msgs) ? msgs : [msgs]).join(" ");
+      if (!target) {
+        general.append(el("li", {}, path ? `${path}: ${text}` : text));
+        first = first || general;
+        continue;
+      }
+      target.classList.add("has-error");
+      const box = target.querySelector(":scope > .sf-error") || target.querySelector(".sf-error");
+      const own = target.dataset.path === path ? text : `${path}: ${text}`;
+      box.textContent = box.textContent ? `${box.textContent} ${own}` : own;
+      for (let p = target.parentElement; p && p !== this.root; p = p.parentElement) {
+        if (p.tagName === "DETAILS") p.open = true;
+      }
+      first = first || target;
+    }
+    if (general && general.children.length) general.parentElement.hidden = false;
+    return first;
+  }
+
+  /** The element for a field path, or for its nearest ancestor that has one. */
+  findField(path) {
+    let p = path;
+    while (p) {
+      const node = this.root.querySelector(`[data-path="${CSS.escape(p)}"]`);
+      if (node) return node;
+      p = p.replace(/(\[\d+\]|\.?[^.[\]]+)$/, "");
+    }
+    return null;
+  }
+
+  // --- schema helpers ----------------------------------------------------------------------------------
+
+  /** Follow a $ref (keeping the referring node's own description/default/title). */
+  deref(node) {
+    if (node && node.$ref) {
+      const name = node.$ref.split("/").pop();
+      const { $ref, ...rest } = node;
+      return { ...this.defs[name], ...rest };
+    }
+    return node || {};
+  }
+
+  /** Classify a property schema into what widget draws it. */
+  kind(node) {
+    const s = this.deref(node);
+    if (s.oneOf && s.discriminator) return { kind: "union", s, nullable: false };
+    if (s.anyOf) {
+      const inner = s.anyOf.filter((t) => t.type !== "null");
+      const nullable = inner.length !== s.anyOf.length;
+      if (inner.length === 1) {
+        const { anyOf, ...outer } = s;
+        const merged = { ...this.deref(inner[0]), ...outer };
+        const k = this.kind(merged);
+        return { ...k, nullable: nullable || k.nullable };
+      }
+      return { kind: "json", s, nullable };
+    }
+    if (s.enum) return { kind: "enum", s, nullable: false };
+    if (s.const !== undefined) return { kind: "const", s, nullable: false };
+    if (s.type === "object" && s.properties) return { kind: "object", s, nullable: false };
+    if (s.type === "object") return { kind: "json", s, nullable: false };
+    if (s.type === "array" && s.prefixItems) return { kind: "tuple", s, nullable: false };
+    if (s.type === "array" && s.items && this.deref(s.items).enum) return { kind: "multi", s, nullable: false };
+    if (s.type === "array") return { kind: "json", s, nullable: false };
+    if (s.type === "boolean") return { kind: "bool", s, nullable: false };
+    if (s.type === "integer" || s.type === "number") return { kind: "number", s, nullable: false };
+    return { kind: "string", s, nullable: false };
+  }
+
+  /** The variant schema of a discriminated union for a tag value (first variant when unknown). */
+  variant(s, tag) {
+    const prop = s.discriminator.propertyName;
+    const ref = s.discriminator.mapping && s.discriminator.mapping[tag];
+    if (ref) return this.deref({ $ref: ref });
+    const match = s.oneOf.map((o) => this.deref(o)).find((o) => o.properties[prop] && o.properties[prop].const === tag);
+    return match || this.deref(s.oneOf[0]);
+  }
+
+  unionTags(s) {
+    if (s.discriminator.mapping) return Object.keys(s.discriminator.mapping);
+    const prop = s.discriminator.propertyName;
+    return s.oneOf.map((o) => this.deref(o).properties[prop].const);
+  }
+
+  /** Fill schema defaults into `value` (recursively for objects and unions); leaves required blanks empty. */
+  fill(node, value) {
+    const k = this.kind(node);
+    if (k.kind === "union") {
+      const prop = k.s.discriminator.propertyName;
+      const v = isObj(value) ? value : {};
+      const tag = v[prop] !== undefined ? v[prop] : this.unionTags(k.s)[0];
+      const out = this.fill(this.variant(k.s, tag), v);
+      out[prop] = tag;
+      return out;
+    }
+    if (k.kind !== "object") return value;
+    const out = isObj(value) ? value : {};
+    for (const [key, prop] of Object.entries(k.s.properties)) {
+      const pk = this.kind(prop);
+      if (out[key] === undefined) {
+        const d = this.deref(prop);
+        if (d.default !== undefined) out[key] = clone(d.default);
+        else if (pk.kind === "const") out[key] = pk.s.const;
+        else if ((pk.kind === "object" || pk.kind === "union") && !pk.nullable) out[key] = {};
+      }
+      if ((pk.kind === "object" || pk.kind === "union") && isObj(out[key])) out[key] = this.fill(prop, out[key]);
+    }
+    return out;
+  }
+
+  // --- value access by dotted path ---------------------------------------------------------------------
+
+  get(path) {
+    let node = this.value;
+    for (const part of path.split(".")) {
+      if (!isObj(node)) return undefined;
+      node = node[part];
+    }
+    return node;
+  }
+
+  set(path, v) {
+    const parts = path.split(".");
+    let node = this.value;
+    for (const part of parts.slice(0, -1)) {
+      if (!isObj(node[part])) node[part] = {};
+      node = node[part];
+    }
+    const last = parts[parts.length - 1];
+    if (v === undefined) delete node[last];
+    else node[last] = v;
+    if (this.onChange) this.onChange(path, v);
+  }
+
+  // --- drawing -----------------------------------------------------------------------------------------
+
+  render() {
+    const top = this.deref(this.schema);
+    const general = el("div", { class: "alert error", hidden: true, "data-testid": "form-errors" },
+      el("strong", {}, "The config has errors:"), el("ul", { class: "sf-general-errors" }));
+    const scalars = [];
+    const sections = [];
+    for (const [key, prop] of Object.entries(top.properties)) {
+      const k = this.kind(prop);
+      const req = (top.required || []).includes(key);
+      if (k.kind === "object" || k.kind === "union") sections.push(this.section(key, prop, k));
+      else scalars.push(this.field(key, key, prop, k, req));
+    }
+    const generalSection = el("details", { class: "sf-section", open: true },
+      el("summary", {}, "general"), el("div", { class: "sf-body" }, el("div", { class: "sf-fields" }, scalars)));
+    this.root.replaceChildren(general, generalSection, ...sections);
+  }
+
+  /** A top-level section (a collapsible card) for an object or a union. */
+  section(path, prop, k) {
+    const d = el("details", { class: "sf-section", "data-path": path, open: !this.closed.has(path) });
+    d.addEventListener("toggle", () => (d.open ? this.closed.delete(path) : this.closed.add(path)));
+    const title = el("summary", {}, path);
+    const desc = this.deref(prop).description;
+    if (desc) title.append(el("span", { class: "sf-union-tag" }, desc));
+    const body = el("div", { class: "sf-body" }, el("div", { class: "sf-error" }));
+    body.append(...this.objectContent(path, prop, k));
+    d.append(title, body);
+    return d;
+  }
+
+  /** The fields of an object or the selected variant of a union: scalars in a grid, then sub-objects. */
+  objectContent(path, prop, k) {
+    let s = k.s;
+    const grid = [];
+    const nested = [];
+    if (k.kind === "union") {
+      const prop0 = s.discriminator.propertyName;
+      const tag = (this.get(path) || {})[prop0];
+      grid.push(this.unionSelect(join(path, prop0), path, s, tag));
+      s = this.variant(s, tag);
+    }
+    for (const [key, child] of Object.entries(s.properties)) {
+      const ck = this.kind(child);
+      if (ck.kind === "const") continue; // the union's tag, drawn as the select above
+      const cpath = join(path, key);
+      const req = (s.required || []).includes(key);
+      if (ck.kind === "object" || ck.kind === "union") nested.push(this.subObject(key, cpath, child, ck));
+      else grid.push(this.field(key, cpath, child, ck, req));
+    }
+    return [el("div", { class: "sf-fields" }, grid), ...nested];
+  }
+
+  unionSelect(tagPath, unionPath, s, tag) {
+    const select = el("select", { id: `f-${tagPath}`, name: tagPath },
+      this.unionTags(s).map((t) => el("option", { value: t, selected: t === tag }, t)));
+    select.addEventListener("change", () => {
+      // Keep the fields the two variants share (n, temperature…), take defaults for the rest.
+      const old = this.get(unionPath) || {};
+      const next = this.variant(s, select.value);
+      const kept = {};
+      for (const key of Object.keys(next.properties)) if (old[key] !== undefined) kept[key] = old[key];
+      kept[s.discriminator.propertyName] = select.value;
+      this.set(unionPath, this.fill({ ...s }, kept));
+      this.render();
+    });
+    return el("div", { class: "sf-field", "data-path": tagPath },
+      el("label", { for: `f-${tagPath}` }, s.discriminator.propertyName),
+      select, el("span", { class: "sf-hint" }, "variant"), el("div", { class: "sf-error" }));
+  }
+
+  /** A nested object (model.tiny): optional ones get a checkbox that sets them to null. */
+  subObject(key, path, prop, k) {
+    const value = this.get(path);
+    const box = el("div", { class: "sf-object", "data-path": path });
+    const title = el("div", { class: "sf-object-title" });
+    if (k.nullable) {
+      const cb = el("input", { type: "checkbox", id: `f-${path}`, checked: isObj(value) });
+      cb.addEventListener("change", () => {
+        this.set(path, cb.checked ? this.fill(prop, {}) : null);
+        this.render();
+      });
+      title.append(cb, el("label", { for: `f-${path}` }, key));
+    } else {
+      title.append(key);
+    }
+    const desc = this.deref(prop).description;
+    if (desc) title.append(el("span", { class: "sf-union-tag" }, desc));
+    box.append(title, el("div", { class: "sf-error" }));
+    if (isObj(value)) box.append(...this.objectContent(path, prop, k));
+    return box;
+  }
+
+  /** One scalar-ish field with its label, hint and error slot. */
+  field(key, path, prop, k, required) {
+    const s = k.s;
+    const id = `f-${path}`;
+    const wrap = el("div", { class: "sf-field", "data-path": path });
+    const label = el("label", { for: id }, key, required ? el("span", { class: "sf-required" }, "*") : null);
+    const hint = [];
+    if (s.description) hint.push(s.description);
+    const input = this.input(id, path, k, hint);
+    if (k.kind === "json" || k.kind === "multi") wrap.classList.add("wide");
+    if (k.kind === "bool") {
+      wrap.append(el("label", { class: "sf-check", for: id }, input, key));
+    } else {
+      wrap.append(label, input);
+    }
+    if (hint.length) wrap.append(el("span", { class: "sf-hint" }, hint.join(" · ")));
+    wrap.append(el("div", { class: "sf-error" }));
+    return wrap;
+  }
+
+  input(id, path, k, hint) {
+    const s = k.s;
+    const value = this.get(path);
+    switch (k.kind) {
+      case "enum": {
+        const opts = s.enum.map((o) => el("option", { value: o, selected: o === value }, o));
+        if (k.nullable) opts.unshift(el("option", { value: "", selected: value === null }, "(none)"));
+        const sel = el("select", { id, name: path }, opts);
+        sel.addEventListener("change", () => this.set(path, sel.value === "" && k.nullable ? null : sel.value));
+        return sel;
+      }
+      case "bool": {
+        const cb = el("input", { type: "checkbox", id, name: path, checked: value === true });
+        cb.addEventListener("change", () => this.set(path, cb.checked));
+        return cb;
+      }
+      case "number": {
+        hint.push(boundsText(s, k.nullable));
+        const inp = el("input", {
+          type: "text", inputmode: s.type === "integer" ? "numeric" : "decimal", id, name: path,
+          value: value === null || value === undefined ? "" : String(value),
+          placeholder: k.nullable ? "none" : "",
+        });
+        inp.addEventListener("input", () => this.set(path, parseNumber(inp.value, s.type, k.nullable)));
+        return inp;
+      }
+      case "tuple": {
+        const items = s.prefixItems.map((item, i) => {
+          const cur = Array.isArray(value) ? value[i] : undefined;
+          const inp = el("input", { type: "text", inputmode: "decimal", id: i === 0 ? id : `${id}-${i}`,
+            name: `${path}[${i}]`, value: cur === undefined ? "" : String(cur) });
+          inp.addEventListener("input", () => {
+            const arr = Array.isArray(this.get(path)) ? [...this.get(path)] : [];
+            arr[i] = parseNumber(inp.value, this.deref(item).type || "number", false);
+            this.set(path, arr);
+          });
+          return inp;
+        });
+        return el("div", { class: "sf-inline" }, items);
+      }
+      case "multi": {
+        const options = this.deref(s.items).enum;
+        const cur = Array.isArray(value) ? value : [];
+        const boxes = options.map((o) => {
+          const cb = el("input", { type: "checkbox", value: o, name: path, checked: cur.includes(o) });
+          cb.addEventListener("change", () => {
+            const now = new Set(Array.isArray(this.get(path)) ? this.get(path) : []);
+            if (cb.checked) now.add(o); else now.delete(o);
+            this.set(path, options.filter((x) => now.has(x)));
+          });
+          return el("label", { class: "sf-check" }, cb, o);
+        });
+        if (value === undefined) hint.push("none chosen: the server's default");
+        return el("div", { class: "sf-inline", id }, boxes);
+      }
+      case "json": {
+        hint.push(k.nullable ? "JSON; empty: none" : "JSON");
+        const text = value === undefined || value === null ? "" : typeof value === "string" ? value : JSON.stringify(value);
+        const ta = el("textarea", { id, name: path, rows: 2, spellcheck: "false" });
+        ta.value = text;
+        ta.addEventListener("input", () => {
+          const raw = ta.value.trim();
+          if (!raw) { this.set(path, k.nullable ? null : s.type === "array" ? [] : {}); return; }
+          // Text that is not JSON is sent as a string: the server names the field in its error.
+          try { this.set(path, JSON.parse(raw)); } catch { this.set(path, raw); }
+        });
+        return ta;
+      }
+      default: {
+        if (k.nullable) hint.push("empty: none");
+        const inp = el("input", { type: "text", id, name: path, value: value === null || value === undefined ? "" : String(value) });
+        inp.addEventListener("input", () => {
+          const v = inp.value;
+          this.set(path, v === "" ? (k.nullable ? null : undefined) : v);
+        });
+        return inp;
+      }
+    }
+  }
+}
+
+/** The bounds of a number schema in words: "≥ 1, ≤ 1024". */
+function boundsText(s, nullable) {
+  const parts = [s.type === "integer" ? "integer" : "number"];
+  if (s.minimum !== undefined) parts.push(`≥ ${s.minimum}`);
+  if (s.exclusiveMinimum !== undefined) parts.push(`> ${s.exclusiveMinimum}`);
+  if (s.maximum !== undefined) parts.push(`≤ ${s.maximum}`);
+  if (s.exclusiveMaximum !== undefined) parts.push(`< ${s.exclusiveMaximum}`);
+  if (nullable) parts.push("empty: none");
+  return parts.join(", ");
+}
+
+/** "3e-4" -> 0.0003; "" -> undefined/null; anything unparsable stays a string for the server to reject. */
+function parseNumber(raw, type, nullable) {
+  const t = raw.trim();
+  if (t === "") return nullable ? null : undefined;
+  const n = Number(t);
+  if (Number.isNaN(n)) return t;
+  return n;
+}

@@ -1,0 +1,223 @@
+"""The live stream of one run: ``ws/runs/<id>/``.
+
+Protocol (docs/dashboard.md has the full picture):
+
+- Connect as a logged-in member of the run's project (session cookie); anyone else is refused at the
+  handshake. ``?last_seq=N`` in the URL (or a later ``{"type": "resume", "last_seq": N}`` message) says
+  which events the client already has.
+- The server first sends ``{"kind": "hello", "run": {...}}``, then every stored event with ``seq > N``
+  from the database (catch-up), then live messages as ``tracking.live`` publishes them after commit:
+  ``{"kind": "event", "event": {seq, kind, message, data, created}}`` and
+  ``{"kind": "metrics", "series": {key: {steps, values, wall_times}}}``.
+- Events are sent in ``seq`` order without gaps or repeats: a published event that skips ahead makes the
+  consumer read the gap from the database first.
+- Fallback polling: the embedded default's in-process channel layer cannot carry a message from a Celery
+  worker (status changes) to the web process, so every ``LIVE_POLL_INTERVAL_S`` (default 1.5 s) the
+  consumer also reads new events and metric points from the database. With Redis the poll finds nothing
+  new most of the time; set the interval to 0 to turn it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from experiments.models import Run
+from tracking import live
+from tracking.models import MetricPoint, RunEvent
+from tracking.services import event_payload
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_BATCH = 500  # events per database read while catching up
+POLL_METRIC_ROWS = 5000  # metric points per poll (the rest comes on the next poll)
+CLOSE_FORBIDDEN = 4403
+
+
+def poll_interval_s() -> float:
+    return float(getattr(settings, "LIVE_POLL_INTERVAL_S", 1.5))
+
+
+# --- database reads (sync; wrapped below) -------------------------------------------------------------
+
+
+def _run_for_member(user: Any, run_id: int) -> Run | None:
+    """The run if ``user`` belongs to its project, else None (unknown run and foreign run look alike)."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    return Run.objects.filter(pk=run_id, project__memberships__user=user).first()
+
+
+def _run_summary(run_id: int) -> dict[str, Any]:
+    run = Run.objects.select_related("experiment").get(pk=run_id)
+    return {
+        "id": run.pk, "number": run.number, "state": run.state, "error": run.error,
+        "experiment": {"id": run.experiment_id, "name": run.experiment.name},
+        "last_seq": run.event_seq,
+        "created_at": run.created_at.isoformat(),
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }
+
+
+def _events_after(run_id: int, seq: int, limit: int = CATCH_UP_BATCH) -> list[dict[str, Any]]:
+    rows = RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq")[:limit]
+    return [event_payload(e) for e in rows]
+
+
+def _last_metric_id(run_id: int) -> int:
+    row = MetricPoint.objects.filter(run_id=run_id).order_by("-id").values_list("id", flat=True).first()
+    return row or 0
+
+
+def _metrics_after(run_id: int, cursor: int) -> tuple[int, dict[str, dict[str, list[float]]]]:
+    """Metric points stored since ``cursor`` (a MetricPoint id), columnar per key like live payloads."""
+    rows = list(
+        MetricPoint.objects.filter(run_id=run_id, id__gt=cursor)
+        .order_by("id")
+        .values_list("id", "key", "step", "value", "wall_time")[:POLL_METRIC_ROWS]
+    )
+    series: dict[str, dict[str, list[float]]] = {}
+    for _, key, step, value, wall in rows:
+        s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
+        s["steps"].append(step)
+        s["values"].append(value)
+        s["wall_times"].append(wall)
+    return (rows[-1][0] if rows else cursor), series
+
+
+run_for_member = database_sync_to_async(_run_for_member)
+run_summary = database_sync_to_async(_run_summary)
+events_after = database_sync_to_async(_events_after)
+last_metric_id = database_sync_to_async(_last_metric_id)
+metrics_after = database_sync_to_async(_metrics_after)
+
+
+class RunConsumer(AsyncJsonWebsocketConsumer):
+    """Forwards one run's events (in seq order, caught up from the DB) and metric batches."""
+
+    run_id: int
+    group: str
+
+    async def connect(self) -> None:
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        self.last_seq = 0
+        self.metric_cursor = 0
+        self.sent_steps: dict[str, int] = {}  # key -> highest step sent (keeps the poll from repeating)
+        self.lock = asyncio.Lock()
+        self.poller: asyncio.Task[None] | None = None
+        self.group = live.group_name(self.run_id)
+        if await run_for_member(self.scope.get("user"), self.run_id) is None:
+            await self.close(code=CLOSE_FORBIDDEN)  # before accept: the handshake is refused
+            return
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        # Metrics stored before now come from the REST history the page loads; the poll takes it from here.
+        self.metric_cursor = await last_metric_id(self.run_id)
+        await self.send_json({"kind": "hello", "run": await run_summary(self.run_id)})
+        await self.catch_up(_query_int(self.scope, "last_seq"))
+        if poll_interval_s() > 0:
+            self.poller = asyncio.create_task(self.poll_forever())
+
+    async def disconnect(self, code: int) -> None:
+        if self.poller is not None:
+            self.poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.poller
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """``{"type": "resume", "last_seq": N}``: send again every event after N (e.g. after a gap)."""
+        if not isinstance(content, dict) or content.get("type") != "resume":
+            await self.send_json({"kind": "error", "message": 'expected {"type": "resume", "last_seq": <int>}'})
+            return
+        seq = content.get("last_seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            await self.send_json({"kind": "error", "message": "last_seq must be a non-negative integer"})
+            return
+        await self.catch_up(seq)
+
+    # --- group messages (tracking.live.publish) --------------------------------------------------------
+
+    async def run_update(self, message: dict[str, Any]) -> None:
+        payload = message.get("payload") or {}
+        kind = payload.get("kind")
+        if kind == "event":
+            seq = int(payload["event"]["seq"])
+            async with self.lock:
+                if seq <= self.last_seq:
+                    return  # already sent (by the catch-up or the poll)
+                if seq == self.last_seq + 1:
+                    await self.send_json(payload)
+                    self.last_seq = seq
+                    return
+            await self.catch_up()  # it skipped ahead: the gap is in the database
+        elif kind == "metrics":
+            async with self.lock:
+                for key, s in (payload.get("series") or {}).items():
+                    if s.get("steps"):
+                        self.sent_steps[key] = max(self.sent_steps.get(key, -1), max(s["steps"]))
+                await self.send_json(payload)
+        else:
+            await self.send_json(payload)
+
+    # --- database reads --------------------------------------------------------------------------------
+
+    async def catch_up(self, from_seq: int | None = None) -> None:
+        """Send every stored event after ``from_seq`` (default: the last one sent), in order."""
+        async with self.lock:
+            if from_seq is not None:
+                self.last_seq = from_seq
+            while True:
+                batch = await events_after(self.run_id, self.last_seq)
+                for payload in batch:
+                    await self.send_json(payload)
+                    self.last_seq = payload["event"]["seq"]
+                if len(batch) < CATCH_UP_BATCH:
+                    return
+
+    async def poll_once(self) -> None:
+        await self.catch_up()
+        async with self.lock:
+            cursor, series = await metrics_after(self.run_id, self.metric_cursor)
+            self.metric_cursor = cursor
+            fresh: dict[str, dict[str, list[float]]] = {}
+            for key, s in series.items():
+                seen = self.sent_steps.get(key, -1)
+                idx = [i for i, step in enumerate(s["steps"]) if step > seen]
+                if not idx:
+                    continue
+                fresh[key] = {name: [col[i] for i in idx] for name, col in s.items()}
+                self.sent_steps[key] = max(fresh[key]["steps"])
+            if fresh:
+                count = sum(len(s["steps"]) for s in fresh.values())
+                await self.send_json({"kind": "metrics", "count": count, "series": fresh, "source": "poll"})
+
+    async def poll_forever(self) -> None:
+        interval = poll_interval_s()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed poll (DB hiccup) must not end the stream; the next one retries
+                log.warning("live poll of run %s failed", self.run_id, exc_info=True)
+
+
+def _query_int(scope: dict[str, Any], name: str) -> int:
+    """An integer query-string parameter, 0 when absent or malformed."""
+    from urllib.parse import parse_qs
+
+    raw = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get(name, ["0"])[0]
+    try:
+        return max(int(raw), 0)
+    except ValueError:
+        return 0

@@ -1,0 +1,209 @@
+"""The run websocket (tracking/consumers.py) through the real ASGI stack: session auth, catch-up by seq,
+live forwarding of published messages, gap repair, and the database poll that covers the in-process
+channel layer. Real database (transactional: the consumer reads from other threads), real channel layer."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+import pytest_asyncio
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.db import connections
+from django.test import Client
+
+from accounts.models import Role
+from accounts.services import project_create
+from config.asgi import application
+from experiments.models import Run
+from tests.conftest import REPO_ROOT, child_process_env
+from tests.factories import ExperimentFactory, MembershipFactory, RunFactory, UserFactory
+from tracking.models import RunEvent
+from tracking.services import Point, event_payload, events_append, metrics_ingest
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+def session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def communicator(run_id: int, cookie: bytes | None, last_seq: int | None = None) -> WebsocketCommunicator:
+    path = f"/ws/runs/{run_id}/" + (f"?last_seq={last_seq}" if last_seq is not None else "")
+    headers = [(b"origin", b"http://localhost")]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def close_thread_connections():
+    """The consumer's DB reads run on asgiref's sync thread; with CONN_MAX_AGE (production settings) its
+    connection would outlive the test and block dropping the test database."""
+    yield
+    await database_sync_to_async(connections.close_all)()
+
+
+@pytest.fixture
+def no_poll(settings):
+    settings.LIVE_POLL_INTERVAL_S = 0  # prove the channel-layer path alone
+
+
+@pytest.fixture
+def fast_poll(settings):
+    settings.LIVE_POLL_INTERVAL_S = 0.2
+
+
+@pytest.fixture
+def setup(transactional_db):
+    owner = UserFactory(username="owner")
+    project = project_create(name="alpha", user=owner)
+    viewer = MembershipFactory(project=project, role=Role.VIEWER, user=UserFactory(username="viewer")).user
+    stranger = UserFactory(username="stranger")
+    project_create(name="beta", user=stranger)
+    run = RunFactory(experiment=ExperimentFactory(project=project))
+    for i in range(3):
+        events_append(run_id=run.pk, kind="log", message=f"line {i + 1}")
+    users = {"owner": owner, "viewer": viewer, "stranger": stranger}
+    return {"run": run, **users, "cookie": {name: session_cookie(u) for name, u in users.items()}}
+
+
+async def receive_events(comm: WebsocketCommunicator, n: int, timeout: float = 3.0) -> list[dict]:
+    """The next ``n`` event messages (skipping metrics/hello)."""
+    out = []
+    while len(out) < n:
+        msg = await comm.receive_json_from(timeout=timeout)
+        if msg["kind"] == "event":
+            out.append(msg["event"])
+    return out
+
+
+async def test_stranger_and_anonymous_are_refused(setup, no_poll):
+    run = setup["run"]
+    for cookie in (setup["cookie"]["stranger"], None):
+        comm = communicator(run.pk, cookie)
+        connected, _ = await comm.connect()
+        assert not connected
+        await comm.disconnect()
+
+
+async def test_unknown_run_is_refused(setup, no_poll):
+    comm = communicator(setup["run"].pk + 999, setup["cookie"]["owner"])
+    connected, _ = await comm.connect()
+    assert not connected
+    await comm.disconnect()
+
+
+async def test_member_gets_hello_then_every_event_after_last_seq(setup, no_poll):
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["viewer"], last_seq=1)
+    connected, _ = await comm.connect()
+    assert connected
+    hello = await comm.receive_json_from(timeout=3)
+    assert hello["kind"] == "hello"
+    assert hello["run"]["id"] == run.pk and hello["run"]["state"] == "queued"
+    assert hello["run"]["last_seq"] == 3
+    events = await receive_events(comm, 2)
+    assert [e["seq"] for e in events] == [2, 3]
+    assert [e["message"] for e in events] == ["line 2", "line 3"]
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_resume_message_replays_from_the_given_seq(setup, no_poll):
+    comm = communicator(setup["run"].pk, setup["cookie"]["owner"])
+    assert (await comm.connect())[0]
+    await comm.receive_json_from(timeout=3)  # hello
+    assert [e["seq"] for e in await receive_events(comm, 3)] == [1, 2, 3]
+    await comm.send_json_to({"type": "resume", "last_seq": 2})
+    assert [e["seq"] for e in await receive_events(comm, 1)] == [3]
+    await comm.send_json_to({"type": "resume", "last_seq": "x"})
+    err = await comm.receive_json_from(timeout=3)
+    assert err["kind"] == "error" and "last_seq" in err["message"]
+    await comm.disconnect()
+
+
+async def test_published_event_and_metrics_are_forwarded_live(setup, no_poll):
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
+    # The services store first, then publish on commit through tracking.live (the real channel layer).
+    await database_sync_to_async(events_append)(
+        run_id=run.pk, kind="status", message="queued → starting", data={"from": "queued", "to": "starting"}
+    )
+    event = (await receive_events(comm, 1))[0]
+    assert event["seq"] == 4 and event["kind"] == "status" and event["data"]["to"] == "starting"
+    await database_sync_to_async(metrics_ingest)(
+        run_id=run.pk, points=[Point("reward/mean", 1, 0.25, 1.0), Point("reward/mean", 2, 0.5, 2.0)]
+    )
+    msg = await comm.receive_json_from(timeout=3)
+    assert msg["kind"] == "metrics"
+    assert msg["series"]["reward/mean"]["steps"] == [1, 2]
+    assert msg["series"]["reward/mean"]["values"] == [0.25, 0.5]
+    await comm.disconnect()
+
+
+async def test_published_event_that_skips_ahead_is_preceded_by_the_gap_from_the_database(setup, no_poll):
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    await comm.receive_json_from(timeout=3)
+
+    def store_two_quietly() -> RunEvent:
+        # Rows another process stored (its publish never reached this process): only the second is announced.
+        RunEvent.objects.create(run=run, seq=4, kind="log", message="lost")
+        Run.objects.filter(pk=run.pk).update(event_seq=5)
+        return RunEvent.objects.create(run=run, seq=5, kind="log", message="announced")
+
+    fifth = await database_sync_to_async(store_two_quietly)()
+    payload = await database_sync_to_async(event_payload)(fifth)
+    await get_channel_layer().group_send(f"run_{run.pk}", {"type": "run.update", "payload": payload})
+    events = await receive_events(comm, 2)
+    assert [(e["seq"], e["message"]) for e in events] == [(4, "lost"), (5, "announced")]
+    # A repeat of an event already sent is dropped.
+    await get_channel_layer().group_send(f"run_{run.pk}", {"type": "run.update", "payload": payload})
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_poll_delivers_what_another_process_stored_without_a_shared_channel_layer(setup, fast_poll):
+    """A Celery worker on the in-process layer cannot reach us: the consumer's DB poll must."""
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    await comm.receive_json_from(timeout=3)
+    env = child_process_env()
+    env.pop("REDIS_URL", None)  # the child's channel layer is in-process: its publish goes nowhere
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    code = (
+        "import django; django.setup()\n"
+        "from experiments.services import run_transition\n"
+        "from tracking.services import Point, metrics_ingest\n"
+        f"run_transition(run_id={run.pk}, to='starting')\n"
+        f"metrics_ingest(run_id={run.pk}, points=[Point('actor/pg_loss', 7, -0.5, 1.0)])\n"
+    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, cwd=REPO_ROOT, env=env,
+                                                stderr=subprocess.PIPE)
+    _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    got_event, got_metric = None, None
+    for _ in range(20):
+        msg = await comm.receive_json_from(timeout=5)
+        if msg["kind"] == "event":
+            got_event = msg["event"]
+        elif msg["kind"] == "metrics":
+            got_metric = msg
+        if got_event and got_metric:
+            break
+    assert got_event["seq"] == 4 and got_event["data"] == {"from": "queued", "to": "starting"}
+    assert got_metric["source"] == "poll"
+    assert got_metric["series"]["actor/pg_loss"]["steps"] == [7]
+    assert got_metric["series"]["actor/pg_loss"]["values"] == [-0.5]
+    await comm.disconnect()
