@@ -199,6 +199,7 @@ PLATFORM_URL = env_str("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
 RAY_PROVIDER = env_str("RAY_PROVIDER", "local")
 RAY_ADDRESS = env_str("RAY_ADDRESS")  # dashboard address of an existing cluster (provider "address")
 RAY_LOCAL_NUM_CPUS = env_int("RAY_LOCAL_NUM_CPUS", 0)  # 0: all cores
+RAY_LOCAL_DIR = env_str("RAY_LOCAL_DIR")  # state, lock and log of the local head; default VAR_DIR/ray
 RUN_CONCURRENCY_LIMIT = env_int("RUN_CONCURRENCY_LIMIT", 2)
 RUN_CONCURRENCY_LIMIT_PER_PROJECT = env_int("RUN_CONCURRENCY_LIMIT_PER_PROJECT", 0)  # 0: no per-project cap
 RUN_HEARTBEAT_TIMEOUT_S = env_int("RUN_HEARTBEAT_TIMEOUT_S", 120)
@@ -207,6 +208,9 @@ ENGINE_WORKDIR = env_str("ENGINE_WORKDIR")  # the job's working dir on the clust
 RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)  # SIGTERM -> SIGKILL of a cancelled job (local head)
 LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 10)  # a supervisor silent this long is replaced
 LAUNCHER_SWEEP_INTERVAL_S = env_int("LAUNCHER_SWEEP_INTERVAL_S", 3)  # reaper / re-attach / queue period
+# Launcher tasks (some follow a job for its whole life) get their own queue so they never hold up others.
+CELERY_LAUNCHER_QUEUE = env_str("CELERY_LAUNCHER_QUEUE") or CELERY_TASK_DEFAULT_QUEUE
+CELERY_TASK_ROUTES = {"launcher.*": {"queue": CELERY_LAUNCHER_QUEUE}}
 # The sweep runs from `celery worker -B` (embedded beat) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "launcher-sweep": {

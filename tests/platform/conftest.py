@@ -12,6 +12,12 @@ from accounts.services import project_create, token_create
 from tests.factories import ExperimentFactory, MembershipFactory, UserFactory
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # PBKDF2's deliberate slowness would dominate these tests; hashing strength is not what they test.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def team(db):
     """One project with an owner, a member, a viewer; a stranger owning another project."""

@@ -1,0 +1,36 @@
+from django.contrib import admin
+
+from accounts.models import ApiToken, Membership, Project
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("name", "created_by", "created_at")
+    search_fields = ("name",)
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ("project", "user", "role", "created_at")
+    list_filter = ("role",)
+    search_fields = ("project__name", "user__username")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Secrets are never stored; the admin can see and revoke tokens, not create ones (use the API)."""
+
+    list_display = ("name", "kind", "prefix", "user", "project", "run", "created_at", "expires_at", "revoked_at")
+    list_filter = ("kind",)
+    search_fields = ("name", "prefix", "user__username")
+    readonly_fields = ("kind", "prefix", "key_hash", "user", "project", "run", "created_at", "last_used_at")
+
+    def has_add_permission(self, request) -> bool:
+        return False

@@ -1,0 +1,186 @@
+"""Projects, memberships and API tokens. Permission policy: accounts.access."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import Q
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, generics, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts import services
+from accounts.access import project_roles, require_role, visible_projects
+from accounts.models import ApiToken, Membership, Project, Role, TokenKind
+from accounts.parsers import JsonOnly
+from accounts.serializers import (
+    MembershipCreateSerializer,
+    MembershipSerializer,
+    MembershipUpdateSerializer,
+    MeSerializer,
+    ProjectSerializer,
+    TokenCreatedSerializer,
+    TokenCreateSerializer,
+    TokenSerializer,
+)
+
+
+class MeView(JsonOnly, APIView):
+    @extend_schema(responses=MeSerializer)
+    def get(self, request: Request) -> Response:
+        roles = project_roles(request)
+        return Response({"id": request.user.pk, "username": request.user.get_username(),
+                         "projects": {str(k): v for k, v in roles.items()}})
+
+
+class ProjectListView(JsonOnly, generics.ListCreateAPIView):
+    serializer_class = ProjectSerializer
+
+    def get_queryset(self):
+        return visible_projects(self.request)
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "roles": project_roles(self.request)}
+
+    def perform_create(self, serializer: ProjectSerializer) -> None:
+        if self.request.auth is not None and getattr(self.request.auth, "project_id", None):
+            raise exceptions.PermissionDenied("A token limited to one project cannot create projects.")
+        project = services.project_create(user=self.request.user, **serializer.validated_data)
+        self.request._project_roles = None  # the creator is now an owner
+        serializer.instance = project
+        serializer.context["roles"] = project_roles(self.request)
+
+
+class ProjectDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = ProjectSerializer
+    http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return visible_projects(self.request)
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "roles": project_roles(self.request)}
+
+    def get_object(self) -> Project:
+        project = super().get_object()
+        if self.request.method not in ("GET", "HEAD", "OPTIONS"):
+            require_role(self.request, project.pk, Role.OWNER)
+        return project
+
+
+def _project_for(request: Request, project_id: int, minimum: str) -> Project:
+    require_role(request, project_id, minimum)
+    return get_object_or_404(Project, pk=project_id)
+
+
+class MembershipListView(JsonOnly, APIView):
+    @extend_schema(responses=MembershipSerializer(many=True))
+    def get(self, request: Request, project_id: int) -> Response:
+        project = _project_for(request, project_id, Role.VIEWER)
+        rows = project.memberships.select_related("user")
+        return Response(MembershipSerializer(rows, many=True).data)
+
+    @extend_schema(request=MembershipCreateSerializer, responses={201: MembershipSerializer})
+    def post(self, request: Request, project_id: int) -> Response:
+        project = _project_for(request, project_id, Role.OWNER)
+        ser = MembershipCreateSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        membership = _membership_set(project, ser.validated_data["username"], ser.validated_data["role"])
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+
+def _membership_set(project: Project, user, role: str) -> Membership:
+    try:
+        return services.membership_set(project=project, user=user, role=role)
+    except services.PermissionProblem as exc:
+        raise exceptions.ValidationError({"role": [str(exc)]}) from None
+
+
+class MembershipDetailView(JsonOnly, APIView):
+    def _get(self, request: Request, project_id: int, membership_id: int) -> Membership:
+        _project_for(request, project_id, Role.OWNER)
+        return get_object_or_404(Membership.objects.select_related("user", "project"),
+                                 pk=membership_id, project_id=project_id)
+
+    @extend_schema(request=MembershipUpdateSerializer, responses=MembershipSerializer)
+    def patch(self, request: Request, project_id: int, membership_id: int) -> Response:
+        membership = self._get(request, project_id, membership_id)
+        ser = MembershipUpdateSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        membership = _membership_set(membership.project, membership.user, ser.validated_data["role"])
+        return Response(MembershipSerializer(membership).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, project_id: int, membership_id: int) -> Response:
+        membership = self._get(request, project_id, membership_id)
+        try:
+            services.membership_remove(membership=membership)
+        except services.PermissionProblem as exc:
+            raise exceptions.ValidationError({"role": [str(exc)]}) from None
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _own_tokens(request: Request):
+    return ApiToken.objects.filter(user=request.user, kind=TokenKind.USER)
+
+
+class TokenListView(JsonOnly, APIView):
+    """Your own user tokens. The secret of a new token is in the create response only."""
+
+    @extend_schema(responses=TokenSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(TokenSerializer(_own_tokens(request).select_related("user"), many=True).data)
+
+    @extend_schema(request=TokenCreateSerializer, responses={201: TokenCreatedSerializer})
+    def post(self, request: Request) -> Response:
+        if isinstance(request.auth, ApiToken) and request.auth.project_id:
+            raise exceptions.PermissionDenied("A token limited to one project cannot create tokens.")
+        ser = TokenCreateSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        data = ser.validated_data
+        project = None
+        if data.get("project"):
+            require_role(request, data["project"], Role.VIEWER)
+            project = Project.objects.get(pk=data["project"])
+        if data.get("expires_at") and data["expires_at"] <= timezone.now():
+            raise exceptions.ValidationError({"expires_at": ["must be in the future"]})
+        issued = services.token_create(user=request.user, name=data["name"], project=project,
+                                       expires_at=data.get("expires_at"))
+        out = TokenSerializer(issued.token).data | {"secret": issued.secret}
+        return Response(out, status=status.HTTP_201_CREATED)
+
+
+class TokenDetailView(JsonOnly, APIView):
+    @extend_schema(responses=TokenSerializer)
+    def get(self, request: Request, token_id: int) -> Response:
+        return Response(TokenSerializer(get_object_or_404(_own_tokens(request), pk=token_id)).data)
+
+    @extend_schema(responses={204: None}, description="Revoke (the row stays, marked revoked).")
+    def delete(self, request: Request, token_id: int) -> Response:
+        services.token_revoke(token=get_object_or_404(_own_tokens(request), pk=token_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _project_tokens(project_id: int):
+    return ApiToken.objects.filter(Q(project_id=project_id) | Q(run__project_id=project_id)).select_related("user")
+
+
+class ProjectTokenListView(JsonOnly, APIView):
+    """Owners: every token that can act in the project (tokens limited to it, run ingest tokens)."""
+
+    @extend_schema(responses=TokenSerializer(many=True))
+    def get(self, request: Request, project_id: int) -> Response:
+        _project_for(request, project_id, Role.OWNER)
+        return Response(TokenSerializer(_project_tokens(project_id), many=True).data)
+
+
+class ProjectTokenDetailView(JsonOnly, APIView):
+    @extend_schema(responses={204: None}, description="Revoke a token scoped to the project.")
+    def delete(self, request: Request, project_id: int, token_id: int) -> Response:
+        _project_for(request, project_id, Role.OWNER)
+        with transaction.atomic():
+            services.token_revoke(token=get_object_or_404(_project_tokens(project_id), pk=token_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)

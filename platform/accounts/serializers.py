@@ -1,0 +1,78 @@
+"""Input/output shapes of the accounts API."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from accounts.models import ApiToken, Membership, Project, Role
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField(help_text="Your role in the project.")
+
+    class Meta:
+        model = Project
+        fields = ["id", "name", "description", "created_at", "role"]
+        read_only_fields = ["id", "created_at", "role"]
+
+    def get_role(self, obj: Project) -> str | None:
+        roles = self.context.get("roles") or {}
+        return roles.get(obj.pk)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user", "username", "role", "created_at"]
+        read_only_fields = ["id", "user", "username", "created_at"]
+
+
+class MembershipCreateSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+    def validate_username(self, value: str):
+        user = get_user_model().objects.filter(username=value, is_active=True).first()
+        if user is None:
+            raise serializers.ValidationError("no active user with this username")
+        return user
+
+
+class MembershipUpdateSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    kind = serializers.CharField(read_only=True, help_text="user: acts as its user; ingest: reports into one run.")
+    is_active = serializers.BooleanField(read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "kind", "name", "prefix", "username", "project", "run", "created_at", "expires_at",
+                  "revoked_at", "last_used_at", "is_active"]
+        read_only_fields = fields
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    project = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                       help_text="Limit the token to this project (you must be a member).")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    secret = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "secret"]
+        read_only_fields = fields
+
+
+class MeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    projects = serializers.DictField(child=serializers.CharField(), help_text="project id -> your role")

@@ -1,0 +1,269 @@
+"""Experiments (CRUD, clone, YAML in/out), the config JSON Schema, presets, and runs (launch, cancel, resume)."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, generics, status
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.access import Conflict, require_role, visible_project_ids
+from accounts.models import Project, Role
+from accounts.parsers import JsonOnly, query_int, query_str
+from experiments import services
+from experiments.models import Experiment, Run
+from experiments.serializers import (
+    RUN_STATES,
+    CloneSerializer,
+    ExperimentListSerializer,
+    ExperimentSerializer,
+    ResumeSerializer,
+    RunCreateSerializer,
+    RunListSerializer,
+    RunSerializer,
+    YamlImportSerializer,
+    config_error_dict,
+)
+from rl_engine import presets
+from rl_engine.config import ConfigError, experiment_json_schema
+
+
+def _int_param(request: Request, name: str) -> int | None:
+    return query_int(request, name, minimum=1)
+
+
+def _tag_filter(qs: QuerySet, tag: str, field: str = "tags") -> QuerySet:
+    """Rows whose JSON tag list contains ``tag`` (JSON containment isn't available on SQLite)."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        return qs.filter(**{f"{field}__contains": [tag]})
+    ids = [pk for pk, tags in qs.values_list("pk", field) if tag in (tags or [])]
+    return qs.filter(pk__in=ids)
+
+
+def visible_experiments(request: Request) -> QuerySet[Experiment]:
+    return Experiment.objects.filter(project_id__in=visible_project_ids(request)).select_related("created_by")
+
+
+def visible_runs(request: Request) -> QuerySet[Run]:
+    return Run.objects.filter(project_id__in=visible_project_ids(request)).select_related(
+        "experiment", "created_by"
+    )
+
+
+PROJECT_Q = OpenApiParameter("project", int, description="Only this project.")
+TAG_Q = OpenApiParameter("tag", str, description="Only experiments carrying this tag.")
+
+
+class ExperimentListView(JsonOnly, generics.ListCreateAPIView):
+    def get_serializer_class(self):
+        return ExperimentListSerializer if self.request.method == "GET" else ExperimentSerializer
+
+    @extend_schema(parameters=[PROJECT_Q, TAG_Q], responses=ExperimentListSerializer(many=True))
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(request=ExperimentSerializer, responses={201: ExperimentSerializer})
+    def post(self, request: Request, *args, **kwargs) -> Response:
+        return super().post(request, *args, **kwargs)
+
+    def get_queryset(self) -> QuerySet[Experiment]:
+        qs = visible_experiments(self.request)
+        project = _int_param(self.request, "project")
+        if project is not None:
+            qs = qs.filter(project_id=project)
+        tag = query_str(self.request, "tag")
+        if tag:
+            qs = _tag_filter(qs, tag)
+        return qs
+
+    def perform_create(self, serializer: ExperimentSerializer) -> None:
+        data = serializer.validated_data
+        require_role(self.request, data["project_id"], Role.MEMBER)
+        serializer.instance = Experiment.objects.create(
+            project_id=data["project_id"], name=data["name"], description=data.get("description", ""),
+            tags=data.get("tags", []), config=data["config"], created_by=self.request.user,
+        )
+
+
+class ExperimentDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = ExperimentSerializer
+    http_method_names = ["get", "put", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[Experiment]:
+        return visible_experiments(self.request)
+
+    def get_object(self) -> Experiment:
+        obj = super().get_object()
+        if self.request.method not in ("GET", "HEAD", "OPTIONS"):
+            require_role(self.request, obj.project_id, Role.MEMBER)
+        return obj
+
+    def perform_update(self, serializer: ExperimentSerializer) -> None:
+        fields = {k: v for k, v in serializer.validated_data.items() if k != "project_id"}
+        serializer.instance = services.experiment_update(experiment=serializer.instance, **fields)
+
+    def perform_destroy(self, instance: Experiment) -> None:
+        try:
+            services.experiment_delete(experiment=instance)
+        except services.ExperimentInUse as exc:
+            raise Conflict(str(exc)) from None
+
+
+class ExperimentCloneView(JsonOnly, APIView):
+    @extend_schema(request=CloneSerializer, responses={201: ExperimentSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        source = get_object_or_404(visible_experiments(request), pk=pk)
+        require_role(request, source.project_id, Role.MEMBER)
+        ser = CloneSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        clone = services.experiment_clone(experiment=source, user=request.user, name=ser.validated_data.get("name"))
+        return Response(ExperimentSerializer(clone).data, status=status.HTTP_201_CREATED)
+
+
+class ExperimentYamlView(JsonOnly, APIView):
+    @extend_schema(responses={(200, "application/yaml"): OpenApiTypes.STR})
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        exp = get_object_or_404(visible_experiments(request), pk=pk)
+        resp = HttpResponse(services.config_to_yaml(exp.config), content_type="application/yaml; charset=utf-8")
+        resp["Content-Disposition"] = f'attachment; filename="experiment-{exp.pk}.yaml"'
+        return resp
+
+
+class ExperimentImportView(JsonOnly, APIView):
+    @extend_schema(request=YamlImportSerializer, responses={201: ExperimentSerializer},
+                   description="Create an experiment from YAML text (e.g. a file exported with GET .../yaml).")
+    def post(self, request: Request) -> Response:
+        ser = YamlImportSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        data = ser.validated_data
+        require_role(request, data["project"], Role.MEMBER)
+        try:
+            config = services.config_from_yaml(data["yaml"])
+        except ConfigError as exc:
+            raise exceptions.ValidationError(config_error_dict(exc, prefix="yaml")) from None
+        exp = services.experiment_create(
+            project=Project.objects.get(pk=data["project"]), user=request.user, name=data["name"],
+            config=config, description=data["description"], tags=data["tags"],
+        )
+        return Response(ExperimentSerializer(exp).data, status=status.HTTP_201_CREATED)
+
+
+class ExperimentSchemaView(JsonOnly, APIView):
+    """The JSON Schema of an experiment config (what the web form is rendered from)."""
+
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(experiment_json_schema())
+
+
+class PresetListView(JsonOnly, APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, operation_id="presets_list",
+                   description="{name: config} for every preset the engine ships.")
+    def get(self, request: Request) -> Response:
+        return Response({name: presets.get_preset(name) for name in presets.preset_names()})
+
+
+class PresetDetailView(JsonOnly, APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: OpenApiResponse(description="No such preset.")})
+    def get(self, request: Request, name: str) -> Response:
+        if name not in presets.preset_names():
+            raise exceptions.NotFound(f"no preset {name!r}; choose one of {', '.join(presets.preset_names())}")
+        return Response(presets.get_preset(name))
+
+
+STATE_Q = OpenApiParameter("state", str, description=f"Comma-separated states among {', '.join(RUN_STATES)}.")
+EXPERIMENT_Q = OpenApiParameter("experiment", int, description="Only runs of this experiment.")
+
+
+class RunListView(JsonOnly, generics.ListAPIView):
+    serializer_class = RunListSerializer
+
+    def get_queryset(self) -> QuerySet[Run]:
+        qs = visible_runs(self.request)
+        for name in ("project", "experiment"):
+            value = _int_param(self.request, name)
+            if value is not None:
+                qs = qs.filter(**{f"{name}_id": value})
+        states = [s for s in self.request.query_params.get("state", "").split(",") if s]
+        unknown = sorted(set(states) - set(RUN_STATES))
+        if unknown:
+            raise exceptions.ValidationError({"state": [f"unknown state(s) {', '.join(unknown)}"]})
+        if states:
+            qs = qs.filter(state__in=states)
+        tag = query_str(self.request, "tag")
+        if tag:
+            exp_ids = _tag_filter(Experiment.objects.filter(project_id__in=visible_project_ids(self.request)),
+                                  tag).values_list("pk", flat=True)
+            qs = qs.filter(experiment_id__in=list(exp_ids))
+        return qs
+
+    @extend_schema(parameters=[STATE_Q, TAG_Q, EXPERIMENT_Q, PROJECT_Q])
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer},
+                   description="Launch: freeze the experiment's config into a queued run; the launcher starts it.")
+    def post(self, request: Request) -> Response:
+        ser = RunCreateSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        exp = get_object_or_404(visible_experiments(request), pk=ser.validated_data["experiment"])
+        require_role(request, exp.project_id, Role.MEMBER)
+        try:
+            run = services.run_create(experiment=exp, user=request.user, priority=ser.validated_data["priority"])
+        except ConfigError as exc:  # the stored config no longer validates (the engine schema changed)
+            raise exceptions.ValidationError(config_error_dict(exc)) from None
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+class RunDetailView(JsonOnly, generics.RetrieveAPIView):
+    serializer_class = RunSerializer
+
+    def get_queryset(self) -> QuerySet[Run]:
+        return visible_runs(self.request)
+
+
+def _run_for_write(request: Request, pk: int) -> Run:
+    run = get_object_or_404(visible_runs(request), pk=pk)
+    require_role(request, run.project_id, Role.MEMBER)
+    return run
+
+
+class RunCancelView(JsonOnly, APIView):
+    @extend_schema(request=None, responses={200: RunSerializer, 409: OpenApiResponse(description="Already finished.")})
+    def post(self, request: Request, pk: int) -> Response:
+        run = _run_for_write(request, pk)
+        try:
+            run = services.run_request_cancel(run=run, user=request.user)
+        except services.InvalidTransition as exc:
+            raise Conflict(f"run {run.pk} is {exc.current}: nothing to cancel") from None
+        return Response(RunSerializer(run).data)
+
+
+class RunResumeView(JsonOnly, APIView):
+    @extend_schema(request=ResumeSerializer, responses={201: RunSerializer, 409: OpenApiResponse(
+        description="The run is still active or has no checkpoint.")})
+    def post(self, request: Request, pk: int) -> Response:
+        run = _run_for_write(request, pk)
+        ser = ResumeSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        try:
+            new = services.run_resume(run=run, user=request.user, priority=ser.validated_data.get("priority"))
+        except services.InvalidTransition as exc:
+            raise Conflict(f"run {run.pk} is {exc.current}: only a finished run can be resumed") from None
+        except ConfigError as exc:
+            raise Conflict(str(exc)) from None
+        return Response(RunSerializer(new).data, status=status.HTTP_201_CREATED)

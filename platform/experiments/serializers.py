@@ -1,0 +1,123 @@
+"""Input/output shapes of the experiments API. Config validation is the engine's pydantic schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from experiments.models import Experiment, Run, RunState
+from experiments.services import clean_tags, normalise_config
+from rl_engine.config import ConfigError
+
+
+def config_error_dict(exc: ConfigError, prefix: str = "config") -> dict[str, list[str]]:
+    """pydantic paths -> DRF error dict: {"config.rollout.n": ["..."]} (root errors under ``prefix``)."""
+    out: dict[str, list[str]] = {}
+    for path, msg in exc.errors:
+        key = f"{prefix}.{path}" if path and prefix else (path or prefix)
+        out.setdefault(key, []).append(msg)
+    return out
+
+
+class TagsField(serializers.ListField):
+    child = serializers.CharField(max_length=50)
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        values = super().to_internal_value(data)
+        try:
+            return clean_tags(values)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class ExperimentSerializer(serializers.ModelSerializer):
+    tags = TagsField(required=False, max_length=20)
+    config = serializers.JSONField(help_text="An ExperimentConfig (see GET /api/schema/experiment).")
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    run_count = serializers.IntegerField(source="run_counter", read_only=True)
+
+    class Meta:
+        model = Experiment
+        fields = ["id", "project", "name", "description", "tags", "config", "created_by", "created_at",
+                  "updated_at", "run_count"]
+        read_only_fields = ["id", "created_by", "created_at", "updated_at", "run_count"]
+
+    def get_fields(self):
+        fields = super().get_fields()
+        # Chosen at creation, never moved; an id the user cannot see is a 404 (checked in the view).
+        fields["project"] = serializers.IntegerField(
+            min_value=1, read_only=self.instance is not None, source="project_id",
+        )
+        return fields
+
+    def validate_config(self, value: Any) -> dict[str, Any]:
+        try:
+            return normalise_config(value)
+        except ConfigError as exc:
+            raise serializers.ValidationError(config_error_dict(exc, prefix="")) from None
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError(_flatten_config_errors(exc.detail)) from None
+
+
+def _flatten_config_errors(detail: Any) -> Any:
+    """Turn {"config": {"rollout.n": [...]}} into {"config.rollout.n": [...]} (one level of field paths)."""
+    if not isinstance(detail, dict) or not isinstance(detail.get("config"), dict):
+        return detail
+    flat = {k: v for k, v in detail.items() if k != "config"}
+    for path, msgs in detail["config"].items():
+        flat[f"config.{path}" if path else "config"] = msgs
+    return flat
+
+
+class ExperimentListSerializer(ExperimentSerializer):
+    class Meta(ExperimentSerializer.Meta):
+        fields = [f for f in ExperimentSerializer.Meta.fields if f != "config"]
+
+
+class CloneSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+
+
+class YamlImportSerializer(serializers.Serializer):
+    project = serializers.IntegerField(min_value=1)
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    tags = TagsField(required=False, max_length=20, default=list)
+    yaml = serializers.CharField(max_length=1_000_000, help_text="The config as YAML text.")
+
+
+class RunSerializer(serializers.ModelSerializer):
+    experiment_name = serializers.CharField(source="experiment.name", read_only=True)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = Run
+        fields = ["id", "experiment", "experiment_name", "project", "number", "state", "priority", "provider",
+                  "cluster_address", "ray_job_id", "celery_task_id", "created_by", "created_at", "queued_at",
+                  "started_at", "finished_at", "heartbeat_at", "cancel_requested_at", "error",
+                  "resumed_from", "resumed_from_checkpoint", "config"]
+        read_only_fields = fields
+
+
+class RunListSerializer(RunSerializer):
+    class Meta(RunSerializer.Meta):
+        fields = [f for f in RunSerializer.Meta.fields if f != "config"]
+        read_only_fields = fields
+
+
+class RunCreateSerializer(serializers.Serializer):
+    experiment = serializers.IntegerField(min_value=1)
+    priority = serializers.IntegerField(default=0, min_value=-1000, max_value=1000,
+                                        help_text="Higher starts first.")
+
+
+class ResumeSerializer(serializers.Serializer):
+    priority = serializers.IntegerField(required=False, min_value=-1000, max_value=1000)
+
+
+RUN_STATES = [s.value for s in RunState]

@@ -1,0 +1,32 @@
+from django.contrib import admin
+
+from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
+
+
+@admin.register(MetricPoint)
+class MetricPointAdmin(admin.ModelAdmin):
+    list_display = ("run", "key", "step", "value", "wall_time")
+    search_fields = ("key",)
+    raw_id_fields = ("run",)
+    show_full_result_count = False  # counting millions of points on every page load is slow
+
+
+@admin.register(RunEvent)
+class RunEventAdmin(admin.ModelAdmin):
+    list_display = ("run", "seq", "kind", "message", "created")
+    list_filter = ("kind",)
+    raw_id_fields = ("run",)
+    show_full_result_count = False
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    list_display = ("run", "step", "path", "size_bytes", "created")
+    raw_id_fields = ("run",)
+
+
+@admin.register(Sample)
+class SampleAdmin(admin.ModelAdmin):
+    list_display = ("run", "step", "reward", "version_start", "version_end", "created")
+    raw_id_fields = ("run",)
+    show_full_result_count = False

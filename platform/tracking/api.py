@@ -1,0 +1,248 @@
+"""Ingestion (metrics, events, samples, heartbeat) and reads (keys, series, events, checkpoints, samples,
+exports) of a run's data. Ingestion accepts the run's ingest token or a project member's credentials."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+
+from django.http import StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.access import IngestOrMember, require_ingest, require_role
+from accounts.models import Role
+from accounts.parsers import JsonOnly, query_int, query_str
+from experiments.models import Run
+from experiments.services import run_heartbeat
+from tracking import selectors, services, wire
+from tracking.models import Checkpoint, EventKind, Sample
+from tracking.serializers import (
+    CheckpointSerializer,
+    EventPageSerializer,
+    EventsIngestResultSerializer,
+    EventsIngestSerializer,
+    HeartbeatSerializer,
+    IngestResultSerializer,
+    MetricQuerySerializer,
+    MetricsIngestSerializer,
+    RunEventSerializer,
+    SampleSerializer,
+    SamplesIngestResultSerializer,
+    SamplesIngestSerializer,
+)
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = 413
+    default_code = "payload_too_large"
+
+
+def _readable_run(request: Request, run_id: int) -> Run:
+    """A run the user may read (viewer or better); 404 otherwise."""
+    run = get_object_or_404(Run.objects.only("id", "project_id", "state"), pk=run_id)
+    require_role(request, run.project_id, Role.VIEWER)
+    return run
+
+
+def _ingest_run(request: Request, run_id: int) -> Run:
+    run = Run.objects.only("id", "project_id", "state").filter(pk=run_id).first()
+    if run is None:
+        raise exceptions.NotFound("Not found.")
+    require_ingest(request, run.pk, run.project_id)
+    return run
+
+
+def _parse(model, request: Request, field: str, limit: int):
+    n = wire.batch_length(request.data, field)
+    if n is not None and n > limit:
+        raise PayloadTooLarge(f"{n} {field} in one request; the limit is {limit} per request: split the batch")
+    try:
+        return wire.parse(model, request.data)
+    except wire.WireError as exc:
+        raise exceptions.ValidationError(exc.errors) from None
+
+
+class IngestView(JsonOnly, APIView):
+    permission_classes = [IngestOrMember]
+
+
+class RunMetricsView(IngestView):
+    @extend_schema(
+        request=MetricsIngestSerializer,
+        responses={200: IngestResultSerializer, 413: OpenApiResponse(description="More than 5000 points.")},
+        description="Report metric points. Idempotent on (run, key, step): the first value stored wins.",
+    )
+    def post(self, request: Request, run_id: int) -> Response:
+        run = _ingest_run(request, run_id)
+        body = _parse(wire.MetricsBody, request, "points", services.MAX_POINTS_PER_BATCH)
+        points = [services.Point(p.key, p.step, p.value, p.wall_time) for p in body.points]
+        result = services.metrics_ingest(run_id=run.pk, points=points)
+        return Response({"received": result.received, "inserted": result.inserted})
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("keys", str, description="Comma-separated metric keys (default: all)."),
+            OpenApiParameter("step_min", int), OpenApiParameter("step_max", int),
+            OpenApiParameter("max_points", int, description=(
+                f"Per key, 2..{selectors.MAX_MAX_POINTS} (default {selectors.DEFAULT_MAX_POINTS}); longer "
+                "series are downsampled keeping each bucket's min and max.")),
+        ],
+        responses=MetricQuerySerializer,
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        run = _readable_run(request, run_id)
+        keys = _keys_param(request) or selectors.metric_keys(run_id=run.pk)
+        max_points = query_int(request, "max_points", minimum=2, maximum=selectors.MAX_MAX_POINTS)
+        step_min = query_int(request, "step_min")
+        step_max = query_int(request, "step_max")
+        out = []
+        for key in keys[:100]:
+            s = selectors.metric_series(run_id=run.pk, key=key, step_min=step_min, step_max=step_max,
+                                        max_points=max_points or selectors.DEFAULT_MAX_POINTS)
+            out.append({"key": s.key, "steps": s.steps, "values": s.values, "wall_times": s.wall_times,
+                        "downsampled": s.downsampled})
+        return Response({"series": out})
+
+
+def _keys_param(request: Request) -> list[str]:
+    raw = query_str(request, "keys", max_length=20_000)
+    return [k for k in (raw or "").split(",") if k][:100]
+
+
+class RunMetricKeysView(JsonOnly, APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, description='{"keys": ["actor/pg_loss", ...]}')
+    def get(self, request: Request, run_id: int) -> Response:
+        run = _readable_run(request, run_id)
+        return Response({"keys": selectors.metric_keys(run_id=run.pk)})
+
+
+class RunEventsView(IngestView):
+    @extend_schema(request=EventsIngestSerializer, responses={201: EventsIngestResultSerializer,
+                   413: OpenApiResponse(description="More than 1000 events.")},
+                   description="Report log lines, alerts, checkpoints, status notes. Each gets the next seq.")
+    def post(self, request: Request, run_id: int) -> Response:
+        run = _ingest_run(request, run_id)
+        body = _parse(wire.EventsBody, request, "events", services.MAX_EVENTS_PER_BATCH)
+        new = [services.NewEvent(kind=e.kind.value, message=e.message, data=e.data) for e in body.events]
+        rows = services.events_ingest(run_id=run.pk, events=new)
+        return Response({"received": len(rows), "last_seq": rows[-1].seq if rows else None},
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="Only events with seq > after (default 0)."),
+            OpenApiParameter("limit", int, description="1..1000 (default 500)."),
+            OpenApiParameter("kind", str, description=f"Comma-separated among {', '.join(EventKind.values)}."),
+        ],
+        responses=EventPageSerializer,
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        if not (request.user and request.user.is_authenticated):
+            raise exceptions.PermissionDenied("Reading events needs a user.")
+        run = _readable_run(request, run_id)
+        after = query_int(request, "after") or 0
+        limit = query_int(request, "limit", minimum=1, maximum=1000) or 500
+        kinds = [k for k in (query_str(request, "kind") or "").split(",") if k]
+        if set(kinds) - set(EventKind.values):
+            raise exceptions.ValidationError({"kind": [f"one of {', '.join(EventKind.values)}"]})
+        rows = selectors.events_since(run_id=run.pk, after=after, limit=limit, kinds=kinds)
+        return Response({"events": RunEventSerializer(rows, many=True).data,
+                         "last_seq": rows[-1].seq if rows else after})
+
+
+class RunHeartbeatView(IngestView):
+    @extend_schema(request=None, responses=HeartbeatSerializer,
+                   description="The engine (or its supervisor) is alive. `active: false` means: stop.")
+    def post(self, request: Request, run_id: int) -> Response:
+        run = _ingest_run(request, run_id)
+        active = run_heartbeat(run_id=run.pk)
+        state = Run.objects.filter(pk=run.pk).values_list("state", flat=True).get()
+        return Response({"active": active, "state": state})
+
+
+class RunSamplesView(IngestView):
+    @extend_schema(request=SamplesIngestSerializer, responses={201: SamplesIngestResultSerializer})
+    def post(self, request: Request, run_id: int) -> Response:
+        run = _ingest_run(request, run_id)
+        body = _parse(wire.SamplesBody, request, "samples", services.MAX_SAMPLES_PER_BATCH)
+        stored = services.samples_record(run_id=run.pk, samples=[services.NewSample(**s.model_dump())
+                                                                 for s in body.samples])
+        return Response({"received": len(body.samples), "stored": stored}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("step", int, description="Only this step."),
+                    OpenApiParameter("limit", int, description="1..1000 (default 200)."),
+                    OpenApiParameter("offset", int)],
+        responses=SampleSerializer(many=True),
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        if not (request.user and request.user.is_authenticated):
+            raise exceptions.PermissionDenied("Reading samples needs a user.")
+        run = _readable_run(request, run_id)
+        qs = Sample.objects.filter(run_id=run.pk).order_by("-step", "id")
+        step = query_int(request, "step")
+        if step is not None:
+            qs = qs.filter(step=step)
+        offset = query_int(request, "offset", maximum=10**9) or 0
+        limit = query_int(request, "limit", minimum=1, maximum=1000) or 200
+        return Response(SampleSerializer(qs[offset:offset + limit], many=True).data)
+
+
+class RunCheckpointsView(JsonOnly, APIView):
+    @extend_schema(responses=CheckpointSerializer(many=True))
+    def get(self, request: Request, run_id: int) -> Response:
+        run = _readable_run(request, run_id)
+        return Response(CheckpointSerializer(Checkpoint.objects.filter(run_id=run.pk), many=True).data)
+
+
+def _csv_lines(run_id: int, keys: list[str]) -> Iterator[str]:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["key", "step", "value", "wall_time"])
+    for i, row in enumerate(selectors.metric_rows(run_id=run_id, keys=keys)):
+        writer.writerow([row[0], row[1], repr(row[2]), repr(row[3])])
+        if i % 1000 == 999:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
+
+
+def _json_chunks(run_id: int, keys: list[str]) -> Iterator[str]:
+    """``{"run": id, "points": [...]}``: the ingestion body shape, so an export can be posted back."""
+    yield f'{{"run": {run_id}, "points": ['
+    sep = ""
+    for key, step, value, wall_time in selectors.metric_rows(run_id=run_id, keys=keys):
+        yield sep + json.dumps({"key": key, "step": step, "value": value, "wall_time": wall_time})
+        sep = ","
+    yield "]}"
+
+
+EXPORT_PARAMS = [OpenApiParameter("keys", str, description="Comma-separated keys (default: all).")]
+
+
+class RunMetricsCsvView(JsonOnly, APIView):
+    @extend_schema(parameters=EXPORT_PARAMS, responses={(200, "text/csv"): OpenApiTypes.STR})
+    def get(self, request: Request, run_id: int) -> StreamingHttpResponse:
+        run = _readable_run(request, run_id)
+        resp = StreamingHttpResponse(_csv_lines(run.pk, _keys_param(request)), content_type="text/csv")
+        resp["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
+        return resp
+
+
+class RunMetricsJsonView(JsonOnly, APIView):
+    @extend_schema(parameters=EXPORT_PARAMS, responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, run_id: int) -> StreamingHttpResponse:
+        run = _readable_run(request, run_id)
+        resp = StreamingHttpResponse(_json_chunks(run.pk, _keys_param(request)), content_type="application/json")
+        resp["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.json"'
+        return resp
+

@@ -1,0 +1,177 @@
+"""Ingestion and queries over HTTP: the wire format the engine's HTTP sink posts, limits, downsampling."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from accounts.services import ingest_token_issue
+from experiments.models import RunState
+from experiments.services import run_create, run_transition
+from tests.platform.conftest import client_for
+from tracking.models import Checkpoint, MetricPoint
+from tracking.selectors import metric_series
+from tracking.services import Point, metrics_ingest
+
+
+@pytest.fixture
+def run(team, experiment):
+    return run_create(experiment=experiment, user=team["member"])
+
+
+@pytest.fixture
+def engine(run):
+    """What the engine holds: its run's ingest token."""
+    return client_for(token=ingest_token_issue(run=run).secret)
+
+
+def points(n: int, key: str = "reward/mean", start: int = 0) -> list[dict]:
+    return [{"key": key, "step": s, "value": s / 10, "wall_time": 1.7e9 + s} for s in range(start, start + n)]
+
+
+@pytest.mark.smoke
+def test_engine_reports_metrics_with_its_ingest_token_and_retries_add_nothing(run, engine):
+    body = {"points": points(100) + points(50, key="actor/pg_loss")}
+    first = engine.post(f"/api/runs/{run.pk}/metrics", body, format="json")
+    assert first.status_code == 200 and first.json() == {"received": 150, "inserted": 150}
+    retry = engine.post(f"/api/runs/{run.pk}/metrics", body, format="json")
+    assert retry.json() == {"received": 150, "inserted": 0}
+    assert MetricPoint.objects.filter(run=run).count() == 150
+
+
+def test_a_batch_over_the_limit_is_413_and_names_the_limit(run, engine):
+    resp = engine.post(f"/api/runs/{run.pk}/metrics", {"points": points(5001)}, format="json")
+    assert resp.status_code == 413 and "5000" in resp.json()["detail"]
+    assert engine.post(f"/api/runs/{run.pk}/metrics", {"points": points(5000)}, format="json").status_code == 200
+
+
+@pytest.mark.parametrize(("body", "path"), [
+    ({"points": [{"key": "k", "step": -1, "value": 1, "wall_time": 0}]}, "points[0].step"),
+    ({"points": [{"key": "", "step": 1, "value": 1, "wall_time": 0}]}, "points[0].key"),
+    ({"points": [{"key": "k", "step": 1, "value": "high", "wall_time": 0}]}, "points[0].value"),
+    ({"points": [{"key": "k", "step": 1, "value": 1}]}, "points[0].wall_time"),
+    ({"points": [{"key": "k", "step": 1.5, "value": 1, "wall_time": 0}]}, "points[0].step"),
+    ({"points": [{"key": "k", "step": 1, "value": 1, "wall_time": 0, "extra": 1}]}, "points[0].extra"),
+    ({"points": "all of them"}, "points"),
+    ({}, "points"),
+    ([1, 2], "body"),
+])
+def test_bad_metric_bodies_are_400_with_field_paths(run, engine, body, path):
+    resp = engine.post(f"/api/runs/{run.pk}/metrics", body, format="json")
+    assert resp.status_code == 400, resp.content
+    assert path in resp.json()["errors"]
+    assert not MetricPoint.objects.filter(run=run).exists()
+
+
+def test_non_finite_json_numbers_are_rejected(run, engine):
+    raw = '{"points": [{"key": "k", "step": 1, "value": NaN, "wall_time": 0}]}'
+    resp = engine.generic("POST", f"/api/runs/{run.pk}/metrics", raw, content_type="application/json")
+    assert resp.status_code == 400
+
+
+def test_ingest_token_is_bound_to_its_run_and_reads_nothing(team, experiment, run, engine):
+    other = run_create(experiment=experiment, user=None)
+    assert engine.post(f"/api/runs/{other.pk}/metrics", {"points": points(1)}, format="json").status_code == 404
+    assert engine.get(f"/api/runs/{run.pk}/metrics").status_code == 404
+    # Authenticated as "the engine of run N", not as a user: everything else is forbidden.
+    assert engine.get(f"/api/runs/{run.pk}").status_code == 403
+    assert engine.get("/api/experiments").status_code == 403
+
+
+def test_ingest_tokens_stop_working_when_the_run_ends_or_a_new_one_is_issued(run):
+    old = ingest_token_issue(run=run).secret
+    new = ingest_token_issue(run=run).secret
+    body = {"points": points(1)}
+    assert client_for(token=old).post(f"/api/runs/{run.pk}/metrics", body, format="json").status_code == 401
+    assert client_for(token=new).post(f"/api/runs/{run.pk}/metrics", body, format="json").status_code == 200
+    run_transition(run_id=run.pk, to=RunState.CANCELLED)
+    assert client_for(token=new).post(f"/api/runs/{run.pk}/metrics", body, format="json").status_code == 401
+
+
+def test_metric_query_returns_short_series_whole_and_downsamples_long_ones(team, run):
+    pts = [Point("loss", s, 1.0, float(s)) for s in range(10_000)]
+    pts[4321] = Point("loss", 4321, 99.0, 4321.0)  # a spike that downsampling must keep
+    pts[777] = Point("loss", 777, -5.0, 777.0)
+    metrics_ingest(run_id=run.pk, points=pts)
+    metrics_ingest(run_id=run.pk, points=[Point("short", s, s * 2.0, 0.0) for s in range(10)])
+    viewer = client_for(team["viewer"])
+    body = viewer.get(f"/api/runs/{run.pk}/metrics?max_points=200").json()
+    by_key = {s["key"]: s for s in body["series"]}
+    assert by_key["short"]["steps"] == list(range(10)) and by_key["short"]["values"][3] == 6.0
+    assert not by_key["short"]["downsampled"]
+    loss = by_key["loss"]
+    assert loss["downsampled"] and len(loss["steps"]) <= 200
+    assert loss["steps"] == sorted(loss["steps"])
+    assert 99.0 in loss["values"] and -5.0 in loss["values"]
+    assert loss["steps"][loss["values"].index(99.0)] == 4321
+    ranged = viewer.get(f"/api/runs/{run.pk}/metrics?keys=loss&step_min=100&step_max=149&max_points=1000").json()
+    assert ranged["series"][0]["steps"] == list(range(100, 150))
+    assert viewer.get(f"/api/runs/{run.pk}/metrics/keys").json() == {"keys": ["loss", "short"]}
+    assert viewer.get(f"/api/runs/{run.pk}/metrics?max_points=1").status_code == 400
+
+
+def test_downsampling_keeps_each_buckets_min_and_max(run):
+    values = [((s * 7919) % 101) / 3 for s in range(5000)]
+    metrics_ingest(run_id=run.pk, points=[Point("v", s, v, 0.0) for s, v in enumerate(values)])
+    series = metric_series(run_id=run.pk, key="v", max_points=100)  # 50 buckets of 100 steps
+    assert series.downsampled
+    for b in range(50):
+        bucket = values[b * 100:(b + 1) * 100]
+        got = [v for s, v in zip(series.steps, series.values, strict=True) if b * 100 <= s < (b + 1) * 100]
+        assert min(got) == min(bucket) and max(got) == max(bucket)
+
+
+def test_events_are_numbered_and_readable_since_a_sequence_number(team, run, engine):
+    resp = engine.post(f"/api/runs/{run.pk}/events", {"events": [
+        {"kind": "log", "message": "step 1"},
+        {"kind": "alert", "message": "reward collapsed", "data": {"reward": 0.0}},
+        {"kind": "checkpoint", "message": "saved", "data": {"step": 10, "path": "/ck/10", "size_bytes": 5}},
+    ]}, format="json")
+    assert resp.status_code == 201 and resp.json() == {"received": 3, "last_seq": 4}  # seq 1: queued
+    assert list(Checkpoint.objects.filter(run=run).values_list("path", flat=True)) == ["/ck/10"]
+    viewer = client_for(team["viewer"])
+    page = viewer.get(f"/api/runs/{run.pk}/events?after=2").json()
+    assert [e["seq"] for e in page["events"]] == [3, 4] and page["last_seq"] == 4
+    assert [e["message"] for e in viewer.get(f"/api/runs/{run.pk}/events?kind=alert").json()["events"]] == [
+        "reward collapsed"]
+    assert viewer.get(f"/api/runs/{run.pk}/events?after=4").json() == {"events": [], "last_seq": 4}
+    ckpts = viewer.get(f"/api/runs/{run.pk}/checkpoints").json()
+    assert [(c["step"], c["path"]) for c in ckpts] == [(10, "/ck/10")]
+    bad = engine.post(f"/api/runs/{run.pk}/events", {"events": [{"kind": "gossip"}]}, format="json")
+    assert bad.status_code == 400 and "events[0].kind" in bad.json()["errors"]
+
+
+def test_heartbeat_says_whether_the_run_is_still_active(run, engine):
+    resp = engine.post(f"/api/runs/{run.pk}/heartbeat")
+    assert resp.json() == {"active": True, "state": "queued"}
+    run.refresh_from_db()
+    assert run.heartbeat_at is not None
+    member_view = client_for(run.created_by)
+    run_transition(run_id=run.pk, to=RunState.FAILED, error="x")
+    assert member_view.post(f"/api/runs/{run.pk}/heartbeat").json() == {"active": False, "state": "failed"}
+
+
+def test_samples_are_stored_capped_and_listed(team, run, engine, settings):
+    settings.SAMPLES_PER_STEP_CAP = 2
+    body = {"samples": [{"step": 1, "prompt": f"p{i}", "response": "r", "reward": 1.0, "version_start": 3,
+                         "version_end": 4} for i in range(3)]}
+    resp = engine.post(f"/api/runs/{run.pk}/samples", body, format="json")
+    assert resp.status_code == 201 and resp.json() == {"received": 3, "stored": 2}
+    listed = client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples?step=1").json()
+    assert [(s["prompt"], s["version_start"], s["version_end"]) for s in listed] == [("p0", 3, 4), ("p1", 3, 4)]
+
+
+def test_exports_contain_every_point_in_csv_and_in_the_ingestion_shape(team, run):
+    metrics_ingest(run_id=run.pk, points=[Point("a", s, s + 0.5, 100.0 + s) for s in range(1500)]
+                   + [Point("b", 0, 0.1, 1.0)])
+    viewer = client_for(team["viewer"])
+    resp = viewer.get(f"/api/runs/{run.pk}/metrics/export/csv")
+    assert resp.status_code == 200 and resp["Content-Type"] == "text/csv"
+    rows = list(csv.reader(io.StringIO(b"".join(resp.streaming_content).decode())))
+    assert rows[0] == ["key", "step", "value", "wall_time"] and len(rows) == 1502
+    assert rows[1] == ["a", "0", "0.5", "100.0"] and rows[-1] == ["b", "0", "0.1", "1.0"]
+    data = json.loads(b"".join(viewer.get(f"/api/runs/{run.pk}/metrics/export/json?keys=b").streaming_content))
+    assert data == {"run": run.pk, "points": [{"key": "b", "step": 0, "value": 0.1, "wall_time": 1.0}]}
