@@ -69,6 +69,7 @@ class Sample(models.Model):
     step = models.BigIntegerField()
     prompt = models.TextField()
     response = models.TextField()
+    answer = models.TextField(blank=True, default="", help_text="The expected answer, when the task has one.")
     reward = models.FloatField(null=True, blank=True)
     version_start = models.IntegerField(null=True, blank=True, help_text="Policy version generation began on.")
     version_end = models.IntegerField(null=True, blank=True, help_text="Policy version generation ended on.")

@@ -175,6 +175,7 @@ class NewSample:
     step: int
     prompt: str
     response: str
+    answer: str | None = None
     reward: float | None = None
     version_start: int | None = None
     version_end: int | None = None
@@ -200,6 +201,6 @@ def samples_record(*, run_id: int, samples: Iterable[NewSample]) -> int:
                 continue
             used[s.step] = used.get(s.step, 0) + 1
             keep.append(Sample(run_id=run_id, step=s.step, prompt=s.prompt, response=s.response,
-                               reward=s.reward, version_start=s.version_start, version_end=s.version_end))
+                               answer=s.answer or "", reward=s.reward, version_start=s.version_start, version_end=s.version_end))
         Sample.objects.bulk_create(keep)
     return len(keep)

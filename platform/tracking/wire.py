@@ -9,7 +9,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rl_engine.config import validation_errors
 from tracking.models import EventKind
@@ -43,12 +51,19 @@ class EventIn(_Wire):
 
 
 class SampleIn(_Wire):
-    step: int = Field(ge=0, le=MAX_STEP)
+    """One example. The engine's names ``param_version_start/_end`` are accepted as aliases."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    step: int | None = Field(None, ge=0, le=MAX_STEP, description="Defaults to the body's step.")
     prompt: str = Field(max_length=100_000)
     response: str = Field(max_length=100_000)
+    answer: str | None = Field(None, max_length=100_000)
     reward: float | None = None
-    version_start: int | None = Field(None, ge=0, le=2**31 - 1)
-    version_end: int | None = Field(None, ge=0, le=2**31 - 1)
+    version_start: int | None = Field(None, ge=0, le=2**31 - 1,
+                                      validation_alias=AliasChoices("version_start", "param_version_start"))
+    version_end: int | None = Field(None, ge=0, le=2**31 - 1,
+                                    validation_alias=AliasChoices("version_end", "param_version_end"))
 
     @field_validator("reward")
     @classmethod
@@ -67,7 +82,17 @@ class EventsBody(_Wire):
 
 
 class SamplesBody(_Wire):
+    step: int | None = Field(None, ge=0, le=MAX_STEP, description="Step of samples that name none.")
     samples: list[SampleIn] = Field(max_length=MAX_SAMPLES_PER_BATCH)
+
+    @model_validator(mode="after")
+    def _every_sample_has_a_step(self) -> SamplesBody:
+        for i, sample in enumerate(self.samples):
+            if sample.step is None:
+                if self.step is None:
+                    raise ValueError(f"samples[{i}] has no step and the body names none")
+                sample.step = self.step
+        return self
 
 
 class WireError(Exception):

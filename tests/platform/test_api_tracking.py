@@ -164,6 +164,18 @@ def test_samples_are_stored_capped_and_listed(team, run, engine, settings):
     assert [(s["prompt"], s["version_start"], s["version_end"]) for s in listed] == [("p0", 3, 4), ("p1", 3, 4)]
 
 
+def test_samples_in_the_engines_shape_are_accepted(team, run, engine):
+    """rl_engine's HTTP sink posts {"step", "samples": [{prompt, response, answer, reward, param_version_*}]}."""
+    body = {"step": 7, "samples": [{"prompt": "ab", "response": "ab", "answer": "ab", "reward": 1.0,
+                                    "param_version_start": 2, "param_version_end": 3}]}
+    assert engine.post(f"/api/runs/{run.pk}/samples", body, format="json").status_code == 201
+    [sample] = client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples").json()
+    assert (sample["step"], sample["answer"], sample["version_start"], sample["version_end"]) == (7, "ab", 2, 3)
+    no_step = engine.post(f"/api/runs/{run.pk}/samples", {"samples": [{"prompt": "a", "response": "b"}]},
+                          format="json")
+    assert no_step.status_code == 400 and "no step" in str(no_step.json()["errors"])
+
+
 def test_exports_contain_every_point_in_csv_and_in_the_ingestion_shape(team, run):
     metrics_ingest(run_id=run.pk, points=[Point("a", s, s + 0.5, 100.0 + s) for s in range(1500)]
                    + [Point("b", 0, 0.1, 1.0)])
