@@ -1,1 +1,21 @@
-urlpatterns: list = []
+"""The web UI's pages (included at the site root by config/urls.py). Changes go through /api/.
+
+Session login/logout are Django's own views at /accounts/login/ and /accounts/logout/ (POST).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from experiments import views_web
+
+urlpatterns = [
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=False), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views_web.home, name="web-home"),
+    path("experiments/new/", views_web.experiment_new, name="web-experiment-new"),
+    path("experiments/<int:pk>/", views_web.experiment_detail, name="web-experiment"),
+    path("runs/<int:pk>/", views_web.run_dashboard, name="web-run"),
+    path("compare/", views_web.compare, name="web-compare"),
+]

@@ -1,0 +1,242 @@
+// Run dashboard: status badge and timeline, live charts, event tail, checkpoints, samples, cancel/resume.
+// Initial state comes from the page; history from the REST API; everything after from ws/runs/<id>/.
+import { api, el, fmtNum, fmtTime, pageData, results } from "./api.js";
+import { ChartBoard } from "./charts.js";
+import { RunStream } from "./live.js";
+
+const data = pageData("page-data");
+const run = data.run;
+const TERMINAL = new Set(run.terminal_states);
+const ACTIVE = new Set(run.active_states);
+const TAIL_EVENTS = 200; // events replayed into the tail on load (status history comes from REST)
+const TAIL_MAX_LINES = 1000;
+const HISTORY_MAX_POINTS = 1000;
+
+const $ = (id) => document.getElementById(id);
+let state = run.state;
+let checkpoints = data.checkpoints || [];
+const enteredAt = {}; // state -> ISO time the run entered it
+
+// --- status badge, timeline, buttons --------------------------------------------------------------------
+
+function setState(next, error) {
+  state = next;
+  const badge = $("run-state");
+  badge.textContent = next;
+  badge.className = `badge ${next}`;
+  if (error) {
+    $("run-error").textContent = error;
+    $("run-error").hidden = false;
+  }
+  renderTimeline();
+  renderButtons();
+}
+
+function renderTimeline() {
+  const steps = ["queued", "starting", "running"];
+  if (enteredAt.cancelling || state === "cancelling") steps.push("cancelling");
+  steps.push(TERMINAL.has(state) ? state : "finished");
+  const current = steps.indexOf(state);
+  $("timeline").replaceChildren(...steps.map((s, i) => {
+    let cls = "step";
+    if (i < current) cls += " done";
+    if (i === current) cls += TERMINAL.has(s) && s !== "succeeded" ? " current bad" : " current";
+    return el("div", { class: cls, "data-step": s }, s, el("span", { class: "when" }, fmtTime(enteredAt[s]) || "\u00a0"));
+  }));
+}
+
+function renderButtons() {
+  const cancel = $("cancel-btn");
+  const resume = $("resume-btn");
+  if (!cancel) return;
+  cancel.hidden = !ACTIVE.has(state) || state === "cancelling";
+  resume.hidden = !TERMINAL.has(state);
+  resume.disabled = checkpoints.length === 0;
+  resume.title = checkpoints.length ? "" : "This run has no checkpoint to resume from.";
+}
+
+function showActionError(err) {
+  const box = $("action-error");
+  const fields = Object.entries(err.fieldErrors || {}).map(([k, v]) => `${k}: ${v.join(" ")}`);
+  box.textContent = fields.length ? fields.join("; ") : err.message;
+  box.hidden = false;
+}
+
+if ($("cancel-btn")) {
+  let armed = null;
+  $("cancel-btn").addEventListener("click", async () => {
+    const btn = $("cancel-btn");
+    if (!armed) { // a second click confirms: a stray click must not stop a long run
+      btn.textContent = "Click again to cancel";
+      armed = setTimeout(() => { armed = null; btn.textContent = "Cancel run"; }, 4000);
+      return;
+    }
+    clearTimeout(armed);
+    armed = null;
+    btn.textContent = "Cancel run";
+    btn.disabled = true;
+    try {
+      const updated = await api(`/api/runs/${run.id}/cancel`, { method: "POST" });
+      setState(updated.state);
+    } catch (err) {
+      showActionError(err);
+    } finally {
+      btn.disabled = false;
+    }
+  });
+  $("resume-btn").addEventListener("click", async () => {
+    $("resume-btn").disabled = true;
+    try {
+      const created = await api(`/api/runs/${run.id}/resume`, { method: "POST", body: {} });
+      window.location.href = `/runs/${created.id}/`;
+    } catch (err) {
+      showActionError(err);
+      $("resume-btn").disabled = false;
+    }
+  });
+}
+
+// --- event tail -----------------------------------------------------------------------------------------
+
+const tail = $("log-tail");
+function appendEvent(ev) {
+  const line = el("div", { class: `ev ${ev.kind}`, "data-seq": ev.seq },
+    el("span", { class: "seq" }, `#${ev.seq} ${fmtTime(ev.created)}`),
+    ev.kind === "log" ? "" : `[${ev.kind}] `, ev.message || JSON.stringify(ev.data));
+  const atBottom = tail.scrollTop + tail.clientHeight >= tail.scrollHeight - 4;
+  tail.append(line);
+  while (tail.childElementCount > TAIL_MAX_LINES) tail.firstElementChild.remove();
+  if ($("follow-tail").checked || atBottom) tail.scrollTop = tail.scrollHeight;
+}
+
+function handleEvent(ev) {
+  appendEvent(ev);
+  if (ev.kind === "status" && ev.data && ev.data.to) {
+    enteredAt[ev.data.to] = ev.created;
+    setState(ev.data.to, ev.data.error);
+  } else if (ev.kind === "checkpoint" && ev.data && ev.data.path !== undefined) {
+    checkpoints = checkpoints.filter((c) => c.step !== ev.data.step);
+    checkpoints.push({ step: ev.data.step, path: ev.data.path, size_bytes: ev.data.size_bytes || 0, created: ev.created });
+    renderCheckpoints();
+  }
+}
+
+// --- checkpoints ----------------------------------------------------------------------------------------
+
+function fmtBytes(n) {
+  if (!n) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  let v = n;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return `${v.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+function renderCheckpoints() {
+  checkpoints.sort((a, b) => b.step - a.step);
+  $("checkpoints").replaceChildren(...checkpoints.map((c) => el("tr", {},
+    el("td", {}, c.step), el("td", { class: "mono" }, c.path), el("td", { class: "muted" }, fmtBytes(c.size_bytes)))));
+  $("checkpoints-empty").hidden = checkpoints.length > 0;
+  renderButtons();
+}
+
+// --- charts ---------------------------------------------------------------------------------------------
+
+const board = new ChartBoard($("charts"), $("charts-empty"));
+let historyReady = false;
+let pendingLive = [];
+
+function updateProgress() {
+  const step = board.maxStep();
+  $("progress-step").textContent = step === null ? "–" : String(step);
+}
+
+/** (Re)load every series, downsampled on the server; live points that arrive meanwhile are merged after. */
+async function loadHistory() {
+  historyReady = false;
+  delete $("charts").dataset.history;
+  try {
+    const { keys } = await api(`/api/runs/${run.id}/metrics/keys`);
+    let downsampled = false;
+    for (let i = 0; i < keys.length; i += 50) {
+      const chunk = keys.slice(i, i + 50);
+      const { series } = await api(`/api/runs/${run.id}/metrics`,
+        { params: { keys: chunk.join(","), max_points: HISTORY_MAX_POINTS } });
+      board.setHistory(series);
+      downsampled = downsampled || series.some((s) => s.downsampled);
+    }
+    $("metrics-note").textContent = downsampled ? `long series shown downsampled (min/max of ${HISTORY_MAX_POINTS / 2} buckets)` : "";
+  } catch (err) {
+    $("metrics-note").textContent = `could not load metric history: ${err.message}`;
+  }
+  historyReady = true;
+  $("charts").dataset.history = "loaded"; // tests wait on this before they send points that must arrive live
+  for (const series of pendingLive) board.append(series);
+  pendingLive = [];
+  updateProgress();
+}
+
+function handleMetrics(series) {
+  if (!historyReady) pendingLive.push(series);
+  else board.append(series);
+  updateProgress();
+}
+
+// --- samples --------------------------------------------------------------------------------------------
+
+async function loadSamples() {
+  const raw = $("sample-step").value.trim();
+  const params = { limit: 24 };
+  if (/^\d+$/.test(raw)) params.step = raw;
+  try {
+    const rows = results(await api(`/api/runs/${run.id}/samples`, { params }));
+    $("samples").replaceChildren(...rows.map((s) => el("tr", {},
+      el("td", {}, s.step),
+      el("td", {}, s.reward === null || s.reward === undefined ? "–" : fmtNum(s.reward)),
+      el("td", { class: "muted" }, s.version_start === null || s.version_start === undefined ? "–" : `v${s.version_start}→v${s.version_end}`),
+      el("td", { class: "text" }, s.prompt),
+      el("td", { class: "text" }, s.response),
+      el("td", { class: "text muted" }, s.answer === null || s.answer === undefined ? "" : s.answer))));
+    $("samples-empty").hidden = rows.length > 0;
+  } catch (err) {
+    $("samples-empty").textContent = `could not load samples: ${err.message}`;
+    $("samples-empty").hidden = false;
+  }
+}
+$("samples-refresh").addEventListener("click", loadSamples);
+$("sample-step").addEventListener("keydown", (e) => { if (e.key === "Enter") loadSamples(); });
+setInterval(() => {
+  if (ACTIVE.has(state) && !$("sample-step").value.trim() && !document.hidden) loadSamples();
+}, 10000);
+
+// --- start ----------------------------------------------------------------------------------------------
+
+async function loadStatusHistory() {
+  if (run.queued_at) enteredAt.queued = run.queued_at;
+  if (run.started_at) enteredAt.running = run.started_at;
+  if (run.finished_at && TERMINAL.has(run.state)) enteredAt[run.state] = run.finished_at;
+  try {
+    const page = await api(`/api/runs/${run.id}/events`, { params: { kind: "status", limit: 1000 } });
+    for (const ev of page.events) if (ev.data && ev.data.to) enteredAt[ev.data.to] = ev.created;
+  } catch { /* the timeline still has the run's own timestamps */ }
+  renderTimeline();
+}
+
+setState(state);
+renderCheckpoints();
+loadStatusHistory();
+loadSamples();
+
+const stream = new RunStream(run.id, {
+  onHello: (info) => {
+    if (info.state !== state) setState(info.state, info.error);
+    loadHistory(); // also after a reconnect: metrics are not replayed by seq, the history query covers the gap
+  },
+  onEvent: handleEvent,
+  onMetrics: handleMetrics,
+  onConnection: (up) => {
+    $("live-dot").classList.toggle("on", up);
+    $("live-text").textContent = up ? "live" : "reconnecting…";
+  },
+}, Math.max(0, run.last_seq - TAIL_EVENTS));
+stream.connect();

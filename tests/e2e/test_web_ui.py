@@ -1,0 +1,158 @@
+"""The web UI in a real browser against a real server: log in, create an experiment from the demo preset
+through the schema-driven form (a bad value first: its error appears next to its field), launch it, and
+watch a run dashboard draw metrics ingested through the API and follow status changes live."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+from playwright.sync_api import expect
+
+from accounts.services import ingest_token_issue, project_create
+from experiments.models import Experiment, Run
+from experiments.services import run_transition
+from tests.e2e.conftest import login, screenshot_dir
+from tests.factories import ExperimentFactory, RunFactory, UserFactory
+from tracking.services import events_append
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def post_json(base_url: str, path: str, token: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        base_url + path, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Token {token}"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def points(steps: range, t0: float) -> list[dict]:
+    """A few namespaced series the way the engine reports them (a learning curve, a loss, lag, timings)."""
+    out = []
+    for s in steps:
+        out += [
+            {"key": "reward/mean", "step": s, "value": min(0.95, 0.05 + 0.07 * s), "wall_time": t0 + s},
+            {"key": "actor/pg_loss", "step": s, "value": 0.4 / (1 + s) - 0.02, "wall_time": t0 + s},
+            {"key": "actor/entropy", "step": s, "value": 2.5 - 0.1 * s, "wall_time": t0 + s},
+            {"key": "async/staleness_mean", "step": s, "value": 1.0 + (s % 3) * 0.5, "wall_time": t0 + s},
+            {"key": "timing/gen_s", "step": s, "value": 0.8 + 0.05 * (s % 4), "wall_time": t0 + s},
+        ]
+    return out
+
+
+def field(page, path: str):
+    return page.locator(f'[data-path="{path}"]')
+
+
+def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_launch(page, asgi_server, tmp_path):
+    user = UserFactory(username="alice")
+    project = project_create(name="vision", user=user)
+    login(page, "alice")
+    page.goto("/experiments/new/")
+    expect(page.locator('[data-preset="demo-cpu"]')).to_have_class(re.compile(r"\bactive\b"))
+    expect(page.locator('[id="f-rollout.backend"]')).to_have_value("hf")
+
+    # A discriminated union swaps its fields: data.source jsonl asks for a path, task does not.
+    page.select_option('[id="f-data.source"]', "jsonl")
+    expect(field(page, "data.path")).to_be_visible()
+    expect(field(page, "data.task")).to_have_count(0)
+    page.select_option('[id="f-data.source"]', "task")
+    expect(field(page, "data.task")).to_be_visible()
+
+    # Out of bounds: the server's error lands next to the field, and nothing is created.
+    page.fill('[id="f-rollout.temperature"]', "0")
+    page.fill("#exp-name", "demo from the form")
+    page.click("[data-testid=create-experiment]")
+    expect(field(page, "rollout.temperature").locator(".sf-error")).to_contain_text("greater than 0")
+    expect(field(page, "rollout.temperature")).to_have_class(re.compile(r"\bhas-error\b"))
+    assert not Experiment.objects.exists()
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "experiment_form_error.png"), full_page=False)
+
+    # Fix it, and edit another value through the YAML view.
+    page.fill('[id="f-rollout.temperature"]', "0.9")
+    page.click("[data-testid=view-yaml]")
+    text = page.input_value("[data-testid=yaml-editor]")
+    assert "temperature: 0.9" in text and "backend: hf" in text
+    page.fill("[data-testid=yaml-editor]", re.sub(r"total_steps: \d+", "total_steps: 7", text))
+    page.click("[data-testid=view-form]")
+    expect(page.locator('[id="f-trainer.total_steps"]')).to_have_value("7")
+
+    page.click("[data-testid=create-experiment]")
+    page.wait_for_url(re.compile(r"/experiments/\d+/$"))
+    exp = Experiment.objects.get()
+    assert (exp.name, exp.project_id) == ("demo from the form", project.pk)
+    assert exp.config["rollout"]["temperature"] == 0.9
+    assert exp.config["trainer"]["total_steps"] == 7
+    assert exp.config["model"]["tiny"]["hidden_size"] > 0  # the preset's nested object came through
+    expect(page.get_by_test_id("experiment-name")).to_have_text("demo from the form")
+
+    page.click("[data-testid=launch]")
+    page.wait_for_url(re.compile(r"/runs/\d+/$"))
+    run = Run.objects.get()
+    assert run.experiment_id == exp.pk and run.config["trainer"]["total_steps"] == 7
+    expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
+    assert page.js_errors == []
+
+
+def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_server, tmp_path):
+    user = UserFactory(username="bob")
+    project = project_create(name="rl", user=user)
+    run = RunFactory(experiment=ExperimentFactory(project=project, name="copy-task"), created_by=user)
+    events_append(run_id=run.pk, kind="status", message="queued (created)", data={"from": None, "to": "queued"})
+    token = ingest_token_issue(run=run).secret
+    login(page, "bob")
+    page.goto(f"/runs/{run.pk}/")
+    badge = page.get_by_test_id("run-state")
+    expect(badge).to_have_text("queued")
+    expect(page.locator("#live-text")).to_have_text("live")
+    expect(page.locator("#charts[data-history=loaded]")).to_have_count(1)
+    expect(page.locator(".chart")).to_have_count(0)
+
+    # Points ingested after the page loaded reach the charts through the websocket.
+    t0 = time.time()
+    post_json(asgi_server.url, f"/api/runs/{run.pk}/metrics", token, {"points": points(range(1, 7), t0)})
+    expect(page.locator('[data-metric="reward/mean"]')).to_have_attribute("data-points", "6")
+    for ns in ("reward", "actor", "async", "timing"):
+        expect(page.locator(f'[data-group="{ns}"]')).to_be_visible()
+
+    # A status change made by another process (as the launcher's worker does) shows up on the badge.
+    run_transition(run_id=run.pk, to="starting")
+    run_transition(run_id=run.pk, to="running")
+    expect(badge).to_have_text("running")
+    expect(page.locator('#timeline [data-step="running"]')).to_have_class(re.compile(r"\bcurrent\b"))
+
+    post_json(asgi_server.url, f"/api/runs/{run.pk}/metrics", token, {"points": points(range(7, 15), t0)})
+    post_json(asgi_server.url, f"/api/runs/{run.pk}/events", token,
+              {"events": [{"kind": "log", "message": "step 14: reward 0.95"}]})
+    post_json(asgi_server.url, f"/api/runs/{run.pk}/samples", token, {"step": 14, "samples": [
+        {"prompt": "copy: q", "response": "q", "answer": "q", "reward": 1.0,
+         "param_version_start": 13, "param_version_end": 14}]})
+    expect(page.locator('[data-metric="reward/mean"]')).to_have_attribute("data-points", "14")
+    expect(page.get_by_test_id("log-tail")).to_contain_text("step 14: reward 0.95")
+    expect(page.locator("#progress-step")).to_have_text("14")
+    page.click("#samples-refresh")
+    expect(page.get_by_test_id("samples")).to_contain_text("copy: q")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "run_dashboard.png"), full_page=True)
+
+    # Cancel (two clicks: the first one arms the button) goes through the API to the run's state.
+    page.click("[data-testid=cancel]")
+    page.click("[data-testid=cancel]")
+    expect(badge).to_have_text("cancelling")
+    assert Run.objects.get(pk=run.pk).state == "cancelling"
+    assert page.js_errors == []
+
+
+def test_strangers_get_404_and_anonymous_users_the_login_page(page, asgi_server):
+    owner = UserFactory(username="carol")
+    run = RunFactory(experiment=ExperimentFactory(project=project_create(name="p", user=owner)))
+    UserFactory(username="dave")
+    resp = page.goto(f"/runs/{run.pk}/")
+    assert "/accounts/login/" in page.url and resp.status == 200
+    login(page, "dave")
+    resp = page.goto(f"/runs/{run.pk}/")
+    assert resp.status == 404
