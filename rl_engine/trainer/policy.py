@@ -251,7 +251,7 @@ class PolicyTrainer:
         if self.ref_model is not None:
             kl = aggregate(kl_k3(logp, prep["ref"][part].to(self.device)), mask, ac.loss_agg, **norm)
             loss = loss + ac.kl_coef * kl
-            stats["actor/kl_ref"] = float(kl) / frac
+            stats["actor/kl_ref"] = float(kl.detach()) / frac
         ent = aggregate(entropy, mask, ac.loss_agg, **norm)
         if ac.entropy_coef > 0:
             loss = loss - ac.entropy_coef * ent
@@ -260,7 +260,7 @@ class PolicyTrainer:
             diff = logp.detach() - old
             stats.update(
                 {
-                    "actor/pg_loss": float(pg_loss) / frac,
+                    "actor/pg_loss": float(pg_loss.detach()) / frac,
                     "actor/entropy": float(masked_mean(entropy.detach(), mask)),
                     "actor/clipfrac": float(masked_mean(out.clipped.float(), mask)),
                     "actor/dual_clipfrac": float(masked_mean(out.dual_clipped.float(), mask)),

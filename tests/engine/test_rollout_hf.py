@@ -1,0 +1,144 @@
+"""HF rollout worker: sampling contract, behaviour log-probs vs the trainer, interrupt/resume, weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.data import PromptStream
+from rl_engine.rollout import build_rollout_worker
+from rl_engine.rollout.hf import sample_top_p
+from rl_engine.trainer import PolicyTrainer
+
+# Rollout (incremental KV-cache decode, its own padding) and trainer (one full forward, batch padding)
+# run the same float32 maths in a different order: differences stay at float rounding level.
+LOGPROB_ATOL = 1e-4
+
+
+def _worker_and_prompts(make_cfg, *overrides: str, k: int = 4):
+    cfg = make_cfg(*overrides)
+    worker = build_rollout_worker(cfg)
+    prompts = PromptStream(cfg, worker.tokenizer).next_batch(k)
+    return cfg, worker, prompts
+
+
+def test_generate_returns_grouped_samples_with_versions_and_finish_reasons(make_cfg):
+    _, worker, prompts = _worker_and_prompts(
+        make_cfg, "rollout.max_new_tokens=6", "rollout.micro_batch_size=5"
+    )
+    samples = worker.generate(prompts, 3)
+    assert len(samples) == 12
+    assert [s.group_id for s in samples] == [p.uid for p in prompts for _ in range(3)]
+    eos = set(worker.special.eos_ids)
+    for s in samples:
+        assert 1 <= len(s.response_ids) <= 6
+        assert len(s.logprobs) == len(s.response_ids)
+        assert all(lp <= 0.0 for lp in s.logprobs)
+        assert (s.finish_reason == "stop") == (s.response_ids[-1] in eos)
+        assert s.finish_reason in ("stop", "length")
+        if s.finish_reason == "length":
+            assert len(s.response_ids) == 6
+        assert eos.isdisjoint(s.response_ids[:-1])  # generation stopped at the first eos
+        assert s.param_version_start == s.param_version_end == 0
+        assert s.answer and s.prompt_text
+        assert s.response_text == worker.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+
+
+def test_same_seed_same_samples(make_cfg):
+    a = _worker_and_prompts(make_cfg)
+    b = _worker_and_prompts(make_cfg)
+    assert [s.response_ids for s in a[1].generate(a[2], 2)] == [
+        s.response_ids for s in b[1].generate(b[2], 2)
+    ]
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_match_trainer_recomputation(make_cfg, temperature):
+    cfg, worker, prompts = _worker_and_prompts(
+        make_cfg, f"rollout.temperature={temperature}", "rollout.max_new_tokens=8", "data.task=add", k=6
+    )
+    samples = worker.generate(prompts, 4)
+    assert len({len(s.prompt_ids) for s in samples}) > 1  # prompts of several lengths: padding matters
+    trainer = PolicyTrainer(cfg)
+    recomputed = trainer.compute_logprobs(samples)
+    diffs = [
+        abs(a - b)
+        for s, r in zip(samples, recomputed, strict=True)
+        for a, b in zip(s.logprobs, r, strict=True)
+    ]
+    assert max(diffs) < LOGPROB_ATOL
+
+
+def _interrupt_after_forwards(worker, n: int) -> None:
+    """Call ``worker.interrupt()`` from inside the n-th model forward, as another thread would mid-decode."""
+    calls = {"n": 0}
+
+    def hook(*_):
+        calls["n"] += 1
+        if calls["n"] == n:
+            worker.interrupt()
+
+    worker.model.register_forward_hook(hook)
+
+
+def test_interrupt_then_resume_continues_the_prefix(make_cfg):
+    cfg, worker, prompts = _worker_and_prompts(
+        make_cfg, "rollout.max_new_tokens=10", "rollout.chunk_tokens=3", "rollout.micro_batch_size=4"
+    )
+    _interrupt_after_forwards(worker, 2)  # prefill + first decode step of the first micro-batch
+    partial = worker.generate(prompts[:2], 4)
+    # The first micro-batch stops at its first chunk boundary (3 tokens) unless a response already
+    # ended; the second micro-batch never starts.
+    for s in partial[:4]:
+        assert (s.finish_reason, len(s.response_ids)) == ("abort", 3) or (
+            s.finish_reason == "stop" and len(s.response_ids) <= 3
+        )
+    assert [(s.finish_reason, len(s.response_ids)) for s in partial[4:]] == [("abort", 0)] * 4
+    assert sum(s.finish_reason == "abort" for s in partial[:4]) >= 2  # eos has p ~ 1/54 per token
+    worker.clear_interrupt()
+    trainer = PolicyTrainer(cfg)
+    trainer.model.load_state_dict(worker.model.state_dict())
+    worker.update_weights(trainer.weights_numpy(), 1)
+    done = worker.resume(partial)
+    for before, after in zip(partial, done, strict=True):
+        if before.finish_reason != "abort":
+            assert after is before
+            continue
+        assert after.response_ids[: len(before.response_ids)] == before.response_ids
+        assert after.logprobs[: len(before.logprobs)] == before.logprobs
+        assert after.finish_reason in ("stop", "length")
+        assert len(after.response_ids) <= 10
+        assert (after.param_version_start, after.param_version_end) == (0, 1)
+        assert after.num_interruptions == 1
+    recomputed = trainer.compute_logprobs(done)
+    for s, r in zip(done, recomputed, strict=True):
+        assert max(abs(a - b) for a, b in zip(s.logprobs, r, strict=True)) < LOGPROB_ATOL
+    assert worker.resume(done) == done  # finished samples pass through unchanged
+
+
+def test_update_weights_changes_the_policy_and_rejects_bad_names(make_cfg):
+    cfg, worker, prompts = _worker_and_prompts(make_cfg)
+    trainer = PolicyTrainer(cfg)
+    before = trainer.compute_logprobs(worker.generate(prompts, 1))
+    weights = {k: v * 1.5 for k, v in trainer.weights_numpy().items()}
+    worker.update_weights(weights, version=7)
+    assert worker.version == 7
+    for name, p in worker.model.named_parameters():
+        assert torch.equal(p.detach(), torch.from_numpy(weights[name]))
+    new_samples = worker.generate(prompts, 1)
+    assert new_samples[0].param_version_start == 7
+    assert before  # sanity: the trainer could score the old samples
+    with pytest.raises(KeyError, match="unknown parameter names"):
+        worker.update_weights({"nope.weight": weights["model.norm.weight"]}, 8)
+    with pytest.raises(ValueError, match="has shape"):
+        worker.update_weights({"model.norm.weight": weights["model.norm.weight"][:3]}, 8)
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logp = torch.log_softmax(torch.tensor([[3.0, 2.0, 0.0, -1.0]] * 200), dim=-1)
+    g = torch.Generator().manual_seed(0)
+    # p = .66, .24, .03, .01: top_p=0.5 leaves only the first token; 0.8 the first two.
+    assert set(sample_top_p(logp, 0.5, g).tolist()) == {0}
+    assert set(sample_top_p(logp, 0.8, g).tolist()) == {0, 1}
+    assert len(set(sample_top_p(logp, 1.0, g).tolist())) > 2

@@ -1,0 +1,228 @@
+"""PolicyTrainer: updates move the policy the right way, schedule length, off-policy modes, exact resume."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rl_engine.config import TrainerConfig
+from rl_engine.data import PromptStream
+from rl_engine.rewards import build_reward
+from rl_engine.rollout import build_rollout_worker
+from rl_engine.trainer import PolicyTrainer
+from rl_engine.trainer.schedule import build_lr_multiplier, optimizer_steps_per_trainer_step
+from rl_engine.types import Sample
+
+
+def _scored_batch(cfg, worker=None, stream=None) -> list[Sample]:
+    worker = worker or build_rollout_worker(cfg)
+    stream = stream or PromptStream(cfg, worker.tokenizer)
+    samples = worker.generate(stream.next_batch(cfg.trainer.batch_size // cfg.rollout.n), cfg.rollout.n)
+    reward = build_reward(cfg.reward)
+    for i, s in enumerate(samples):
+        # The untrained policy almost never earns a reward: score by a fixed rule so advantages are non-zero.
+        s.reward = reward(s) + float(i % 3 == 0)
+    return samples
+
+
+def _params(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+
+
+@pytest.mark.smoke
+def test_params_change_after_a_step_and_version_counts(make_cfg):
+    cfg = make_cfg("trainer.batch_size=16", "trainer.mini_batch_size=8", "rollout.max_new_tokens=4")
+    trainer = PolicyTrainer(cfg)
+    before = _params(trainer)
+    metrics = trainer.train_step(_scored_batch(cfg))
+    after = _params(trainer)
+    assert trainer.version == 1
+    assert trainer.optimizer_steps == 2
+    assert sum(not torch.equal(before[k], after[k]) for k in before) == len(before)
+    for key in [
+        "actor/pg_loss",
+        "actor/entropy",
+        "actor/clipfrac",
+        "actor/approx_kl",
+        "actor/grad_norm",
+        "actor/lr",
+    ]:
+        assert np.isfinite(metrics[key]), key
+    assert metrics["actor/lr"] == pytest.approx(cfg.trainer.lr)
+    with pytest.raises(ValueError, match="batch_size=16"):
+        trainer.train_step(_scored_batch(cfg)[:8])
+
+
+def test_loss_decreases_on_a_fixed_batch(make_cfg):
+    cfg = make_cfg(
+        "trainer.batch_size=16",
+        "trainer.mini_batch_size=16",
+        "rollout.max_new_tokens=4",
+        "algorithm.clip_eps_high=10",
+        "algorithm.clip_eps_low=0.9",
+    )
+    trainer = PolicyTrainer(cfg)
+    batch = _scored_batch(cfg)
+    losses = [trainer.train_step(batch)["actor/pg_loss"] for _ in range(6)]
+    assert losses[-1] < losses[0] - 0.05
+    # And the policy moved towards the rewarded responses: their log-likelihood went up.
+    good = [s for s in batch if s.reward > 0]
+    new = trainer.compute_logprobs(good)
+    assert np.mean([sum(n) - sum(s.logprobs) for s, n in zip(good, new, strict=True)]) > 0
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine", "constant"])
+def test_lr_schedule_counts_optimizer_steps_and_never_hits_zero_early(kind):
+    tc = TrainerConfig(
+        total_steps=10,
+        batch_size=64,
+        mini_batch_size=16,
+        ppo_epochs=2,
+        lr_schedule=kind,
+        warmup_steps=2,
+        min_lr_ratio=0.0,
+    )
+    mult, total = build_lr_multiplier(tc)
+    assert optimizer_steps_per_trainer_step(tc) == 8
+    assert total == 80
+    values = [mult(k) for k in range(total)]
+    assert all(v > 0 for v in values)
+    assert values[0] == pytest.approx(1 / 16)  # warmup of 2 trainer steps = 16 optimizer steps
+    assert values[15] == pytest.approx(1.0)
+    if kind != "constant":
+        assert values[-1] < 0.05
+        assert all(a >= b for a, b in itertools.pairwise(values[16:]))
+
+
+def test_trainer_lr_follows_schedule_over_the_whole_run(make_cfg):
+    cfg = make_cfg(
+        "trainer.total_steps=3",
+        "trainer.batch_size=16",
+        "trainer.mini_batch_size=8",
+        "trainer.ppo_epochs=2",
+        "trainer.lr_schedule=linear",
+        "rollout.max_new_tokens=2",
+    )
+    trainer = PolicyTrainer(cfg)
+    seen = []
+    batch = _scored_batch(cfg)
+    for _ in range(3):
+        trainer.train_step(batch)
+        seen.append(trainer.optimizer.param_groups[0]["lr"])
+    assert trainer.optimizer_steps == trainer.total_optimizer_steps == 12
+    # After the last optimizer step the scheduler has run out exactly (multiplier (N - N) / N = 0).
+    assert seen[-1] == pytest.approx(0.0, abs=1e-12)
+    assert seen[0] > seen[1] > 0
+
+
+def test_micro_batches_accumulate_to_the_same_update(make_cfg):
+    base = [
+        "trainer.batch_size=16",
+        "trainer.mini_batch_size=16",
+        "rollout.max_new_tokens=4",
+        "algorithm.loss_agg=seq_mean_token_sum_norm",
+    ]
+    full = PolicyTrainer(make_cfg(*base))
+    micro = PolicyTrainer(make_cfg(*base, "trainer.micro_batch_size=4"))
+    batch = _scored_batch(make_cfg(*base))
+    mf, mm = full.train_step(batch), micro.train_step(batch)
+    for (k, a), b in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), k
+    assert mf["actor/pg_loss"] == pytest.approx(mm["actor/pg_loss"], abs=1e-6)
+
+
+def test_tis_and_decoupled_report_importance_ratios(make_cfg):
+    base = ["trainer.batch_size=16", "trainer.mini_batch_size=16", "rollout.max_new_tokens=4"]
+    cfg = make_cfg(*base, "algorithm.off_policy=tis", "algorithm.tis_threshold=1.5")
+    trainer = PolicyTrainer(cfg)
+    batch = _scored_batch(cfg)
+    m = trainer.train_step(batch)
+    # Behaviour and recomputed log-probs come from the same weights: ratio 1, nothing truncated.
+    assert m["off_policy/is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert m["off_policy/tis_clipfrac"] == 0.0
+    # Make the behaviour policy look much less likely than the current one: weights get truncated.
+    for s in batch:
+        s.logprobs = [lp - 1.0 for lp in s.logprobs]
+    m = trainer.train_step(batch)
+    assert m["off_policy/is_ratio_max"] > 1.5 and m["off_policy/tis_clipfrac"] > 0.5
+
+    dec = PolicyTrainer(make_cfg(*base, "algorithm.off_policy=decoupled"))
+    fresh = _scored_batch(make_cfg(*base))
+    assert dec.train_step(fresh)["off_policy/is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    # Without mark_synced the proximal policy stays at the initial weights...
+    prox = [p.detach().clone() for p in dec.proximal_model.parameters()]
+    dec.train_step(fresh)
+    assert all(torch.equal(a, b) for a, b in zip(prox, dec.proximal_model.parameters(), strict=True))
+    dec.mark_synced()  # ...and mark_synced moves it to the current weights.
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(dec.model.parameters(), dec.proximal_model.parameters(), strict=True)
+    )
+
+
+def test_reference_model_only_with_kl(make_cfg):
+    base = ["trainer.batch_size=16", "trainer.mini_batch_size=16", "rollout.max_new_tokens=4"]
+    assert PolicyTrainer(make_cfg(*base)).ref_model is None
+    trainer = PolicyTrainer(make_cfg(*base, "algorithm.kl_coef=0.1"))
+    batch = _scored_batch(make_cfg(*base))
+    assert trainer.train_step(batch)["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # still at the reference
+    assert trainer.train_step(batch)["actor/kl_ref"] > 0.0
+
+
+def test_checkpoint_resume_continues_bit_identically(make_cfg, tmp_path: Path):
+    cfg = make_cfg(
+        "trainer.batch_size=16",
+        "trainer.mini_batch_size=8",
+        "trainer.ppo_epochs=2",
+        "rollout.max_new_tokens=4",
+        "algorithm.off_policy=decoupled",
+        "trainer.lr_schedule=cosine",
+        "trainer.warmup_steps=1",
+    )
+    worker = build_rollout_worker(cfg)
+    stream = PromptStream(cfg, worker.tokenizer)
+    b1, b2 = _scored_batch(cfg, worker, stream), _scored_batch(cfg, worker, stream)
+
+    a = PolicyTrainer(cfg)
+    a.train_step(b1)
+    a.mark_synced()
+    a.save_checkpoint(tmp_path / "ckpt", {"data": {"position": 4}, "queued": b2[:2]})
+    torch.manual_seed(1234)  # the global RNG moves on after the save; the checkpoint restores it
+    ma = a.train_step(b2)
+
+    b = PolicyTrainer(cfg)
+    extra = b.load_checkpoint(tmp_path / "ckpt")
+    assert extra["data"] == {"position": 4} and extra["queued"] == b2[:2]
+    assert b.version == 1 and b.optimizer_steps == 4
+    mb = b.train_step(b2)
+    for (k, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb), k
+    assert ma["actor/pg_loss"] == mb["actor/pg_loss"]
+    assert a.optimizer.param_groups[0]["lr"] == b.optimizer.param_groups[0]["lr"]
+    # The checkpoint's model/ is a normal model directory.
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt" / "model")) is not None
+    # Overwriting an existing checkpoint replaces it atomically and leaves no temp dirs.
+    b.save_checkpoint(tmp_path / "ckpt", {})
+    assert b.load_checkpoint(tmp_path / "ckpt") == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_load_checkpoint_rejects_a_non_checkpoint(make_cfg, tmp_path: Path):
+    trainer = PolicyTrainer(make_cfg())
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        trainer.load_checkpoint(tmp_path)
+
+
+def test_weights_numpy_are_contiguous_copies(make_cfg):
+    trainer = PolicyTrainer(make_cfg())
+    w = trainer.weights_numpy()
+    assert set(w) == {k for k, _ in trainer.model.named_parameters()}
+    assert all(a.flags["C_CONTIGUOUS"] and a.dtype == np.float32 for a in w.values())
+    w["model.norm.weight"][:] = 123.0  # a copy: the trainer's weights are untouched
+    assert float(trainer.model.model.norm.weight[0]) != 123.0
