@@ -55,11 +55,15 @@ def ensure_demo_user() -> tuple[str, str | None]:
     return "demo", password
 
 
-def launch_demo_run(base_url: str) -> str:
+def launch_demo_run() -> str:
     """Create (or reuse) the demo project and experiment, launch a run; returns its dashboard path."""
-    from demo_setup import launch_demo_run as launch  # platform-side helper (experiments app)
+    from io import StringIO
 
-    return launch(username="demo")
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("launch_demo", user="demo", stdout=out)
+    return out.getvalue().strip()
 
 
 def wait_http(url: str, timeout_s: float) -> bool:
@@ -74,7 +78,7 @@ def wait_http(url: str, timeout_s: float) -> bool:
     return False
 
 
-def start(cmd: list[str], env: dict[str, str], log_name: str | None = None) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # Each child gets its own process group so that Ctrl-C handling is ours, and cleanup is complete.
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True)
 
@@ -135,7 +139,7 @@ def main() -> int:
         else:
             print(f"Demo user: {username} (password shown when it was created; reset: python manage.py changepassword demo)")
         if not args.no_launch:
-            path = launch_demo_run(base_url)
+            path = launch_demo_run()
             print(f"Demo run launched — dashboard: {base_url}{path}")
         print("Ctrl-C stops the platform.\n", flush=True)
         while not stopping:
