@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
 from rl_engine.rollout.base import RolloutWorker
+from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
 from rl_engine.types import FinishReason, Prompt, Sample
 
 
@@ -30,7 +31,6 @@ class _Request:
 
     prompt_ids: list[int]
     prefix_ids: list[int]
-    prefix_logprobs: list[float]
     budget: int  # new tokens still allowed
     template: Sample
     new_ids: list[int] = field(default_factory=list)
@@ -81,29 +81,22 @@ class HFRolloutWorker(RolloutWorker):
         reqs = []
         for p in prompts:
             for _ in range(n):
-                tmpl = Sample(
-                    prompt_uid=p.uid,
-                    group_id=p.uid,
-                    prompt_ids=list(p.token_ids),
-                    response_ids=[],
-                    logprobs=[],
-                    finish_reason="abort",
-                    param_version_start=self.version,
-                    param_version_end=self.version,
-                    prompt_text=p.text,
-                    answer=p.answer,
+                reqs.append(
+                    _Request(list(p.token_ids), [], self.cfg.max_new_tokens, sample_template(p, self.version))
                 )
-                reqs.append(_Request(list(p.token_ids), [], [], self.cfg.max_new_tokens, tmpl))
         return self._run(reqs)
 
     def resume(self, samples: list[Sample]) -> list[Sample]:
-        reqs = []
+        reqs: list[_Request | None] = []
         for s in samples:
-            budget = self.cfg.max_new_tokens - len(s.response_ids)
-            if s.finish_reason != "abort" or budget <= 0:
-                reqs.append(None)  # nothing to continue
+            if not needs_continuation(s, self.cfg.max_new_tokens):
+                reqs.append(None)  # finished (or out of budget): passes through unchanged
                 continue
-            reqs.append(_Request(list(s.prompt_ids), list(s.response_ids), list(s.logprobs), budget, s))
+            reqs.append(
+                _Request(
+                    list(s.prompt_ids), list(s.response_ids), self.cfg.max_new_tokens - len(s.response_ids), s
+                )
+            )
         todo = [r for r in reqs if r is not None]
         done = iter(self._run(todo))
         return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
@@ -139,17 +132,14 @@ class HFRolloutWorker(RolloutWorker):
         return [self._to_sample(r) for r in reqs]
 
     def _to_sample(self, r: _Request) -> Sample:
-        ids = r.prefix_ids + r.new_ids
-        return replace(
+        return extend_sample(
             r.template,
-            response_ids=ids,
-            logprobs=r.prefix_logprobs + r.new_logprobs,
-            finish_reason=r.finish,
-            # A resumed sample that got no new token (interrupted before its micro-batch ran) keeps its end.
-            param_version_end=self.version if r.new_ids else r.template.param_version_end,
-            response_text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            gen_time_s=r.template.gen_time_s + r.elapsed_s,
-            num_interruptions=r.template.num_interruptions + (r.finish == "abort"),
+            r.new_ids,
+            r.new_logprobs,
+            r.finish,
+            version=self.version,
+            elapsed_s=r.elapsed_s,
+            tokenizer=self.tokenizer,
         )
 
     def _decode(self, reqs: list[_Request]) -> None:

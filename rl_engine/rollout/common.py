@@ -1,0 +1,65 @@
+"""Sample bookkeeping shared by every backend: new samples, resumed prefixes, finish reasons."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from rl_engine.types import FinishReason, Prompt, Sample
+
+
+def sample_template(prompt: Prompt, version: int) -> Sample:
+    """An empty response to ``prompt`` started at policy ``version`` (group id = prompt uid)."""
+    return Sample(
+        prompt_uid=prompt.uid,
+        group_id=prompt.uid,
+        prompt_ids=list(prompt.token_ids),
+        response_ids=[],
+        logprobs=[],
+        finish_reason="abort",
+        param_version_start=version,
+        param_version_end=version,
+        prompt_text=prompt.text,
+        answer=prompt.answer,
+    )
+
+
+def needs_continuation(sample: Sample, max_new_tokens: int) -> bool:
+    return sample.finish_reason == "abort" and len(sample.response_ids) < max_new_tokens
+
+
+def extend_sample(
+    sample: Sample,
+    new_ids: list[int],
+    new_logprobs: list[float],
+    finish: FinishReason,
+    *,
+    version: int,
+    elapsed_s: float,
+    tokenizer: Any,
+) -> Sample:
+    """``sample`` with ``new_ids`` appended (a fresh response or the continuation of an aborted one).
+
+    ``param_version_end`` moves to ``version`` only when tokens were added by it; every abort counts
+    as one interruption.
+    """
+    ids = sample.response_ids + list(new_ids)
+    return replace(
+        sample,
+        response_ids=ids,
+        logprobs=sample.logprobs + [float(x) for x in new_logprobs],
+        finish_reason=finish,
+        param_version_end=version if new_ids else sample.param_version_end,
+        response_text=tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else "",
+        gen_time_s=sample.gen_time_s + elapsed_s,
+        num_interruptions=sample.num_interruptions + (finish == "abort"),
+    )
+
+
+def normalise_finish(reason: str | None, last_token: int | None, eos_ids: list[int]) -> FinishReason:
+    """Map an engine's finish reason onto stop | length | abort (None means still running: abort)."""
+    if reason in ("stop", "eos", "stop_token") or (last_token is not None and last_token in eos_ids):
+        return "stop"
+    if reason == "length":
+        return "length"
+    return "abort"
