@@ -1,0 +1,103 @@
+"""Pure helpers of the vLLM / SGLang workers, tested without the engines.
+
+The engines need CUDA and cannot run here: their outputs are stood in for by plain objects shaped as
+the released APIs document them (GPU_BACKENDS.md). The workers themselves are tested in tests/gpu/.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rl_engine.config import SGLangRolloutConfig, VLLMRolloutConfig
+from rl_engine.rollout import sglang as sg
+from rl_engine.rollout import vllm as vl
+from rl_engine.rollout.common import extend_sample, normalise_finish
+from rl_engine.types import Sample
+
+EOS = [2]
+
+
+def _completion(ids, lps, reason):
+    steps = [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, lps, strict=True)]
+    return SimpleNamespace(token_ids=ids, logprobs=steps, finish_reason=reason)
+
+
+def test_vllm_completion_conversion():
+    assert vl.convert_completion(_completion([5, 6, 2], [-0.1, -0.2, -0.3], "stop"), EOS) == (
+        [5, 6, 2],
+        [-0.1, -0.2, -0.3],
+        "stop",
+    )
+    assert vl.convert_completion(_completion([5, 6], [-0.1, -0.2], "length"), EOS)[2] == "length"
+    assert vl.convert_completion(_completion([5], [-0.1], "abort"), EOS)[2] == "abort"
+    assert vl.convert_completion(_completion([], [], None), EOS) == ([], [], "abort")
+    with pytest.raises(ValueError, match="log-prob entries"):
+        vl.convert_completion(
+            SimpleNamespace(
+                token_ids=[1, 2], logprobs=[{1: SimpleNamespace(logprob=0.0)}], finish_reason="stop"
+            ),
+            EOS,
+        )
+
+
+def test_vllm_sampling_kwargs_follow_the_config():
+    cfg = VLLMRolloutConfig(temperature=0.7, top_p=0.9, max_new_tokens=128)
+    kw = vl.sampling_kwargs(cfg, 100, [2, 7])
+    assert kw == {
+        "n": 1,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 100,
+        "logprobs": 0,
+        "stop_token_ids": [2, 7],
+        "skip_special_tokens": True,
+    }
+
+
+def test_sglang_output_conversion():
+    out = {
+        "output_ids": [5, 2],
+        "meta_info": {
+            "output_token_logprobs": [(-0.5, 5, "a"), (-0.25, 2, None)],
+            "finish_reason": {"type": "stop"},
+        },
+    }
+    assert sg.convert_output(out, EOS) == ([5, 2], [-0.5, -0.25], "stop")
+    cut = {
+        "output_ids": [5],
+        "meta_info": {"output_token_logprobs": [(-0.5, 5, "a")], "finish_reason": {"type": "abort"}},
+    }
+    assert sg.convert_output(cut, EOS)[2] == "abort"
+    bad = {"output_ids": [5, 6], "meta_info": {"output_token_logprobs": [(-0.5, 6, "a"), (-0.1, 5, "b")]}}
+    with pytest.raises(ValueError, match="do not follow"):
+        sg.convert_output(bad, EOS)
+    params = sg.sampling_params(SGLangRolloutConfig(temperature=0.5), 10, EOS)
+    assert params["max_new_tokens"] == 10 and params["temperature"] == 0.5 and params["stop_token_ids"] == EOS
+
+
+def test_extend_sample_tracks_versions_and_interruptions():
+    s = Sample(
+        prompt_uid="p",
+        group_id="p",
+        prompt_ids=[1],
+        response_ids=[],
+        logprobs=[],
+        finish_reason="abort",
+        param_version_start=3,
+        param_version_end=3,
+    )
+    s1 = extend_sample(s, [5, 6], [-1.0, -2.0], "abort", version=3, elapsed_s=0.5, tokenizer=None)
+    s2 = extend_sample(s1, [7, 2], [-0.5, -0.1], "stop", version=5, elapsed_s=0.25, tokenizer=None)
+    assert s2.response_ids == [5, 6, 7, 2] and s2.logprobs == [-1.0, -2.0, -0.5, -0.1]
+    assert (s2.param_version_start, s2.param_version_end) == (3, 5)
+    assert s2.num_interruptions == 1 and s2.gen_time_s == 0.75
+    # A continuation that produced nothing keeps its end version.
+    assert extend_sample(s1, [], [], "abort", version=9, elapsed_s=0, tokenizer=None).param_version_end == 3
+
+
+def test_normalise_finish():
+    assert normalise_finish("length", 2, EOS) == "stop"  # ended on eos: a real stop
+    assert normalise_finish("length", 5, EOS) == "length"
+    assert normalise_finish(None, None, EOS) == "abort"
