@@ -27,17 +27,12 @@ LOGPROB_ATOL = 2e-2
 def _cfg(backend: str, model_dir, *overrides: str):
     data = get_preset("demo-cpu")
     data["model"].pop("tiny")
+    memory = "gpu_memory_utilization" if backend == "vllm" else "mem_fraction_static"
     base = [
         f"model.path={model_dir}",
         "resources.rollout_gpus=1",
-        "rollout.max_new_tokens=16",
-        "rollout.temperature=0.8",
-        f"rollout={{backend: {backend}, n: 8, max_new_tokens: 16, temperature: 0.8}}",
+        f"rollout={{backend: {backend}, n: 8, max_new_tokens: 16, temperature: 0.8, {memory}: 0.2}}",
     ]
-    if backend == "vllm":
-        base.append("rollout.gpu_memory_utilization=0.2")
-    else:
-        base.append("rollout.mem_fraction_static=0.2")
     return parse_config(apply_overrides(data, [*base, *overrides]))
 
 
