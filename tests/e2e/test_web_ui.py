@@ -147,6 +147,45 @@ def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_ser
     assert page.js_errors == []
 
 
+def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, tmp_path):
+    user = UserFactory(username="erin")
+    project = project_create(name="rl", user=user)
+    exp = ExperimentFactory(project=project, name="copy-task", run_counter=1)  # run #1 is the factory's
+    first = RunFactory(experiment=exp, number=1, created_by=user)
+    token = ingest_token_issue(run=first).secret
+    run_transition(run_id=first.pk, to="starting")
+    run_transition(run_id=first.pk, to="running")
+    post_json(asgi_server.url, f"/api/runs/{first.pk}/metrics", token, {"points": points(range(1, 11), time.time())})
+    login(page, "erin")
+    page.goto(f"/runs/{first.pk}/")
+    expect(page.get_by_test_id("checkpoints")).not_to_contain_text("/ckpt/")
+    # A checkpoint reported by the engine appears in the list as it happens.
+    post_json(asgi_server.url, f"/api/runs/{first.pk}/events", token, {"events": [
+        {"kind": "checkpoint", "message": "checkpoint at step 10", "data": {"step": 10, "path": "/ckpt/step-10"}}]})
+    expect(page.get_by_test_id("checkpoints")).to_contain_text("/ckpt/step-10")
+    expect(page.get_by_test_id("resume")).to_be_hidden()
+    run_transition(run_id=first.pk, to="succeeded")
+    expect(page.get_by_test_id("run-state")).to_have_text("succeeded")
+    expect(page.get_by_test_id("resume")).to_be_enabled()
+    expect(page.get_by_test_id("cancel")).to_be_hidden()
+
+    page.click("[data-testid=resume]")
+    page.wait_for_url(re.compile(rf"/runs/(?!{first.pk}/)\d+/$"))
+    second = Run.objects.exclude(pk=first.pk).get()
+    assert page.url.endswith(f"/runs/{second.pk}/")
+    assert second.number == 2 and second.resumed_from_id == first.pk and second.config["trainer"]["resume_from"] == "/ckpt/step-10"
+    expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
+
+    page.goto(f"/compare/?runs={first.pk},{second.pk}&key=reward/mean")
+    expect(page.locator("#compare-title")).to_have_text("reward/mean")
+    legend = page.locator("#compare-chart .u-legend")
+    expect(legend).to_contain_text("copy-task #1")
+    expect(legend).to_contain_text("copy-task #2")
+    expect(page.locator("#compare-note")).to_contain_text("no reward/mean yet: copy-task #2")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "compare.png"), full_page=False)
+    assert page.js_errors == []
+
+
 def test_strangers_get_404_and_anonymous_users_the_login_page(page, asgi_server):
     owner = UserFactory(username="carol")
     run = RunFactory(experiment=ExperimentFactory(project=project_create(name="p", user=owner)))
