@@ -10,6 +10,7 @@ multinomial draw); ``benchmarks/engine_core.py`` measures it against bare ``gene
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +109,13 @@ class HFRolloutWorker(RolloutWorker):
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
         for name, value in named_tensors.items():
-            src = torch.from_numpy(np.asarray(value)) if not isinstance(value, torch.Tensor) else value
+            if isinstance(value, torch.Tensor):
+                src = value
+            else:
+                with warnings.catch_warnings():
+                    # Arrays from the Ray object store are read-only views; they are only read here.
+                    warnings.simplefilter("ignore", UserWarning)
+                    src = torch.from_numpy(np.asarray(value))
             dst = self._params[name]
             if src.shape != dst.shape:
                 raise ValueError(

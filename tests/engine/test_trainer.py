@@ -225,4 +225,4 @@ def test_weights_numpy_are_contiguous_copies(make_cfg):
     assert set(w) == {k for k, _ in trainer.model.named_parameters()}
     assert all(a.flags["C_CONTIGUOUS"] and a.dtype == np.float32 for a in w.values())
     w["model.norm.weight"][:] = 123.0  # a copy: the trainer's weights are untouched
-    assert float(trainer.model.model.norm.weight[0]) != 123.0
+    assert float(trainer.model.model.norm.weight[0].detach()) != 123.0
