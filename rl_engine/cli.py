@@ -84,12 +84,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _fail("interrupted", 130)
     finally:
         sink.close()
-    print(
-        json.dumps(
-            summary if isinstance(summary, dict) else getattr(summary, "__dict__", str(summary)), default=str
-        )
-    )
+    print(json.dumps(_scalars(summary)))
     return 0
+
+
+def _scalars(summary: object) -> dict[str, object]:
+    """The run summary's scalar fields, for one readable closing line (lists stay in the sinks)."""
+    fields = summary if isinstance(summary, dict) else getattr(summary, "__dict__", {})
+    return {k: v for k, v in fields.items() if isinstance(v, int | float | str | bool) or v is None}
 
 
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
