@@ -81,3 +81,36 @@ class Sample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}@{self.step}: {self.prompt[:40]}"
+
+
+# Bucket widths (in steps) of the rollups kept on PostgreSQL: a chart of any range reads at most ~16 rollup
+# rows per output bucket instead of every point (see tracking.selectors).
+ROLLUP_WIDTHS: tuple[int, ...] = (16, 256, 4096, 65536, 1048576)
+
+
+class MetricRollup(models.Model):
+    """Min and max point (and count) of one key over steps [bucket*width, (bucket+1)*width).
+
+    Maintained on PostgreSQL in the same statement that inserts points, from the points actually
+    inserted (so retries and "first value wins" hold here too). Unused on SQLite, where queries scan.
+    """
+
+    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=200)
+    width = models.IntegerField()
+    bucket = models.BigIntegerField()
+    count = models.IntegerField()
+    min_value = models.FloatField()
+    min_step = models.BigIntegerField()
+    min_wall_time = models.FloatField()
+    max_value = models.FloatField()
+    max_step = models.BigIntegerField()
+    max_wall_time = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key", "width", "bucket"], name="uniq_metric_rollup")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}[{self.bucket * self.width}, +{self.width})"

@@ -16,7 +16,7 @@ from django.db.models import Count, F
 
 from experiments.models import Run
 from tracking import live
-from tracking.models import Checkpoint, EventKind, MetricPoint, RunEvent, Sample
+from tracking.models import ROLLUP_WIDTHS, Checkpoint, EventKind, MetricPoint, MetricRollup, RunEvent, Sample
 
 MAX_POINTS_PER_BATCH = 5000
 MAX_EVENTS_PER_BATCH = 1000
@@ -57,27 +57,67 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
     for p in points:  # the database would store them, but no chart or JSON export can carry them
         if not (math.isfinite(p.value) and math.isfinite(p.wall_time)):
             raise ValueError(f"{p.key}@{p.step}: value and wall_time must be finite numbers")
-    table = MetricPoint._meta.db_table
+        if p.step < 0:  # buckets are step // width: steps count from 0
+            raise ValueError(f"{p.key}@{p.step}: steps must be >= 0")
     with transaction.atomic(), connection.cursor() as cur:
         if connection.vendor == "postgresql":
-            # One statement for the whole batch: arrays in, ON CONFLICT keeps the first value.
-            cur.execute(
-                f"INSERT INTO {table} (run_id, key, step, value, wall_time) "
-                "SELECT %s, k, s, v, w FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) "
-                "AS t(k, s, v, w) ON CONFLICT (run_id, key, step) DO NOTHING",
-                [run_id, [p.key for p in points], [p.step for p in points],
-                 [p.value for p in points], [p.wall_time for p in points]],
-            )
+            inserted = _insert_postgres(cur, run_id, points)
         else:
             cur.executemany(
-                f"INSERT INTO {table} (run_id, key, step, value, wall_time) VALUES (%s, %s, %s, %s, %s) "
-                "ON CONFLICT (run_id, key, step) DO NOTHING",
+                f"INSERT INTO {MetricPoint._meta.db_table} (run_id, key, step, value, wall_time) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, key, step) DO NOTHING",
                 [(run_id, p.key, p.step, p.value, p.wall_time) for p in points],
             )
-        inserted = max(cur.rowcount, 0)
+            inserted = max(cur.rowcount, 0)
         if inserted:
             _on_commit_publish(run_id, _metrics_payload(points))
     return IngestResult(received=len(points), inserted=inserted)
+
+
+# One statement: insert the batch from arrays (ON CONFLICT keeps the first value), then fold exactly the
+# rows that were inserted into the rollups. Rollup rows are upserted in (key, width, bucket) order so
+# that concurrent batches lock them in the same order (no deadlocks).
+_PG_INGEST = """
+WITH ins AS (
+    INSERT INTO {points} (run_id, key, step, value, wall_time)
+    SELECT %(run)s, k, s, v, w FROM unnest(%(keys)s::text[], %(steps)s::bigint[], %(values)s::float8[],
+                                           %(walls)s::float8[]) AS t(k, s, v, w)
+    ON CONFLICT (run_id, key, step) DO NOTHING
+    RETURNING key, step, value, wall_time
+), agg AS (
+    SELECT key, width, step / width AS bucket, count(*) AS n,
+           min(ARRAY[value, step::float8, wall_time]) AS lo, max(ARRAY[value, step::float8, wall_time]) AS hi
+    FROM ins CROSS JOIN unnest(%(widths)s::int[]) AS width
+    GROUP BY key, width, step / width
+), roll AS (
+    INSERT INTO {rollups} AS r (run_id, key, width, bucket, count, min_value, min_step, min_wall_time,
+                                max_value, max_step, max_wall_time)
+    SELECT %(run)s, key, width, bucket, n, lo[1], lo[2]::bigint, lo[3], hi[1], hi[2]::bigint, hi[3]
+    FROM agg ORDER BY key, width, bucket
+    ON CONFLICT (run_id, key, width, bucket) DO UPDATE SET
+        count = r.count + EXCLUDED.count,
+        min_step = CASE WHEN EXCLUDED.min_value < r.min_value THEN EXCLUDED.min_step ELSE r.min_step END,
+        min_wall_time = CASE WHEN EXCLUDED.min_value < r.min_value THEN EXCLUDED.min_wall_time
+                             ELSE r.min_wall_time END,
+        min_value = LEAST(r.min_value, EXCLUDED.min_value),
+        max_step = CASE WHEN EXCLUDED.max_value > r.max_value THEN EXCLUDED.max_step ELSE r.max_step END,
+        max_wall_time = CASE WHEN EXCLUDED.max_value > r.max_value THEN EXCLUDED.max_wall_time
+                             ELSE r.max_wall_time END,
+        max_value = GREATEST(r.max_value, EXCLUDED.max_value)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM roll)
+"""
+
+
+def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> int:
+    cur.execute(
+        _PG_INGEST.format(points=MetricPoint._meta.db_table, rollups=MetricRollup._meta.db_table),
+        {"run": run_id, "keys": [p.key for p in points], "steps": [p.step for p in points],
+         "values": [p.value for p in points], "walls": [p.wall_time for p in points],
+         "widths": list(ROLLUP_WIDTHS)},
+    )
+    return int(cur.fetchone()[0])
 
 
 def _metrics_payload(points: Sequence[Point]) -> dict[str, Any]:

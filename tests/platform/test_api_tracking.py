@@ -13,7 +13,7 @@ from experiments.models import RunState
 from experiments.services import run_create, run_transition
 from tests.platform.conftest import client_for
 from tracking.models import Checkpoint, MetricPoint
-from tracking.selectors import metric_series
+from tracking.selectors import bucket_width, metric_series
 from tracking.services import Point, metrics_ingest
 
 
@@ -113,15 +113,37 @@ def test_metric_query_returns_short_series_whole_and_downsamples_long_ones(team,
     assert viewer.get(f"/api/runs/{run.pk}/metrics?max_points=1").status_code == 400
 
 
-def test_downsampling_keeps_each_buckets_min_and_max(run):
-    values = [((s * 7919) % 101) / 3 for s in range(5000)]
-    metrics_ingest(run_id=run.pk, points=[Point("v", s, v, 0.0) for s, v in enumerate(values)])
-    series = metric_series(run_id=run.pk, key="v", max_points=100)  # 50 buckets of 100 steps
-    assert series.downsampled
-    for b in range(50):
-        bucket = values[b * 100:(b + 1) * 100]
-        got = [v for s, v in zip(series.steps, series.values, strict=True) if b * 100 <= s < (b + 1) * 100]
-        assert min(got) == min(bucket) and max(got) == max(bucket)
+def reference_downsample(points: dict[int, float], lo: int, hi: int, max_points: int) -> list[tuple[int, float]]:
+    """Brute force over the same absolute buckets: min (earliest on ties) and max (latest on ties)."""
+    width, _ = bucket_width(lo, hi, max_points)
+    buckets: dict[int, list[tuple[int, float]]] = {}
+    for step in sorted(s for s in points if lo <= s <= hi):
+        buckets.setdefault(step // width, []).append((step, points[step]))
+    out = []
+    for members in buckets.values():
+        low = min(members, key=lambda p: (p[1], p[0]))
+        high = max(members, key=lambda p: (p[1], p[0]))
+        out.extend(sorted({low, high}))
+    return out
+
+
+@pytest.mark.parametrize(("step_min", "step_max", "max_points"), [
+    (None, None, 100), (None, None, 2000), (37, 9001, 300), (1000, 1999, 50), (4095, 70000, 1000),
+])
+def test_downsampling_returns_exactly_each_buckets_min_and_max(run, step_min, step_max, max_points):
+    """Several batches, a retry with other values (first wins), sparse steps: on PostgreSQL this goes
+    through the rollups plus ragged ends, on SQLite through the scan; both must equal brute force."""
+    steps = [s for s in range(0, 70_000, 7) if s % 1000 != 3]
+    values = {s: float((s * 7919) % 1013) - 500.0 for s in steps}
+    for i in range(0, len(steps), 5000):
+        metrics_ingest(run_id=run.pk, points=[Point("v", s, values[s], float(s)) for s in steps[i:i + 5000]])
+    metrics_ingest(run_id=run.pk, points=[Point("v", s, 1e9, 0.0) for s in steps[:3000]])  # ignored retry
+    series = metric_series(run_id=run.pk, key="v", step_min=step_min, step_max=step_max, max_points=max_points)
+    inside = [s for s in steps if (step_min is None or s >= step_min) and (step_max is None or s <= step_max)]
+    expected = reference_downsample(values, inside[0], inside[-1], max_points)
+    assert series.downsampled and len(series.steps) <= max_points
+    assert list(zip(series.steps, series.values, strict=True)) == expected
+    assert series.wall_times == [float(s) for s in series.steps]
 
 
 def test_events_are_numbered_and_readable_since_a_sequence_number(team, run, engine):
