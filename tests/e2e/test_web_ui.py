@@ -90,6 +90,10 @@ def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_la
     assert exp.config["trainer"]["total_steps"] == 7
     assert exp.config["model"]["tiny"]["hidden_size"] > 0  # the preset's nested object came through
     expect(page.get_by_test_id("experiment-name")).to_have_text("demo from the form")
+    page.goto("/")
+    expect(page.get_by_test_id("project")).to_contain_text("demo from the form")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "home.png"))
+    page.goto(f"/experiments/{exp.pk}/")
 
     page.click("[data-testid=launch]")
     page.wait_for_url(re.compile(r"/runs/\d+/$"))
