@@ -83,7 +83,7 @@ class RunMetricsView(IngestView):
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         body = _parse(wire.MetricsBody, request, "points", services.MAX_POINTS_PER_BATCH)
-        points = [services.Point(p.key, p.step, p.value, p.wall_time) for p in body.points]
+        points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in body.points]
         result = services.metrics_ingest(run_id=run.pk, points=points)
         return Response({"received": result.received, "inserted": result.inserted})
 

@@ -7,17 +7,19 @@ DRF serializers describe the same shapes for the OpenAPI document (tracking/seri
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
 )
+from typing_extensions import TypedDict
 
 from rl_engine.config import validation_errors
 from tracking.models import EventKind
@@ -30,18 +32,14 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PointIn(_Wire):
-    key: str = Field(min_length=1, max_length=200)
-    step: int = Field(ge=0, le=MAX_STEP)
-    value: float
-    wall_time: float
+class PointIn(TypedDict):
+    """A TypedDict, not a model: 5000 of them validate in pydantic-core without a Python call each."""
 
-    @field_validator("value", "wall_time")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        return v
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    key: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    value: Annotated[float, Field(allow_inf_nan=False)]
+    wall_time: Annotated[float, Field(allow_inf_nan=False)]
 
 
 class EventIn(_Wire):
