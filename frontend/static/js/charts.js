@@ -65,7 +65,9 @@ class MetricChart {
       width: Math.max(width, 200),
       height: 170,
       legend: { show: false },
-      cursor: { drag: { x: true, y: false } },
+      // One cursor for all charts of the page: hovering a step shows it everywhere.
+      cursor: { drag: { x: true, y: false }, sync: { key: "run-metrics" } },
+      hooks: { setCursor: [(u) => this.showCursor(u.cursor.idx)] },
       scales: { x: { time: false } },
       series: [
         { label: "step" },
@@ -91,13 +93,18 @@ class MetricChart {
     }
   }
 
+  /** The title's value: the hovered point while the cursor is on a chart, else the last point. */
+  showCursor(idx) {
+    const i = idx === null || idx === undefined ? this.ys.length - 1 : idx;
+    this.last.textContent = i >= 0 && i < this.ys.length ? `${fmtNum(this.ys[i])} @ ${this.xs[i]}` : "";
+  }
+
   flush() {
     if (!this.dirty || !this.plot) return;
     this.dirty = false;
     this.plot.setData([this.xs, this.ys]);
-    const n = this.ys.length;
-    this.last.textContent = n ? `${fmtNum(this.ys[n - 1])} @ ${this.xs[n - 1]}` : "";
-    this.node.dataset.points = String(n);
+    this.showCursor(null);
+    this.node.dataset.points = String(this.ys.length);
   }
 
   resize(width) {
