@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import services
-from accounts.access import project_roles, require_role, visible_projects
+from accounts.access import Conflict, project_roles, require_role, visible_projects
 from accounts.models import ApiToken, Membership, Project, Role, TokenKind
 from accounts.parsers import JsonOnly
 from accounts.serializers import (
@@ -69,6 +69,14 @@ class ProjectDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
         if self.request.method not in ("GET", "HEAD", "OPTIONS"):
             require_role(self.request, project.pk, Role.OWNER)
         return project
+
+    def perform_destroy(self, instance: Project) -> None:
+        from experiments.models import ACTIVE_STATES
+
+        # Deleting the rows of a live run would leave its Ray job running with nobody supervising it.
+        if instance.runs.filter(state__in=ACTIVE_STATES).exists():
+            raise Conflict("the project has active runs: cancel them first")
+        instance.delete()
 
 
 def _project_for(request: Request, project_id: int, minimum: str) -> Project:

@@ -105,3 +105,15 @@ def test_creating_a_project_makes_you_its_owner(team):
     resp = client_for(team["stranger"]).post("/api/projects", {"name": "gamma"}, format="json")
     assert resp.status_code == 201 and resp.json()["role"] == "owner"
     assert Membership.objects.get(project_id=resp.json()["id"]).role == Role.OWNER
+
+
+def test_a_project_is_deleted_only_without_active_runs(team, experiment):
+    from experiments.services import run_create, run_transition
+
+    run = run_create(experiment=experiment, user=team["member"])
+    owner = client_for(team["owner"])
+    resp = owner.delete(f"/api/projects/{team['project'].pk}")
+    assert resp.status_code == 409 and "active runs" in resp.json()["detail"]
+    run_transition(run_id=run.pk, to="cancelled")
+    assert owner.delete(f"/api/projects/{team['project'].pk}").status_code == 204
+    assert client_for(team["member"]).get(f"/api/runs/{run.pk}").status_code == 404
