@@ -42,18 +42,26 @@ def _cfg(model_dir: Path, *overrides: str) -> ExperimentConfig:
     return parse_config(apply_overrides(data, [f"model.path={model_dir}", *overrides]))
 
 
-def _interleaved(a, b, repeats: int) -> tuple[float, float]:
-    """Median seconds of a() and b(), run alternately after one warm-up each."""
+def _interleaved(a, b, repeats: int) -> dict[str, float]:
+    """Median wall and process-CPU seconds of a() and b(), in A B B A order after one warm-up each.
+
+    CPU time (this process, all threads) is the steadier figure on a shared machine: time spent
+    preempted by other processes is not charged to it.
+    """
     a(), b()
-    ta, tb = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a()
-        ta.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        b()
-        tb.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+    res: dict[str, list[float]] = {"a_wall": [], "b_wall": [], "a_cpu": [], "b_cpu": []}
+
+    def timed(fn, key: str) -> None:
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        res[f"{key}_wall"].append(time.perf_counter() - w)
+        res[f"{key}_cpu"].append(time.process_time() - c)
+
+    for i in range(repeats):
+        order = [(a, "a"), (b, "b")] if i % 2 == 0 else [(b, "b"), (a, "a")]
+        for fn, key in order:
+            timed(fn, key)
+    return {k: statistics.median(v) for k, v in res.items()}
 
 
 def bench_rollout(model_dir: Path, repeats: int, threads: int, new_tokens: int) -> dict[str, float]:
@@ -94,11 +102,13 @@ def bench_rollout(model_dir: Path, repeats: int, threads: int, new_tokens: int) 
         ended = is_eos.cumsum(1) - is_eos.long() > 0
         counts["bare"] = int((~ended).sum())
 
-    tw, tb = _interleaved(run_worker, run_bare, repeats)
+    t = _interleaved(run_worker, run_bare, repeats)
+    w, b = counts["worker"], counts["bare"]
     return {
-        "worker_tok_s": counts["worker"] / tw,
-        "bare_tok_s": counts["bare"] / tb,
-        "ratio": (counts["worker"] / tw) / (counts["bare"] / tb),
+        "worker_tok_s": w / t["a_wall"],
+        "bare_tok_s": b / t["b_wall"],
+        "ratio_wall": (w / t["a_wall"]) / (b / t["b_wall"]),
+        "ratio_cpu": (w / t["a_cpu"]) / (b / t["b_cpu"]),
     }
 
 
@@ -146,9 +156,14 @@ def bench_trainer(model_dir: Path, repeats: int, threads: int, new_tokens: int) 
         opt.step()
 
     torch.set_num_threads(threads)
-    ttr, tbare = _interleaved(lambda: trainer.train_step(samples), run_bare, repeats)
-    tokens = int(batch.response_mask.sum())
-    return {"trainer_s": ttr, "bare_s": tbare, "ratio": tbare / ttr, "tokens": tokens}
+    t = _interleaved(lambda: trainer.train_step(samples), run_bare, repeats)
+    return {
+        "trainer_s": t["a_wall"],
+        "bare_s": t["b_wall"],
+        "ratio_wall": t["b_wall"] / t["a_wall"],
+        "ratio_cpu": t["b_cpu"] / t["a_cpu"],
+        "tokens": int(batch.response_mask.sum()),
+    }
 
 
 def bench_learning(
@@ -197,21 +212,25 @@ def main() -> None:
                 f"\n## HF rollout vs bare model.generate (64 seqs, {args.new_tokens} new tokens, "
                 f"{args.threads} threads, median of {args.repeats})"
             )
-            print(f"{'model':10} {'worker tok/s':>13} {'bare tok/s':>11} {'ratio':>6}")
+            print(f"{'model':10} {'worker tok/s':>13} {'bare tok/s':>11} {'ratio wall':>10} {'ratio cpu':>9}")
             for name in args.sizes.split(","):
                 r = bench_rollout(dirs[name], args.repeats, args.threads, args.new_tokens)
-                print(f"{name:10} {r['worker_tok_s']:13.0f} {r['bare_tok_s']:11.0f} {r['ratio']:6.2f}")
+                print(
+                    f"{name:10} {r['worker_tok_s']:13.0f} {r['bare_tok_s']:11.0f} {r['ratio_wall']:10.2f} {r['ratio_cpu']:9.2f}"
+                )
         if "trainer" in parts:
             print(
                 f"\n## Trainer step vs bare forward/backward/AdamW (64 samples, {args.threads} threads, "
                 f"median of {args.repeats})"
             )
-            print(f"{'model':10} {'tokens':>7} {'trainer ms':>11} {'bare ms':>8} {'ratio':>6}")
+            print(
+                f"{'model':10} {'tokens':>7} {'trainer ms':>11} {'bare ms':>8} {'ratio wall':>10} {'ratio cpu':>9}"
+            )
             for name in args.sizes.split(","):
                 r = bench_trainer(dirs[name], args.repeats, args.threads, args.new_tokens)
                 print(
                     f"{name:10} {r['tokens']:7d} {r['trainer_s'] * 1e3:11.1f} {r['bare_s'] * 1e3:8.1f} "
-                    f"{r['ratio']:6.2f}"
+                    f"{r['ratio_wall']:10.2f} {r['ratio_cpu']:9.2f}"
                 )
         if "learning" in parts:
             marks = [5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0]

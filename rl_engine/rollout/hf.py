@@ -149,6 +149,7 @@ class HFRolloutWorker(RolloutWorker):
             tokenizer=self.tokenizer,
         )
 
+    @torch.no_grad()  # not inference_mode: the trainer may later backprop through tensors built from these
     def _decode(self, reqs: list[_Request]) -> None:
         """Sample continuations for one micro-batch in place (``new_ids``, ``new_logprobs``, ``finish``)."""
         dev, pad = self.device, self.special.pad_id

@@ -142,3 +142,12 @@ def test_top_p_keeps_only_the_nucleus():
     assert set(sample_top_p(logp, 0.5, g).tolist()) == {0}
     assert set(sample_top_p(logp, 0.8, g).tolist()) == {0, 1}
     assert len(set(sample_top_p(logp, 1.0, g).tolist())) > 2
+
+
+def test_generation_builds_no_autograd_graph(make_cfg):
+    _, worker, prompts = _worker_and_prompts(make_cfg)
+    grad_modes: list[bool] = []
+    worker.model.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
+    samples = worker.generate(prompts, 2)
+    worker.resume([s for s in samples if s.finish_reason == "abort"])
+    assert grad_modes and not any(grad_modes)
