@@ -206,7 +206,7 @@ RUN_HEARTBEAT_TIMEOUT_S = env_int("RUN_HEARTBEAT_TIMEOUT_S", 120)
 ENGINE_PYTHON = env_str("ENGINE_PYTHON")  # interpreter for the Ray job; default: the platform's own
 ENGINE_WORKDIR = env_str("ENGINE_WORKDIR")  # the job's working dir on the cluster; default: this repository
 RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)  # SIGTERM -> SIGKILL of a cancelled job (local head)
-LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 10)  # a supervisor silent this long is replaced
+LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 15)  # a supervisor silent this long is replaced
 LAUNCHER_SWEEP_INTERVAL_S = env_int("LAUNCHER_SWEEP_INTERVAL_S", 3)  # reaper / re-attach / queue period
 # Launcher tasks (some follow a job for its whole life) get their own queue so they never hold up others.
 CELERY_LAUNCHER_QUEUE = env_str("CELERY_LAUNCHER_QUEUE") or CELERY_TASK_DEFAULT_QUEUE

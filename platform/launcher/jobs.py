@@ -167,6 +167,10 @@ def error_from_logs(log_text: str, fallback: str = "") -> str:
             block = [block[0], "  ...", *block[-(_ERROR_TAIL_LINES - 2) :]]
         return "\n".join(block)
     lines = [ln for ln in text.splitlines() if ln.strip() and not _RAY_NOISE.match(ln)]
+    # The engine's CLI reports user errors as one "error: ..." line (no traceback): that line is the error.
+    errors = [i for i, ln in enumerate(lines) if ln.lower().startswith("error:")]
+    if errors:
+        return "\n".join(lines[errors[-1] :][:_ERROR_TAIL_LINES])
     if lines:
         return "\n".join(lines[-5:])
     return fallback.strip()[-2000:]

@@ -65,7 +65,8 @@ class HeadInfo:
 
 
 def ray_dir() -> Path:
-    path = Path(settings.VAR_DIR) / "ray"
+    """Where the head's state, lock and log live: RAY_LOCAL_DIR, else VAR_DIR/ray."""
+    path = Path(getattr(settings, "RAY_LOCAL_DIR", "") or Path(settings.VAR_DIR) / "ray")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -79,7 +80,7 @@ def temp_dir() -> Path:
     preferred = ray_dir() / "t"
     if len(str(preferred)) <= _MAX_TEMP_DIR_LEN:
         return preferred
-    digest = hashlib.sha256(str(Path(settings.VAR_DIR).resolve()).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(str(ray_dir().resolve()).encode()).hexdigest()[:10]
     return Path("/tmp") / f"rlp-{digest}"
 
 

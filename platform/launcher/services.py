@@ -41,7 +41,7 @@ def setting(name: str, default: Any) -> Any:
 
 
 def lease_s() -> int:
-    return int(setting("LAUNCHER_LEASE_S", 10))
+    return int(setting("LAUNCHER_LEASE_S", 15))
 
 
 def owner_id() -> str:
@@ -195,7 +195,9 @@ def engine_entrypoint(config_path: Path) -> str:
 
 
 def engine_env(run: Run, token_secret: str) -> dict[str, str]:
+    workdir = str(setting("ENGINE_WORKDIR", "") or settings.BASE_DIR)
     return {
+        "PYTHONPATH": workdir,  # the engine's Ray actors import rl_engine from the working dir too
         "RL_ENGINE_INGEST_URL": setting("PLATFORM_URL", "http://127.0.0.1:8000"),
         "RL_ENGINE_INGEST_TOKEN": token_secret,
         "RL_ENGINE_RUN_ID": str(run.pk),
@@ -223,14 +225,15 @@ def run_launch(*, run_id: int, owner: str) -> str:
         Run.objects.filter(pk=run_id).update(ray_job_id=sid, cluster_address=cluster.address, provider=cluster.provider)
         try:
             jobs.state(cluster.address, sid)
-            events_append(run_id=run_id, kind="log", message=f"re-attached to existing Ray job {sid}")
+            events_append(run_id=run_id, kind="log", message=f"re-attached to existing Ray job {sid}",
+                          data={"source": "launcher"})
         except jobs.JobNotFound:
             token = ingest_token_issue(run=run)
             entry = engine_entrypoint(frozen_config_file(run))
             jobs.submit(cluster.address, submission_id=sid, entrypoint=entry, env=engine_env(run, token.secret),
                         metadata={"platform_run_id": str(run_id)})  # fmt: skip
             events_append(run_id=run_id, kind="log", message=f"submitted Ray job {sid} to {cluster.address}",
-                          data={"entrypoint": entry})  # fmt: skip
+                          data={"source": "launcher", "entrypoint": entry})  # fmt: skip
     except (LaunchError, jobs.ClusterUnreachable) as exc:
         _finish(run_id, RunState.FAILED, error=f"launch failed: {exc}", from_states={RunState.STARTING})
         return RunState.FAILED

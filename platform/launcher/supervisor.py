@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -41,28 +42,41 @@ def poll_s() -> float:
     return float(setting("LAUNCHER_POLL_S", 1.0))
 
 
+class LeaseLost(RuntimeError):
+    """Another supervisor owns the run now: this one must stop without writing anything more."""
+
+
 def _tail_logs(run: Run, owner: str, final: bool) -> str:
-    """Turn new complete lines of the job log into ``log`` events; returns the whole log text."""
-    text = jobs.logs(run.cluster_address, run.ray_job_id)
-    offset = Supervision.objects.filter(run_id=run.pk).values_list("log_offset", flat=True).first() or 0
-    new = text[offset:]
-    if not final:
-        new = new[: new.rfind("\n") + 1]  # only complete lines; the rest comes next poll
-    lines = new.splitlines(keepends=True)[:MAX_LINES_PER_POLL]
-    if lines:
-        consumed = sum(len(line) for line in lines)
-        events_append_many(
-            run_id=run.pk,
-            events=[NewEvent(kind="log", message=line.rstrip("\r\n")) for line in lines if line.strip()],
+    """Turn new complete lines of the job log into ``log`` events; returns the whole log text.
+
+    The offset check, the events and the new offset commit together, and only while we hold the lease:
+    two supervisors overlapping after a re-attach can never emit the same line twice.
+    """
+    text = jobs.logs(run.cluster_address, run.ray_job_id)  # network I/O outside the transaction
+    with transaction.atomic():
+        sup = Supervision.objects.select_for_update().get(run_id=run.pk)
+        if sup.owner != owner:
+            raise LeaseLost(run.pk)
+        new = text[sup.log_offset :]
+        if not final:
+            new = new[: new.rfind("\n") + 1]  # only complete lines; the rest comes next poll
+        lines = new.splitlines(keepends=True)[:MAX_LINES_PER_POLL]
+        if lines:
+            events_append_many(
+                run_id=run.pk,
+                events=[NewEvent(kind="log", message=ln.rstrip("\r\n")) for ln in lines if ln.strip()],
+            )
+        Supervision.objects.filter(run_id=run.pk).update(
+            log_offset=sup.log_offset + sum(len(ln) for ln in lines),
+            lease_until=timezone.now() + timedelta(seconds=lease_s()),
         )
-        Supervision.objects.filter(run_id=run.pk, owner=owner).update(log_offset=offset + consumed)
     return text
 
 
 def _drain_logs_quietly(run: Run, owner: str) -> str:
     try:
         return _tail_logs(run, owner, final=True)
-    except (jobs.JobNotFound, jobs.ClusterUnreachable):
+    except (jobs.JobNotFound, jobs.ClusterUnreachable, LeaseLost):
         return ""
 
 
@@ -72,6 +86,8 @@ def supervise(*, run_id: int, owner: str) -> str:
         return "supervised elsewhere"
     try:
         return _follow(run_id, owner)
+    except LeaseLost:
+        return "lease lost"
     finally:
         lease_release(run_id=run_id, owner=owner)
 

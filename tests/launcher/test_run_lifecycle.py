@@ -1,0 +1,192 @@
+"""End to end through the real stack, nothing mocked: the REST API on a real web server (daphne), a real
+Celery worker with its beat, a real Ray head running ``python -m rl_engine train`` as Ray Jobs, the
+engine's HTTP sink reporting back, and the test database."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+from urllib.request import Request, urlopen
+
+import pytest
+
+from experiments.models import Run
+from launcher import jobs
+from launcher.models import Supervision
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def tiny_config(tmp: Path, *, steps: int, **trainer: Any) -> dict:
+    """demo-cpu made small (16 samples a step) so a step takes a fraction of a second; every metric is
+    also written to a local JSONL file, the ground truth the platform's copy is compared with."""
+    from tests.factories import demo_config
+
+    cfg = demo_config()
+    cfg["rollout"]["n"] = 4
+    cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16, **trainer)
+    cfg["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": str(tmp / f"metrics-{time.time_ns()}.jsonl"),
+                      "log_every": 1, "progress_bar": False}  # fmt: skip
+    return cfg
+
+
+class Api:
+    """A user's token client for the real web server."""
+
+    def __init__(self, base: str, project=None):
+        from accounts.services import membership_set, token_create
+        from tests.factories import ProjectFactory, UserFactory
+
+        self.base = base
+        self.user = UserFactory()
+        self.project = project or ProjectFactory()
+        membership_set(project=self.project, user=self.user, role="member")
+        self.secret = token_create(user=self.user, name="launcher tests").secret
+
+    def post(self, path: str, body: dict) -> dict:
+        req = Request(f"{self.base}{path}", data=json.dumps(body).encode(), method="POST",
+                      headers={"Authorization": f"Token {self.secret}", "Content-Type": "application/json"})
+        with urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def launch(self, config: dict, priority: int = 0) -> int:
+        from experiments.services import experiment_create
+
+        exp = experiment_create(project=self.project, user=self.user, name="launcher test", config=config)
+        return self.post("/api/runs", {"experiment": exp.pk, "priority": priority})["id"]
+
+
+@pytest.fixture
+def api(launcher_stack) -> Api:
+    return Api(launcher_stack.web.url)
+
+
+def state_of(run_id: int) -> str:
+    return Run.objects.values_list("state", flat=True).get(pk=run_id)
+
+
+def wait_state(run_id: int, state: str, timeout_s: float = 120) -> Run:
+    wait_for(lambda: state_of(run_id) == state, timeout_s=timeout_s, interval_s=0.2,
+             message=f"run {run_id} to be {state}")  # fmt: skip
+    return Run.objects.get(pk=run_id)
+
+
+def wait_reporting(run_id: int, min_points: int = 1, timeout_s: float = 120) -> Run:
+    """Running, and the engine's metrics are arriving (it is past its start-up)."""
+    wait_for(lambda: state_of(run_id) == "running" and Run.objects.get(pk=run_id).metric_points.count() >= min_points,
+             timeout_s=timeout_s, interval_s=0.2, message=f"run {run_id} to run and report")  # fmt: skip
+    return Run.objects.get(pk=run_id)
+
+
+def jsonl_points(run: Run) -> set[tuple[str, int, float]]:
+    """Every (key, step, value) the engine logged, from its local JSONL file."""
+    out = set()
+    for line in Path(run.config["logging"]["jsonl_path"]).read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "metrics":  # non-finite values are not sent (JSON has no NaN)
+            out |= {(k, int(rec["step"]), float(v)) for k, v in rec["metrics"].items() if math.isfinite(float(v))}
+    return out
+
+
+def db_points(run: Run) -> list[tuple[str, int, float]]:
+    return list(run.metric_points.values_list("key", "step", "value"))
+
+
+def job_log_lines(run: Run) -> list[str]:
+    return [ln for ln in jobs.logs(run.cluster_address, run.ray_job_id).splitlines() if ln.strip()]
+
+
+def tailed_lines(run: Run) -> list[str]:
+    return list(run.events.filter(kind="log", data={}).order_by("seq").values_list("message", flat=True))
+
+
+def test_launch_through_the_api_runs_to_success_with_metrics_and_logs(api, tmp_path):
+    run_id = api.launch(tiny_config(tmp_path, steps=3))
+    run = wait_state(run_id, "succeeded")
+    assert run.ray_job_id and run.cluster_address.startswith("http://127.0.0.1:")
+    assert jobs.state(run.cluster_address, run.ray_job_id).status == "SUCCEEDED"
+    expected = jsonl_points(run)
+    assert {k for k, _, _ in expected} >= {"reward/mean", "actor/pg_loss"}
+    got = db_points(run)
+    assert sorted(got) == sorted(expected), (set(got) ^ expected, job_log_lines(run)[-30:])  # every point, once
+    assert tailed_lines(run) == job_log_lines(run)  # the whole job log, in order, once
+    states = [e.data["to"] for e in run.events.filter(kind="status").order_by("seq") if "to" in e.data]
+    assert states == ["queued", "starting", "running", "succeeded"]
+
+
+def test_engine_failure_marks_the_run_failed_with_the_engines_error(api, tmp_path):
+    cfg = tiny_config(tmp_path, steps=3)
+    cfg["model"] = {"path": str(tmp_path / "no-such-model")}  # no `tiny`: nothing builds it
+    run = wait_state(api.launch(cfg), "failed")
+    assert "no-such-model" in run.error and "config.json" in run.error
+    assert jobs.state(run.cluster_address, run.ray_job_id).status == "FAILED"
+
+
+def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_checkpoint(api, tmp_path):
+    run = wait_reporting(api.launch(tiny_config(tmp_path, steps=2000)), min_points=20)
+    api.post(f"/api/runs/{run.pk}/cancel", {})
+    wait_state(run.pk, "cancelled", timeout_s=10)
+    run.refresh_from_db()
+    assert jobs.state(run.cluster_address, run.ray_job_id).status == "STOPPED"
+    assert run.checkpoints.exists(), "the graceful stop should have checkpointed"
+    ckpt = run.checkpoints.order_by("-step").first()
+
+    resumed_id = api.post(f"/api/runs/{run.pk}/resume", {})["id"]
+    resumed = wait_reporting(resumed_id)
+    assert resumed.resumed_from_id == run.pk
+    assert resumed.config["trainer"]["resume_from"] == ckpt.path
+    first_step = min(resumed.metric_points.values_list("step", flat=True))
+    assert ckpt.step <= first_step <= ckpt.step + 1  # continues after the checkpoint, not from 0
+    api.post(f"/api/runs/{resumed_id}/cancel", {})
+    wait_state(resumed_id, "cancelled", timeout_s=10)
+
+
+def test_killed_worker_is_replaced_and_the_run_reattached_not_restarted(api, launcher_stack, tmp_path):
+    run = wait_reporting(api.launch(tiny_config(tmp_path, steps=2000)), min_points=5)
+    before = Supervision.objects.get(run_id=run.pk)
+    assert before.owner
+    launcher_stack.worker.kill()  # kill -9 of the worker's process group (its beat included)
+    launcher_stack.worker = launcher_stack.restart_worker()
+
+    def reattached() -> bool:
+        sup = Supervision.objects.get(run_id=run.pk)
+        return sup.owner not in ("", before.owner) and sup.attaches > before.attaches
+
+    wait_for(reattached, timeout_s=30, interval_s=0.2, message="a new supervisor to re-attach")
+    assert state_of(run.pk) == "running"
+    assert jobs.state(run.cluster_address, run.ray_job_id).status == "RUNNING"
+    count = run.metric_points.count()
+    wait_for(lambda: run.metric_points.count() > count, timeout_s=30, message="metrics to keep arriving")
+    api.post(f"/api/runs/{run.pk}/cancel", {})
+    wait_state(run.pk, "cancelled", timeout_s=15)
+    submits = run.events.filter(kind="log", message__startswith="submitted Ray job").count()
+    assert submits == 1  # one job: re-attached, never started twice
+    tailed = tailed_lines(run)
+    assert tailed == job_log_lines(run)[: len(tailed)]  # the log tail resumed where the dead one stopped
+
+
+def test_web_server_restart_mid_run_loses_and_duplicates_no_metric_point(api, launcher_stack, tmp_path):
+    run = wait_reporting(api.launch(tiny_config(tmp_path, steps=40)), min_points=10)
+    launcher_stack.web.stop()
+    time.sleep(4)  # the engine keeps training; its sink spools what it cannot deliver
+    launcher_stack.web.start()
+    run = wait_state(run.pk, "succeeded")
+    points = db_points(run)
+    assert sorted(points) == sorted(jsonl_points(run))
+    assert max(step for _, step, _ in points) >= 39
+
+
+def test_two_runs_with_a_limit_of_one_the_second_waits_then_runs(api, tmp_path):
+    # The stack runs with RUN_CONCURRENCY_LIMIT_PER_PROJECT=1; both runs are in one project.
+    first = api.launch(tiny_config(tmp_path, steps=8))
+    second = api.launch(tiny_config(tmp_path, steps=2))
+    wait_reporting(first)
+    assert state_of(second) == "queued"
+    wait_state(second, "succeeded", timeout_s=180)
+    a, b = Run.objects.get(pk=first), Run.objects.get(pk=second)
+    assert a.state == "succeeded"
+    assert b.started_at >= a.finished_at
