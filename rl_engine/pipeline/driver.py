@@ -30,7 +30,7 @@ from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.sync import build_sync
 from rl_engine.pipeline.trainer_actor import TrainerActor
-from rl_engine.pipeline.watch import Waiter
+from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
 
 
 @dataclass
@@ -66,7 +66,8 @@ def run_experiment(
     knobs = knobs_from_config(cfg)
     components = components or Components()
     stop = stop_event or threading.Event()
-    with _sigterm_sets(stop), _ray_session(cfg):
+    # ray.init installs its own fatal SIGTERM handler: ours must be installed after it to win.
+    with _ray_session(cfg), _sigterm_sets(stop):
         if components.prepare is not None:
             components.prepare.build(cfg)
         run = _Run(cfg, knobs, sink, stop, components)
@@ -179,7 +180,12 @@ class _Run:
             if result["cancelled"]:
                 break
             self.step = result["version"]
-            sync_s = self._sync(self.step) if self.step % self.knobs.trigger == 0 and self.step < total else None
+            try:
+                sync_s = self._sync(self.step) if self.step % self.knobs.trigger == 0 and self.step < total else None
+            except StopWaitAbandoned as exc:
+                self.sink.log_event("alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step})
+                self.trained_uids.extend(result["uids"])
+                break
             now = time.monotonic()
             health = [r.health.remote() for r in self.rollouters]
             pending_log = (self.step, result, sync_s, now - t_last, self.queue.stats.remote(), health)
@@ -206,8 +212,8 @@ class _Run:
         return self.syncer.finish(version, t0, publish_s, [r for r in results if r]).total_s
 
     def _log(self, step: int, result: dict, sync_s: float | None, wall: float, qref: Any, href: list) -> None:
-        qstats = ray.get(qref)
-        health = ray.get(href)
+        qstats = self.waiter.get(qref, "queue")
+        health = [self.waiter.get(h, f"rollouter {i}") for i, h in enumerate(href)]
         prev = getattr(self, "_prev_busy", None)
         busy = [h["busy_s"] for h in health]
         deltas = [b - p for b, p in zip(busy, prev, strict=True)] if prev else busy
@@ -226,7 +232,11 @@ class _Run:
         directory = self.cfg.trainer.checkpoint_dir
         if not directory:
             return
-        states = self.waiter.wait_all([r.pause.remote() for r in self.rollouters], "checkpoint pause")
+        try:
+            states = self.waiter.wait_all([r.pause.remote() for r in self.rollouters], "checkpoint pause")
+        except StopWaitAbandoned as exc:
+            self.sink.log_event("alert", f"checkpoint at step {step} skipped: {exc}", {"step": step})
+            return
         try:
             qsnap = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
             extra = ckpt.pipeline_extra(step, qsnap, states)

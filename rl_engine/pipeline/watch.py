@@ -24,6 +24,10 @@ class PipelineError(RuntimeError):
     """A pipeline actor failed; the message is one line: which actor, which error."""
 
 
+class StopWaitAbandoned(RuntimeError):
+    """A stop was requested and the awaited stage did not finish within the watchdog timeout."""
+
+
 def root_cause(exc: BaseException) -> str:
     """One line for an error that may be wrapped by Ray several times (actor → actor → driver)."""
     seen = 0
@@ -53,18 +57,24 @@ class Waiter:
     def wait_all(self, refs: list[Any], stage: str, check_health: bool = True) -> list[Any]:
         t0 = time.monotonic()
         self._cancel_sent = False
+        stop_seen: float | None = None
         pending = list(refs)
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=_SLICE_S)
             for ref in refs:  # surface a failure as soon as any awaited ref fails
                 if ref not in pending:
-                    self._get(ref, stage)
+                    self.get(ref, stage)
             if pending:
                 self._between(stage, time.monotonic() - t0, check_health)
+                if self.run.stop.is_set() and stage != "train":
+                    # a stuck stage (e.g. a sync waiting on a hung rollout) must not block a stop forever
+                    stop_seen = stop_seen or time.monotonic()
+                    if time.monotonic() - stop_seen > self.timeout:
+                        raise StopWaitAbandoned(f"{stage} did not finish within {self.timeout:.1f} s of the stop request")
         self._alerted.discard(stage)
-        return [self._get(r, stage) for r in refs]
+        return [self.get(r, stage) for r in refs]
 
-    def _get(self, ref: Any, stage: str) -> Any:
+    def get(self, ref: Any, stage: str) -> Any:
         try:
             return ray.get(ref, timeout=30)
         except (RayTaskError, RayActorError) as exc:
@@ -77,7 +87,7 @@ class Waiter:
             self._cancel_sent = True
         if check_health:
             self._check_rollouters()
-        if elapsed > self.timeout:
+        if elapsed > self.timeout and stage != "build":  # actor start-up is not a stall
             what = "a trainer step (waiting for samples or training)" if stage == "train" else stage
             self._alert(stage, f"watchdog: {what} made no progress for {elapsed:.1f} s")
 

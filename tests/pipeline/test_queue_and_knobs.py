@@ -1,0 +1,81 @@
+"""MessageQueue (a real Ray actor) and the staleness arithmetic of the modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_engine.pipeline.knobs import knobs_from_config
+from rl_engine.pipeline.queue import MessageQueue, PipelineFailure
+from rl_engine.types import Sample
+from tests.pipeline.conftest import sim_config
+
+
+def _group(uid: str, version: int, n: int = 4) -> list[Sample]:
+    return [
+        Sample(prompt_uid=uid, group_id=uid, prompt_ids=[1], response_ids=[2, 3], logprobs=[-1.0, -1.0],
+               finish_reason="stop", param_version_start=version, param_version_end=version)
+        for _ in range(n)
+    ]
+
+
+def test_modes_map_to_knobs_of_one_schedule():
+    sync = knobs_from_config(sim_config(**{"pipeline.mode": "sync", "pipeline.staleness_threshold": 3}))
+    assert (sync.max_staleness, sync.partial_rollout) == (0, False)
+    off = knobs_from_config(sim_config(**{"pipeline.mode": "one_step_off"}))
+    assert (off.max_staleness, off.trigger) == (1, 1)
+    fa = knobs_from_config(sim_config(**{"pipeline.staleness_threshold": 1, "pipeline.trigger_parameter_sync_step": 4}))
+    # rollouters hold versions 0, 4, 8...: 3 versions of lag are unavoidable, B=1 adds one window of 4
+    assert fa.max_staleness == 7
+    assert fa.admission_capacity(4) == (4 + 7 + 1) * 16
+    on_policy = knobs_from_config(sim_config(**{"pipeline.staleness_threshold": 0}))
+    assert on_policy.max_staleness == sync.max_staleness == 0
+
+
+@pytest.mark.smoke
+def test_queue_admits_within_bound_drops_stale_and_counts(ray_session):
+    ray = ray_session
+    knobs = knobs_from_config(sim_config(**{"pipeline.staleness_threshold": 1, "trainer.batch_size": 8,
+                                            "trainer.mini_batch_size": 8}))
+    q = ray.remote(MessageQueue).remote(knobs, 0)
+    # version 0, max staleness 1: (0 + 1 + 1) * 8 = 16 samples may be admitted, not 20
+    assert ray.get([q.try_admit.remote(4, 0) for _ in range(4)]) == [True] * 4
+    assert ray.get(q.try_admit.remote(4, 0)) is False
+    assert ray.get(q.try_admit.remote(4, 1)) is True  # a newer rollout version opens a new batch
+    for i in range(4):
+        ray.get(q.put.remote(_group(f"g{i}", 0)))
+    ray.get(q.put.remote(_group("g4", 1)))
+    # trainer at version 2: the four version-0 groups (staleness 2 > 1) are dropped, never trained
+    out = ray.get(q.get.remote(4, 2, 1.0))
+    assert [s.group_id for s in out["samples"]] == ["g4"] * 4
+    assert out["dropped"] == 16
+    stats = ray.get(q.stats.remote())
+    assert (stats["dropped_stale"], stats["consumed"], stats["queued"]) == (16, 4, 0)
+    assert stats["admitted"] == stats["consumed"] + stats["queued"] + stats["dropped_stale"]
+    assert len(ray.get(q.dropped_uids.remote())) == 16
+    # dropped samples free their admission slots: 20 admitted - 16 dropped + 12 <= (1 + 1 + 1) * 8
+    assert ray.get(q.try_admit.remote(12, 1)) is True
+
+
+def test_queue_get_times_out_without_samples_and_raises_a_reported_failure(ray_session):
+    ray = ray_session
+    knobs = knobs_from_config(sim_config())
+    q = ray.remote(MessageQueue).remote(knobs, 0)
+    assert ray.get(q.get.remote(4, 0, 0.05)) is None
+    ray.get(q.fail.remote("rollouter 0: RuntimeError: boom"))
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ray.get(q.get.remote(4, 0, 5.0))
+    assert isinstance(info.value.cause, PipelineFailure)
+    assert "boom" in str(info.value.cause)
+
+
+def test_unget_returns_samples_to_the_front_uncounted(ray_session):
+    ray = ray_session
+    knobs = knobs_from_config(sim_config())
+    q = ray.remote(MessageQueue).remote(knobs, 0)
+    for i in range(3):
+        ray.get(q.put.remote(_group(f"g{i}", 0)))
+    taken = ray.get(q.get.remote(8, 0, 1.0))["samples"]
+    ray.get(q.unget.remote(taken))
+    again = ray.get(q.get.remote(12, 0, 1.0))["samples"]
+    assert [s.group_id for s in again][::4] == ["g0", "g1", "g2"]
+    assert ray.get(q.stats.remote())["consumed"] == 12
