@@ -110,10 +110,17 @@ def test_creating_a_project_makes_you_its_owner(team):
 def test_a_project_is_deleted_only_without_active_runs(team, experiment):
     from experiments.services import run_create, run_transition
 
+    from tracking.models import MetricPoint, MetricRollup
+    from tracking.services import Point, metrics_ingest
+
     run = run_create(experiment=experiment, user=team["member"])
+    metrics_ingest(run_id=run.pk, points=[Point("k", s, 1.0, 0.0) for s in range(40)])
     owner = client_for(team["owner"])
     resp = owner.delete(f"/api/projects/{team['project'].pk}")
     assert resp.status_code == 409 and "active runs" in resp.json()["detail"]
     run_transition(run_id=run.pk, to="cancelled")
     assert owner.delete(f"/api/projects/{team['project'].pk}").status_code == 204
     assert client_for(team["member"]).get(f"/api/runs/{run.pk}").status_code == 404
+    # No FK constraint in the database on metric tables: Django's cascade must remove them.
+    assert not MetricPoint.objects.filter(run_id=run.pk).exists()
+    assert not MetricRollup.objects.filter(run_id=run.pk).exists()
