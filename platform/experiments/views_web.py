@@ -117,7 +117,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
-    run = _visible_or_404(_runs(request), pk)
+    run = _visible_or_404(_runs(request).select_related("resumed_from", "resumed_from_checkpoint"), pk)
     checkpoints = list(Checkpoint.objects.filter(run=run).order_by("-step").values("step", "path", "size_bytes", "created"))
     return render(request, "web/run_dashboard.html", {
         "run": run, "config_yaml": config_to_yaml(run.config),

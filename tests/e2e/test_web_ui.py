@@ -39,6 +39,7 @@ def points(steps: range, t0: float) -> list[dict]:
             {"key": "reward/mean", "step": s, "value": min(0.95, 0.05 + 0.07 * s), "wall_time": t0 + s},
             {"key": "actor/pg_loss", "step": s, "value": 0.4 / (1 + s) - 0.02, "wall_time": t0 + s},
             {"key": "actor/entropy", "step": s, "value": 2.5 - 0.1 * s, "wall_time": t0 + s},
+            {"key": "actor/approx_kl", "step": s, "value": 2e-4 * (1 + 0.1 * s), "wall_time": t0 + s},
             {"key": "async/staleness_mean", "step": s, "value": 1.0 + (s % 3) * 0.5, "wall_time": t0 + s},
             {"key": "timing/gen_s", "step": s, "value": 0.8 + 0.05 * (s % 4), "wall_time": t0 + s},
         ]

@@ -41,6 +41,12 @@ export function mergePoint(xs, ys, step, value) {
 const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000,
   100000, 200000, 500000, 1000000];
 
+/** Room for the longest tick label (exponent labels such as 8.75e-4 are wider than 0.25). */
+export function yAxisSize(_u, values) {
+  const longest = (values || []).reduce((m, v) => Math.max(m, String(v).length), 0);
+  return Math.max(36, Math.ceil(longest * 6.6) + 18);
+}
+
 function axisValues(_u, vals) {
   return vals.map((v) => (v === null ? "" : fmtNum(v)));
 }
@@ -75,7 +81,7 @@ class MetricChart {
       ],
       axes: [
         { size: 28, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#dfe3e8" }, incrs: STEP_INCRS },
-        { size: 56, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#dfe3e8" }, values: axisValues },
+        { size: yAxisSize, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#dfe3e8" }, values: axisValues },
       ],
     }, [this.xs, this.ys], this.plotBox);
   }

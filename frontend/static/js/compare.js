@@ -1,6 +1,6 @@
 // Compare view: one metric of several runs overlaid on a shared step axis.
 import { api, el, fmtNum, pageData } from "./api.js";
-import { STEP_INCRS } from "./charts.js";
+import { STEP_INCRS, yAxisSize } from "./charts.js";
 
 const data = pageData("page-data");
 const PALETTE = ["#2f6fde", "#d9480f", "#2b8a3e", "#ae3ec9", "#1098ad", "#f08c00", "#c2255c", "#5c7cfa",
@@ -76,7 +76,7 @@ async function draw() {
       stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true,
     }))],
     axes: [{ stroke: "#667085", grid: { stroke: "#eef0f3" }, incrs: STEP_INCRS },
-      { size: 60, stroke: "#667085", grid: { stroke: "#eef0f3" }, values: (_u, vals) => vals.map(fmtNum) }],
+      { size: yAxisSize, stroke: "#667085", grid: { stroke: "#eef0f3" }, values: (_u, vals) => vals.map(fmtNum) }],
   };
   if (plot) plot.destroy();
   $("compare-chart").replaceChildren();
