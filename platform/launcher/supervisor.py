@@ -194,7 +194,8 @@ def find_orphans() -> tuple[list[int], list[int]]:
     now = timezone.now()
     busy = Run.objects.filter(state__in=BUSY_STATES)
     for run_id in busy.filter(supervision__isnull=True).values_list("id", flat=True):
-        Supervision.objects.get_or_create(run_id=run_id, defaults={"lease_until": now})
+        # Created already expired: nobody holds a run that has no supervision row.
+        Supervision.objects.get_or_create(run_id=run_id, defaults={"lease_until": now - timedelta(seconds=1)})
     to_start: list[int] = []
     to_supervise: list[int] = []
     expired = Supervision.objects.filter(run__state__in=BUSY_STATES, lease_until__lt=now)

@@ -1,9 +1,9 @@
 """The HTTP metrics sink: the engine reports to the platform's ingestion API like any tracking client.
 
 Points, events and samples are queued in memory and sent in batches by one background thread; a second
-thread posts heartbeats. While the platform is unreachable, batches go to an append-only JSONL spool
-file (with a cursor file holding how many bytes were delivered) and are delivered, in order, once it
-answers again — so a web-server restart mid-run loses nothing. Metric ingestion is idempotent on
+thread posts heartbeats. Every batch is first appended to a JSONL spool file on disk, and a cursor file
+records how many bytes of it were delivered: while the platform is unreachable the backlog grows there
+and is delivered, in order, once it answers again — so a web-server restart mid-run loses nothing. Metric ingestion is idempotent on
 (run, key, step), which makes re-sending a batch whose answer was lost harmless.
 
 Configured from the environment by ``build_sinks`` (``logging.sinks: [http]``):

@@ -190,3 +190,17 @@ def test_two_runs_with_a_limit_of_one_the_second_waits_then_runs(api, tmp_path):
     a, b = Run.objects.get(pk=first), Run.objects.get(pk=second)
     assert a.state == "succeeded"
     assert b.started_at >= a.finished_at
+
+
+def test_a_running_run_whose_job_vanished_is_failed_with_the_reason(launcher_stack):
+    from django.utils import timezone
+
+    from launcher import ray_local
+    from tests.factories import RunFactory
+
+    head = ray_local.ensure_started()  # the stack's own head (RAY_LOCAL_DIR of this session)
+    now = timezone.now()
+    run = RunFactory(state="running", started_at=now, heartbeat_at=now, ray_job_id="rlp-never-submitted",
+                     cluster_address=head.dashboard_url)  # e.g. the cluster was replaced under the run
+    run = wait_state(run.pk, "failed", timeout_s=30)  # the sweep hands it to a supervisor, which looks
+    assert "rlp-never-submitted no longer exists" in run.error

@@ -1,0 +1,137 @@
+"""The engine's HTTP sink against a real local HTTP server that can go down and come back."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rl_engine.sinks.http import HttpSink
+from tests.conftest import wait_for
+
+
+class Recorder:
+    """A stand-in ingestion server: stores what it is sent, answers like the platform does."""
+
+    def __init__(self, port: int, token: str = "secret"):
+        self.port, self.token = port, token
+        self.requests: list[tuple[str, dict]] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self) -> None:
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.headers.get("Authorization") != f"Token {recorder.token}":
+                    self.send_response(401)
+                elif self.path.endswith("/events") and any(e["kind"] == "bogus" for e in body["events"]):
+                    self.send_response(400)
+                else:
+                    recorder.requests.append((self.path, body))
+                    self.send_response(201)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.allow_reuse_address = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def points(self) -> list[tuple[str, int, float]]:
+        return [(p["key"], p["step"], p["value"]) for path, body in self.requests if path.endswith("/metrics")
+                for p in body["points"]]  # fmt: skip
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.requests]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server() -> Iterator[Recorder]:
+    rec = Recorder(_free_port())
+    rec.start()
+    yield rec
+    rec.stop()
+
+
+def make_sink(server: Recorder, tmp_path, **kw) -> HttpSink:
+    opts = {"flush_interval_s": 0.05, "heartbeat_interval_s": 0.2, "max_backoff_s": 0.2, "close_timeout_s": 10.0}
+    return HttpSink(f"http://127.0.0.1:{server.port}", server.token, 7, spool_dir=tmp_path, **(opts | kw))
+
+
+def test_points_events_and_samples_arrive_batched_and_once(server, tmp_path):
+    sink = make_sink(server, tmp_path, flush_interval_s=0.5)
+    for step in range(50):
+        sink.log_metrics(step, {"reward/mean": step / 10, "actor/pg_loss": -step, "bad": float("nan")})
+    sink.log_event("checkpoint", "checkpoint at step 49", {"step": 49, "path": "/c", "size_bytes": 1})
+    sink.log_samples(49, [{"prompt": "a", "response": "b", "reward": 1.0}])
+    sink.close()
+    points = server.points()
+    assert sorted(points) == sorted([("reward/mean", s, s / 10) for s in range(50)] +
+                                    [("actor/pg_loss", s, -s) for s in range(50)])  # fmt: skip
+    assert server.paths().count("/api/runs/7/metrics") < 50  # batched, not one request per step
+    events = [b for p, b in server.requests if p.endswith("/events")]
+    assert events == [{"events": [{"kind": "checkpoint", "message": "checkpoint at step 49",
+                                   "data": {"step": 49, "path": "/c", "size_bytes": 1}}]}]  # fmt: skip
+    assert any(p.endswith("/samples") for p in server.paths())
+    assert not sink.spool_path.exists()  # everything delivered: no backlog left behind
+
+
+def test_an_outage_is_spooled_to_disk_and_delivered_when_the_platform_returns(server, tmp_path):
+    server.stop()
+    sink = make_sink(server, tmp_path)
+    for step in range(20):
+        sink.log_metrics(step, {"reward/mean": float(step)})
+    wait_for(lambda: sink.spool_path.exists() and sink.spool_path.stat().st_size > 0, timeout_s=10,
+             message="the undeliverable batches to be spooled")  # fmt: skip
+    time.sleep(0.5)  # several failed attempts while down
+    assert server.points() == []
+    server.start()
+    for step in range(20, 30):
+        sink.log_metrics(step, {"reward/mean": float(step)})
+    sink.close()
+    assert sorted(server.points()) == [("reward/mean", s, float(s)) for s in range(30)]
+
+
+def test_a_rejected_batch_is_dropped_not_retried_forever(server, tmp_path):
+    sink = make_sink(server, tmp_path)
+    sink.log_event("bogus", "the server answers 400")
+    sink.log_metrics(1, {"x": 1.0})
+    sink.close()
+    assert server.points() == [("x", 1, 1.0)]
+    assert not any(p.endswith("/events") for p in server.paths())
+
+
+def test_heartbeats_are_posted_in_the_background(server, tmp_path):
+    sink = make_sink(server, tmp_path)
+    wait_for(lambda: server.paths().count("/api/runs/7/heartbeat") >= 2, timeout_s=10, message="two heartbeats")
+    sink.close()
+
+
+def test_missing_environment_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("RL_ENGINE_INGEST_TOKEN", raising=False)
+    monkeypatch.setenv("RL_ENGINE_INGEST_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("RL_ENGINE_RUN_ID", "3")
+    with pytest.raises(ValueError, match="RL_ENGINE_INGEST_TOKEN is not set"):
+        HttpSink.from_env()
