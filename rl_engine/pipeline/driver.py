@@ -49,7 +49,15 @@ class RunSummary:
     in_flight: int
     admitted: int
     sync_times_s: list[float] = field(default_factory=list)
-    trained_uids: list[str] = field(default_factory=list)
+    trained_uids: list[str] = field(default_factory=list, repr=False)
+    dropped_uids: list[str] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain figures for a one-line JSON report (uid lists left out)."""
+        out = {k: v for k, v in self.__dict__.items() if not k.endswith("_uids")}
+        out["sync_s_median"] = sorted(self.sync_times_s)[len(self.sync_times_s) // 2] if self.sync_times_s else None
+        del out["sync_times_s"]
+        return out
 
 
 def run_experiment(
@@ -298,4 +306,5 @@ class _Run:
             admitted=int(q.get("admitted", 0)),
             sync_times_s=[s.total_s for s in self.syncer.history],
             trained_uids=self.trained_uids,
+            dropped_uids=list(self.final.get("dropped_uids", [])),
         )
