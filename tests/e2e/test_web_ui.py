@@ -84,10 +84,19 @@ def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_la
     page.select_option('[id="f-data.source"]', "task")
     expect(field(page, "data.task")).to_be_visible()
 
+    # A cross-field check has no single field: it goes above the form and marks the fields it names.
+    page.fill("#exp-name", "demo from the form")
+    page.fill('[id="f-rollout.n"]', "6")
+    page.click("[data-testid=create-experiment]")
+    expect(page.get_by_test_id("form-errors")).to_contain_text("must be a multiple of rollout.n")
+    for path in ("trainer.batch_size", "rollout.n"):
+        expect(field(page, path)).to_have_class(re.compile(r"\bhas-error\b"))
+    page.fill('[id="f-rollout.n"]', "8")
+
     # Out of bounds: the server's error lands next to the field, and nothing is created.
     page.fill('[id="f-rollout.temperature"]', "0")
-    page.fill("#exp-name", "demo from the form")
     page.click("[data-testid=create-experiment]")
+    expect(page.get_by_test_id("form-errors")).to_be_hidden()
     expect(field(page, "rollout.temperature").locator(".sf-error")).to_contain_text("greater than 0")
     expect(field(page, "rollout.temperature")).to_have_class(re.compile(r"\bhas-error\b"))
     assert not Experiment.objects.exists()

@@ -47,7 +47,10 @@ export class SchemaForm {
     for (const n of this.root.querySelectorAll(".has-error")) n.classList.remove("has-error");
     for (const n of this.root.querySelectorAll(".sf-error")) n.textContent = "";
     const general = this.root.querySelector(".sf-general-errors");
-    if (general) general.replaceChildren();
+    if (general) {
+      general.replaceChildren();
+      general.parentElement.hidden = true;
+    }
   }
 
   /**
@@ -66,19 +69,28 @@ export class SchemaForm {
       if (!target) {
         general.append(el("li", {}, path ? `${path}: ${text}` : text));
         first = first || general;
+        // A cross-field check names the fields to change ("trainer.batch_size … rollout.n"): mark them too.
+        for (const named of new Set(text.match(/\b[a-z_]+(?:\.[a-z_]+)+\b/g) || [])) {
+          const field = this.root.querySelector(`[data-path="${CSS.escape(named)}"]`);
+          if (field) this.mark(field, text);
+        }
         continue;
       }
-      target.classList.add("has-error");
-      const box = target.querySelector(":scope > .sf-error") || target.querySelector(".sf-error");
-      const own = target.dataset.path === path ? text : `${path}: ${text}`;
-      box.textContent = box.textContent ? `${box.textContent} ${own}` : own;
-      for (let p = target.parentElement; p && p !== this.root; p = p.parentElement) {
-        if (p.tagName === "DETAILS") p.open = true;
-      }
+      this.mark(target, target.dataset.path === path ? text : `${path}: ${text}`);
       first = first || target;
     }
     if (general && general.children.length) general.parentElement.hidden = false;
     return first;
+  }
+
+  /** Flag a field (or section) as wrong, add the message to its error slot, and open its sections. */
+  mark(target, message) {
+    target.classList.add("has-error");
+    const box = target.querySelector(":scope > .sf-error") || target.querySelector(".sf-error");
+    if (!box.textContent.includes(message)) box.textContent = box.textContent ? `${box.textContent} ${message}` : message;
+    for (let p = target.parentElement; p && p !== this.root; p = p.parentElement) {
+      if (p.tagName === "DETAILS") p.open = true;
+    }
   }
 
   /** The element for a field path, or for its nearest ancestor that has one. */
