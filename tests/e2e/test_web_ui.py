@@ -76,6 +76,7 @@ def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_la
     page.goto("/experiments/new/")
     expect(page.locator('[data-preset="demo-cpu"]')).to_have_class(re.compile(r"\bactive\b"))
     expect(page.locator('[id="f-rollout.backend"]')).to_have_value("hf")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "experiment_form.png"))
 
     # A discriminated union swaps its fields: data.source jsonl asks for a path, task does not.
     page.select_option('[id="f-data.source"]', "jsonl")
