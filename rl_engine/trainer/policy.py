@@ -27,7 +27,7 @@ import torch
 from rl_engine.algos import aggregate, get_advantage_fn, group_indices, kl_k3, masked_mean, ppo_clip_loss
 from rl_engine.algos.losses import truncated_is_weights
 from rl_engine.config import ExperimentConfig
-from rl_engine.models import load_model, load_tokenizer
+from rl_engine.models import load_model, load_tokenizer, special_token_ids
 from rl_engine.models.batching import PackedBatch, pack, token_logprobs_and_entropy
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.schedule import build_lr_multiplier
@@ -61,7 +61,7 @@ class PolicyTrainer:
         self.device = torch.device(device)
         self.model = load_model(cfg.model, device=device).train()
         self.tokenizer = load_tokenizer(cfg.model)
-        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.pad_id = special_token_ids(cfg.model, self.tokenizer).pad_id  # the rollout pads with the same id
         self.temperature = cfg.rollout.temperature
         self.version = 0
         self.optimizer_steps = 0

@@ -22,7 +22,6 @@ R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
 G = group_indices(["a", "a", "a", "a", "b", "b", "b", "b"])
 
 
-@pytest.mark.smoke
 def test_grpo_normalises_within_groups():
     s = 0.5 / math.sqrt(1 / 3)  # 0.866
     want = [s, -s, -s, s, 0.5, 0.5, 0.5, -1.5]
@@ -56,7 +55,6 @@ def test_group_indices_follow_first_appearance_not_sorting():
     assert group_indices(["z", "a", "z", "m"]).tolist() == [0, 1, 0, 2]
 
 
-@pytest.mark.smoke
 def test_ppo_clip_asymmetric_and_dual_clip_by_hand():
     ratio = torch.tensor([[1.5, 0.5, 5.0, 0.5, 1.1]])
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1.0]])
