@@ -91,7 +91,10 @@ def browser(asgi_server):
     safe, so Django's async-context guard is lifted for exactly as long as the browser lives. The server
     (and with it the test database) is set up before, so that setup runs outside the loop.
     """
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    # Live updates arrive within the consumer's poll interval (1.5 s); leave room for a loaded CI box.
+    expect.set_options(timeout=15_000)
 
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
