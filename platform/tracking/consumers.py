@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -132,6 +133,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.poller
         if getattr(self, "group", None):
             await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """Text frames holding JSON only; anything else gets an error message, not a dropped connection."""
+        try:
+            content = json.loads(text_data) if text_data is not None else None
+        except ValueError:
+            content = None
+        if content is None:
+            await self.send_json({"kind": "error", "message": "messages must be JSON text"})
+            return
+        await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """``{"type": "resume", "last_seq": N}``: send again every event after N (e.g. after a gap)."""

@@ -126,6 +126,11 @@ async def test_resume_message_replays_from_the_given_seq(setup, no_poll):
     await comm.send_json_to({"type": "resume", "last_seq": "x"})
     err = await comm.receive_json_from(timeout=3)
     assert err["kind"] == "error" and "last_seq" in err["message"]
+    await comm.send_to(text_data="not json")  # answered, and the stream stays open
+    err = await comm.receive_json_from(timeout=3)
+    assert err["kind"] == "error" and "JSON" in err["message"]
+    await comm.send_json_to({"type": "resume", "last_seq": 0})
+    assert [e["seq"] for e in await receive_events(comm, 3)] == [1, 2, 3]
     await comm.disconnect()
 
 
