@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +51,11 @@ def asgi_server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterato
     """daphne serving config.asgi (HTTP + websockets) on a free localhost port."""
     with django_db_blocker.unblock():
         env = child_process_env()
+    # Launch/cancel/resume from the browser enqueue launcher tasks. They go to a queue of their own that no
+    # worker consumes, so that the session's Celery worker (started by other tests) never picks up a
+    # browser test's run and launches a real Ray job for it. The queue is purged at the end.
+    queue = f"e2e-{uuid.uuid4().hex[:8]}"
+    env["CELERY_QUEUE"] = env["CELERY_LAUNCHER_QUEUE"] = queue
     port = free_port()
     log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
     cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
@@ -80,6 +86,18 @@ def asgi_server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterato
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+        purge_queue(queue)
+
+
+def purge_queue(queue: str) -> None:
+    """Drop the tasks the browser tests enqueued (best effort: a broker hiccup must not fail teardown)."""
+    from config.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(queue)
+    except Exception as exc:  # e.g. the queue was never declared because no task was sent
+        print(f"note: could not purge {queue}: {exc}", file=sys.stderr)
 
 
 @pytest.fixture(scope="module")
