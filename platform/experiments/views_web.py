@@ -16,6 +16,7 @@ from django.shortcuts import render
 
 from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
+from experiments.api import visible_experiments, visible_runs
 from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run
 from experiments.services import config_to_yaml
 from rl_engine.config import experiment_json_schema
@@ -27,11 +28,12 @@ COMPARE_MAX_RUNS = 12
 
 
 def _experiments(request: HttpRequest) -> QuerySet[Experiment]:
-    return Experiment.objects.filter(project_id__in=list(project_roles(request))).select_related("project")
+    """The API's visibility rule (experiments of the user's projects), for a page."""
+    return visible_experiments(request).select_related("project")
 
 
 def _runs(request: HttpRequest) -> QuerySet[Run]:
-    return Run.objects.filter(project_id__in=list(project_roles(request))).select_related("experiment", "project")
+    return visible_runs(request).select_related("project")
 
 
 def _visible_or_404(qs: QuerySet, pk: int) -> Any:
