@@ -109,7 +109,6 @@ def test_creating_a_project_makes_you_its_owner(team):
 
 def test_a_project_is_deleted_only_without_active_runs(team, experiment):
     from experiments.services import run_create, run_transition
-
     from tracking.models import MetricPoint, MetricRollup
     from tracking.services import Point, metrics_ingest
 
