@@ -211,12 +211,20 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
     assert second.number == 2 and second.resumed_from_id == first.pk and second.config["trainer"]["resume_from"] == "/ckpt/step-10"
     expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
 
+    # The experiment page follows the state of its active runs.
+    page.goto(f"/experiments/{first.experiment_id}/")
+    row = page.locator(f'tr[data-run-id="{second.pk}"] [data-field=state]')
+    expect(row).to_have_text("queued")
+    as_worker(run_transition, run_id=second.pk, to="cancelled")
+    expect(row).to_have_text("cancelled")
+
     page.goto(f"/compare/?runs={first.pk},{second.pk}&key=reward/mean")
     expect(page.locator("#compare-title")).to_have_text("reward/mean")
     legend = page.locator("#compare-chart .u-legend")
     expect(legend).to_contain_text("copy-task #1")
     expect(legend).to_contain_text("copy-task #2")
     expect(page.locator("#compare-note")).to_contain_text("no reward/mean yet: copy-task #2")
+    expect(page.locator("#compare-runs option")).to_have_count(2)
     page.screenshot(path=str(screenshot_dir(tmp_path) / "compare.png"), full_page=False)
     assert page.js_errors == []
 

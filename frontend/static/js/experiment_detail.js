@@ -1,5 +1,6 @@
-// Experiment page: the Launch button posts to the API and opens the new run's dashboard.
-import { api } from "./api.js";
+// Experiment page: the Launch button posts to the API and opens the new run's dashboard; while a run is
+// active its row's state and times follow the API (every 3 s).
+import { api, fmtTime, results } from "./api.js";
 
 const btn = document.getElementById("launch-btn");
 const errorBox = document.getElementById("action-error");
@@ -19,3 +20,29 @@ if (btn) {
     }
   });
 }
+
+const ACTIVE = new Set(["queued", "starting", "running", "cancelling"]);
+const table = document.querySelector("[data-testid=runs]");
+
+function activeRows() {
+  return [...document.querySelectorAll("tr[data-run-id]")].filter((tr) =>
+    ACTIVE.has(tr.querySelector("[data-field=state]").textContent.trim()));
+}
+
+async function refreshStates() {
+  if (!table || !activeRows().length) return;
+  try {
+    const runs = results(await api("/api/runs", { params: { experiment: table.dataset.experiment, limit: 100 } }));
+    for (const run of runs) {
+      const tr = document.querySelector(`tr[data-run-id="${run.id}"]`);
+      if (!tr) continue;
+      const badge = tr.querySelector("[data-field=state]");
+      badge.textContent = run.state;
+      badge.className = `badge ${run.state}`;
+      tr.querySelector("[data-field=started_at]").textContent = run.started_at ? fmtTime(run.started_at) : "–";
+      tr.querySelector("[data-field=finished_at]").textContent = run.finished_at ? fmtTime(run.finished_at) : "–";
+    }
+  } catch { /* try again on the next tick */ }
+  if (activeRows().length) setTimeout(refreshStates, 3000);
+}
+setTimeout(refreshStates, 3000);
