@@ -37,8 +37,10 @@ BATCH = 5000
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL",
-                                                            "postgres://postgres@127.0.0.1:5432/rlp_bench"))
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/rlp_bench"),
+    )
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--batches", type=int, default=25, help="batches of 5000 points per client")
     p.add_argument("--servers", type=int, default=2, help="daphne processes")
@@ -86,15 +88,27 @@ def make_runs(n: int) -> list:
         project = project_create(name="bench", user=user)
         exp = experiment_create(project=project, user=user, name="bench", config=get_preset("demo-cpu"))
     first = Run.objects.filter(experiment=exp).count() + 1
-    return [Run.objects.create(experiment=exp, project_id=exp.project_id, number=first + i, config=exp.config,
-                               state="running") for i in range(n)]
+    return [
+        Run.objects.create(
+            experiment=exp, project_id=exp.project_id, number=first + i, config=exp.config, state="running"
+        )
+        for i in range(n)
+    ]
 
 
 def batch_body(client: int, i: int) -> bytes:
     """5000 points: 10 keys x 500 steps, as the engine's sink would send them."""
     base = i * 500
-    points = [{"key": f"metric/{k}", "step": base + s, "value": (client * 7 + k * 3 + s) % 97 / 9.7,
-               "wall_time": 1.7e9 + base + s} for s in range(500) for k in range(10)]
+    points = [
+        {
+            "key": f"metric/{k}",
+            "step": base + s,
+            "value": (client * 7 + k * 3 + s) % 97 / 9.7,
+            "wall_time": 1.7e9 + base + s,
+        }
+        for s in range(500)
+        for k in range(10)
+    ]
     return json.dumps({"points": points}).encode()
 
 
@@ -105,8 +119,21 @@ def start_servers(n: int, env: dict[str, str]) -> tuple[list[subprocess.Popen], 
     sock.listen(256)
     port = sock.getsockname()[1]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "daphne", "--fd", str(sock.fileno()), "-v", "0",
-                          "config.asgi:application"], env=env, cwd=ROOT, pass_fds=[sock.fileno()])
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "--fd",
+                str(sock.fileno()),
+                "-v",
+                "0",
+                "config.asgi:application",
+            ],
+            env=env,
+            cwd=ROOT,
+            pass_fds=[sock.fileno()],
+        )
         for _ in range(n)
     ]
     sock.close()
@@ -149,8 +176,13 @@ def run_clients(port: int, runs: list, secrets: list[str], batches: int) -> tupl
     with ctx.Manager() as manager:
         barrier = manager.Barrier(len(runs))
         with ctx.Pool(len(runs)) as pool:
-            results = pool.map(client_main, [(port, r.pk, s, i, batches, barrier)
-                                             for i, (r, s) in enumerate(zip(runs, secrets, strict=True))])
+            results = pool.map(
+                client_main,
+                [
+                    (port, r.pk, s, i, batches, barrier)
+                    for i, (r, s) in enumerate(zip(runs, secrets, strict=True))
+                ],
+            )
     wall = max(r[3] for r in results) - min(r[2] for r in results)
     return wall, [lat for r in results for lat in r[0]], sum(sum(r[1]) for r in results)
 
@@ -161,9 +193,15 @@ def bench_ingest(args: argparse.Namespace) -> dict:
 
     runs = make_runs(args.clients)
     secrets = [ingest_token_issue(run=r).secret for r in runs]
-    env = {**os.environ, "DATABASE_URL": args.database_url, "DJANGO_DEBUG": "0",
-           "DJANGO_SECRET_KEY": "benchmark-only-secret-key-benchmark-only", "DJANGO_SECURE_SSL_REDIRECT": "0",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT)]), "LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": args.database_url,
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": "benchmark-only-secret-key-benchmark-only",
+        "DJANGO_SECURE_SSL_REDIRECT": "0",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
+        "LOG_LEVEL": "WARNING",
+    }
     procs, port = start_servers(args.servers, env)
     try:
         wall, lat, inserted = run_clients(port, runs, secrets, args.batches)
@@ -179,9 +217,15 @@ def bench_ingest(args: argparse.Namespace) -> dict:
     assert inserted == stored == total, (inserted, stored, total)
     assert retry_inserted == 0 and after_retry == stored, "a retried batch added rows"
     lat.sort()
-    return {"points": total, "wall_s": wall, "points_per_s": total / wall,
-            "p50_ms": lat[len(lat) // 2] * 1e3, "p95_ms": lat[int(len(lat) * 0.95)] * 1e3,
-            "retry_points_per_s": total / retry_wall, "retry_inserted": retry_inserted}
+    return {
+        "points": total,
+        "wall_s": wall,
+        "points_per_s": total / wall,
+        "p50_ms": lat[len(lat) // 2] * 1e3,
+        "p95_ms": lat[int(len(lat) * 0.95)] * 1e3,
+        "retry_points_per_s": total / retry_wall,
+        "retry_inserted": retry_inserted,
+    }
 
 
 def bench_ingest_baselines() -> dict:
@@ -191,15 +235,21 @@ def bench_ingest_baselines() -> dict:
     from tracking.services import Point, metrics_ingest
 
     run_service, run_naive = make_runs(2)
-    pts = [Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in json.loads(batch_body(0, 0))["points"]]
+    pts = [
+        Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in json.loads(batch_body(0, 0))["points"]
+    ]
     t = time.perf_counter()
     metrics_ingest(run_id=run_service.pk, points=pts)
     service = time.perf_counter() - t
     t = time.perf_counter()
     with transaction.atomic():  # the naive endpoint: one INSERT per point (in one transaction, to be fair)
         for p in pts:
-            MetricPoint.objects.get_or_create(run_id=run_naive.pk, key=p.key, step=p.step,
-                                              defaults={"value": p.value, "wall_time": p.wall_time})
+            MetricPoint.objects.get_or_create(
+                run_id=run_naive.pk,
+                key=p.key,
+                step=p.step,
+                defaults={"value": p.value, "wall_time": p.wall_time},
+            )
     naive = time.perf_counter() - t
     return {"service_points_per_s": len(pts) / service, "naive_points_per_s": len(pts) / naive}
 
@@ -225,9 +275,13 @@ def bench_query(args: argparse.Namespace) -> dict:
     [run] = make_runs(1)
     t0 = time.perf_counter()
     for start in range(0, args.series, BATCH):  # through the real ingest path, so rollups exist
-        metrics_ingest(run_id=run.pk, points=[
-            Point("loss", s, math.sin(s / 5000) + ((s * 7919) % 101) / 500, 1.7e9 + s)
-            for s in range(start, min(start + BATCH, args.series))])
+        metrics_ingest(
+            run_id=run.pk,
+            points=[
+                Point("loss", s, math.sin(s / 5000) + ((s * 7919) % 101) / 500, 1.7e9 + s)
+                for s in range(start, min(start + BATCH, args.series))
+            ],
+        )
     load_s = time.perf_counter() - t0
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE tracking_metricpoint")
@@ -247,14 +301,19 @@ def bench_query(args: argparse.Namespace) -> dict:
     def raw_group_by():  # one GROUP BY over the raw points (no rollups)
         width, _ = selectors.bucket_width(0, args.series - 1, args.max_points)
         with connection.cursor() as cur:
-            cur.execute("SELECT step / %s AS b, min(ARRAY[value, step::float8]), max(ARRAY[value, step::float8]) "
-                        "FROM tracking_metricpoint WHERE run_id = %s AND key = 'loss' GROUP BY b",
-                        [width, run.pk])
+            cur.execute(
+                "SELECT step / %s AS b, min(ARRAY[value, step::float8]), max(ARRAY[value, step::float8]) "
+                "FROM tracking_metricpoint WHERE run_id = %s AND key = 'loss' GROUP BY b",
+                [width, run.pk],
+            )
             return cur.fetchall()
 
     def full_fetch():
-        return list(MetricPoint.objects.filter(run_id=run.pk, key="loss").order_by("step")
-                    .values_list("step", "value", "wall_time"))
+        return list(
+            MetricPoint.objects.filter(run_id=run.pk, key="loss")
+            .order_by("step")
+            .values_list("step", "value", "wall_time")
+        )
 
     assert scan().steps == downsampled().steps  # both paths give the same points
     out = {"series_points": args.series, "load_s": load_s, "points_out": len(downsampled().steps)}
@@ -289,20 +348,32 @@ def main() -> None:
     ingest = bench_ingest(args)
     baselines = bench_ingest_baselines()
     query = bench_query(args)
-    print(f"ingest: {ingest['points']} points from {args.clients} clients x {args.batches} batches of {BATCH} "
-          f"via {args.servers} daphne: {ingest['points_per_s']:,.0f} points/s "
-          f"(batch p50 {ingest['p50_ms']:.0f} ms, p95 {ingest['p95_ms']:.0f} ms)")
-    print(f"  retries of every batch: inserted {ingest['retry_inserted']} rows "
-          f"({ingest['retry_points_per_s']:,.0f} points/s checked)")
-    print(f"  in-process, one batch: service {baselines['service_points_per_s']:,.0f} points/s, "
-          f"naive per-point ORM inserts {baselines['naive_points_per_s']:,.0f} points/s "
-          f"({baselines['service_points_per_s'] / baselines['naive_points_per_s']:.0f}x)")
-    print(f"query: {query['series_points']:,} points -> {query['points_out']} (loaded in {query['load_s']:.1f} s)")
-    print(f"  downsampled (rollups) {query['downsampled_ms']:.1f} ms server time, {query['http_ms']:.1f} ms "
-          f"through Django's request path")
-    print(f"  baselines: portable scan {query['scan_ms']:.0f} ms, GROUP BY over raw points "
-          f"{query['raw_group_by_ms']:.0f} ms, undownsampled fetch {query['full_fetch_ms']:.0f} ms "
-          f"({query['full_json_mb']:.0f} MB as JSON)")
+    print(
+        f"ingest: {ingest['points']} points from {args.clients} clients x {args.batches} batches of {BATCH} "
+        f"via {args.servers} daphne: {ingest['points_per_s']:,.0f} points/s "
+        f"(batch p50 {ingest['p50_ms']:.0f} ms, p95 {ingest['p95_ms']:.0f} ms)"
+    )
+    print(
+        f"  retries of every batch: inserted {ingest['retry_inserted']} rows "
+        f"({ingest['retry_points_per_s']:,.0f} points/s checked)"
+    )
+    print(
+        f"  in-process, one batch: service {baselines['service_points_per_s']:,.0f} points/s, "
+        f"naive per-point ORM inserts {baselines['naive_points_per_s']:,.0f} points/s "
+        f"({baselines['service_points_per_s'] / baselines['naive_points_per_s']:.0f}x)"
+    )
+    print(
+        f"query: {query['series_points']:,} points -> {query['points_out']} (loaded in {query['load_s']:.1f} s)"
+    )
+    print(
+        f"  downsampled (rollups) {query['downsampled_ms']:.1f} ms server time, {query['http_ms']:.1f} ms "
+        f"through Django's request path"
+    )
+    print(
+        f"  baselines: portable scan {query['scan_ms']:.0f} ms, GROUP BY over raw points "
+        f"{query['raw_group_by_ms']:.0f} ms, undownsampled fetch {query['full_fetch_ms']:.0f} ms "
+        f"({query['full_json_mb']:.0f} MB as JSON)"
+    )
 
 
 if __name__ == "__main__":

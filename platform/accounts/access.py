@@ -76,7 +76,9 @@ class IngestOrMember(permissions.BasePermission):
     """Authenticated users (role checked by the view), or a run ingest token (run checked by the view)."""
 
     def has_permission(self, request: Request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated) or ingest_token_run_id(request) is not None
+        return (
+            bool(request.user and request.user.is_authenticated) or ingest_token_run_id(request) is not None
+        )
 
 
 def require_ingest(request: Request, run_id: int, project_id: int) -> None:

@@ -27,7 +27,17 @@ class MembershipAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Secrets are never stored; the admin can see and revoke tokens, not create ones (use the API)."""
 
-    list_display = ("name", "kind", "prefix", "user", "project", "run", "created_at", "expires_at", "revoked_at")
+    list_display = (
+        "name",
+        "kind",
+        "prefix",
+        "user",
+        "project",
+        "run",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+    )
     list_filter = ("kind",)
     search_fields = ("name", "prefix", "user__username")
     readonly_fields = ("kind", "prefix", "key_hash", "user", "project", "run", "created_at", "last_used_at")

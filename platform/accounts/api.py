@@ -32,8 +32,13 @@ class MeView(JsonOnly, APIView):
     @extend_schema(responses=MeSerializer)
     def get(self, request: Request) -> Response:
         roles = project_roles(request)
-        return Response({"id": request.user.pk, "username": request.user.get_username(),
-                         "projects": {str(k): v for k, v in roles.items()}})
+        return Response(
+            {
+                "id": request.user.pk,
+                "username": request.user.get_username(),
+                "projects": {str(k): v for k, v in roles.items()},
+            }
+        )
 
 
 class ProjectListView(JsonOnly, generics.ListCreateAPIView):
@@ -110,8 +115,9 @@ def _membership_set(project: Project, user, role: str) -> Membership:
 class MembershipDetailView(JsonOnly, APIView):
     def _get(self, request: Request, project_id: int, membership_id: int) -> Membership:
         _project_for(request, project_id, Role.OWNER)
-        return get_object_or_404(Membership.objects.select_related("user", "project"),
-                                 pk=membership_id, project_id=project_id)
+        return get_object_or_404(
+            Membership.objects.select_related("user", "project"), pk=membership_id, project_id=project_id
+        )
 
     @extend_schema(request=MembershipUpdateSerializer, responses=MembershipSerializer)
     def patch(self, request: Request, project_id: int, membership_id: int) -> Response:
@@ -155,8 +161,9 @@ class TokenListView(JsonOnly, APIView):
             project = Project.objects.get(pk=data["project"])
         if data.get("expires_at") and data["expires_at"] <= timezone.now():
             raise exceptions.ValidationError({"expires_at": ["must be in the future"]})
-        issued = services.token_create(user=request.user, name=data["name"], project=project,
-                                       expires_at=data.get("expires_at"))
+        issued = services.token_create(
+            user=request.user, name=data["name"], project=project, expires_at=data.get("expires_at")
+        )
         out = TokenSerializer(issued.token).data | {"secret": issued.secret}
         return Response(out, status=status.HTTP_201_CREATED)
 
@@ -173,7 +180,9 @@ class TokenDetailView(JsonOnly, APIView):
 
 
 def _project_tokens(project_id: int):
-    return ApiToken.objects.filter(Q(project_id=project_id) | Q(run__project_id=project_id)).select_related("user")
+    return ApiToken.objects.filter(Q(project_id=project_id) | Q(run__project_id=project_id)).select_related(
+        "user"
+    )
 
 
 class ProjectTokenListView(JsonOnly, APIView):

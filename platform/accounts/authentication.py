@@ -33,9 +33,7 @@ class TokenAuthentication(authentication.BaseAuthentication):
             secret = header[1].decode("ascii")
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("Invalid token.") from None
-        token = (
-            ApiToken.objects.select_related("user", "run").filter(key_hash=hash_secret(secret)).first()
-        )
+        token = ApiToken.objects.select_related("user", "run").filter(key_hash=hash_secret(secret)).first()
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
         if not token.is_active:

@@ -46,21 +46,39 @@ class MembershipUpdateSerializer(serializers.Serializer):
 
 
 class TokenSerializer(serializers.ModelSerializer):
-    kind = serializers.CharField(read_only=True, help_text="user: acts as its user; ingest: reports into one run.")
+    kind = serializers.CharField(
+        read_only=True, help_text="user: acts as its user; ingest: reports into one run."
+    )
     is_active = serializers.BooleanField(read_only=True)
     username = serializers.CharField(source="user.username", read_only=True, allow_null=True, default=None)
 
     class Meta:
         model = ApiToken
-        fields = ["id", "kind", "name", "prefix", "username", "project", "run", "created_at", "expires_at",
-                  "revoked_at", "last_used_at", "is_active"]
+        fields = [
+            "id",
+            "kind",
+            "name",
+            "prefix",
+            "username",
+            "project",
+            "run",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+            "is_active",
+        ]
         read_only_fields = fields
 
 
 class TokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    project = serializers.IntegerField(required=False, allow_null=True, min_value=1,
-                                       help_text="Limit the token to this project (you must be a member).")
+    project = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        help_text="Limit the token to this project (you must be a member).",
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 

@@ -90,8 +90,13 @@ def token_create(
     """A user token (all the user's projects, or only ``project``). The secret is returned once."""
     secret, prefix = _new_secret()
     token = ApiToken.objects.create(
-        kind=TokenKind.USER, name=name, user=user, project=project, prefix=prefix,
-        key_hash=hash_secret(secret), expires_at=expires_at,
+        kind=TokenKind.USER,
+        name=name,
+        user=user,
+        project=project,
+        prefix=prefix,
+        key_hash=hash_secret(secret),
+        expires_at=expires_at,
     )
     return IssuedToken(token=token, secret=secret)
 
@@ -107,8 +112,13 @@ def ingest_token_issue(*, run: Run, expires_at: datetime | None = None) -> Issue
             revoked_at=timezone.now()
         )
         token = ApiToken.objects.create(
-            kind=TokenKind.INGEST, name=f"ingest run {run.pk}", run=run, project_id=run.project_id,
-            prefix=prefix, key_hash=hash_secret(secret), expires_at=expires_at,
+            kind=TokenKind.INGEST,
+            name=f"ingest run {run.pk}",
+            run=run,
+            project_id=run.project_id,
+            prefix=prefix,
+            key_hash=hash_secret(secret),
+            expires_at=expires_at,
         )
     return IssuedToken(token=token, secret=secret)
 

@@ -88,8 +88,12 @@ class ExperimentListView(JsonOnly, generics.ListCreateAPIView):
         data = serializer.validated_data
         require_role(self.request, data["project_id"], Role.MEMBER)
         serializer.instance = Experiment.objects.create(
-            project_id=data["project_id"], name=data["name"], description=data.get("description", ""),
-            tags=data.get("tags", []), config=data["config"], created_by=self.request.user,
+            project_id=data["project_id"],
+            name=data["name"],
+            description=data.get("description", ""),
+            tags=data.get("tags", []),
+            config=data["config"],
+            created_by=self.request.user,
         )
 
 
@@ -124,7 +128,9 @@ class ExperimentCloneView(JsonOnly, APIView):
         require_role(request, source.project_id, Role.MEMBER)
         ser = CloneSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        clone = services.experiment_clone(experiment=source, user=request.user, name=ser.validated_data.get("name"))
+        clone = services.experiment_clone(
+            experiment=source, user=request.user, name=ser.validated_data.get("name")
+        )
         return Response(ExperimentSerializer(clone).data, status=status.HTTP_201_CREATED)
 
 
@@ -132,14 +138,19 @@ class ExperimentYamlView(JsonOnly, APIView):
     @extend_schema(responses={(200, "application/yaml"): OpenApiTypes.STR})
     def get(self, request: Request, pk: int) -> HttpResponse:
         exp = get_object_or_404(visible_experiments(request), pk=pk)
-        resp = HttpResponse(services.config_to_yaml(exp.config), content_type="application/yaml; charset=utf-8")
+        resp = HttpResponse(
+            services.config_to_yaml(exp.config), content_type="application/yaml; charset=utf-8"
+        )
         resp["Content-Disposition"] = f'attachment; filename="experiment-{exp.pk}.yaml"'
         return resp
 
 
 class ExperimentImportView(JsonOnly, APIView):
-    @extend_schema(request=YamlImportSerializer, responses={201: ExperimentSerializer},
-                   description="Create an experiment from YAML text (e.g. a file exported with GET .../yaml).")
+    @extend_schema(
+        request=YamlImportSerializer,
+        responses={201: ExperimentSerializer},
+        description="Create an experiment from YAML text (e.g. a file exported with GET .../yaml).",
+    )
     def post(self, request: Request) -> Response:
         ser = YamlImportSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -150,8 +161,12 @@ class ExperimentImportView(JsonOnly, APIView):
         except ConfigError as exc:
             raise exceptions.ValidationError(config_error_dict(exc, prefix="yaml")) from None
         exp = services.experiment_create(
-            project=Project.objects.get(pk=data["project"]), user=request.user, name=data["name"],
-            config=config, description=data["description"], tags=data["tags"],
+            project=Project.objects.get(pk=data["project"]),
+            user=request.user,
+            name=data["name"],
+            config=config,
+            description=data["description"],
+            tags=data["tags"],
         )
         return Response(ExperimentSerializer(exp).data, status=status.HTTP_201_CREATED)
 
@@ -169,8 +184,11 @@ class ExperimentSchemaView(JsonOnly, APIView):
 class PresetListView(JsonOnly, APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, operation_id="presets_list",
-                   description="{name: config} for every preset the engine ships.")
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT},
+        operation_id="presets_list",
+        description="{name: config} for every preset the engine ships.",
+    )
     def get(self, request: Request) -> Response:
         return Response({name: presets.get_preset(name) for name in presets.preset_names()})
 
@@ -181,7 +199,9 @@ class PresetDetailView(JsonOnly, APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: OpenApiResponse(description="No such preset.")})
     def get(self, request: Request, name: str) -> Response:
         if name not in presets.preset_names():
-            raise exceptions.NotFound(f"no preset {name!r}; choose one of {', '.join(presets.preset_names())}")
+            raise exceptions.NotFound(
+                f"no preset {name!r}; choose one of {', '.join(presets.preset_names())}"
+            )
         return Response(presets.get_preset(name))
 
 
@@ -206,8 +226,9 @@ class RunListView(JsonOnly, generics.ListAPIView):
             qs = qs.filter(state__in=states)
         tag = query_str(self.request, "tag")
         if tag:
-            exp_ids = _tag_filter(Experiment.objects.filter(project_id__in=visible_project_ids(self.request)),
-                                  tag).values_list("pk", flat=True)
+            exp_ids = _tag_filter(
+                Experiment.objects.filter(project_id__in=visible_project_ids(self.request)), tag
+            ).values_list("pk", flat=True)
             qs = qs.filter(experiment_id__in=list(exp_ids))
         return qs
 
@@ -215,15 +236,20 @@ class RunListView(JsonOnly, generics.ListAPIView):
     def get(self, request: Request, *args, **kwargs) -> Response:
         return super().get(request, *args, **kwargs)
 
-    @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer},
-                   description="Launch: freeze the experiment's config into a queued run; the launcher starts it.")
+    @extend_schema(
+        request=RunCreateSerializer,
+        responses={201: RunSerializer},
+        description="Launch: freeze the experiment's config into a queued run; the launcher starts it.",
+    )
     def post(self, request: Request) -> Response:
         ser = RunCreateSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         exp = get_object_or_404(visible_experiments(request), pk=ser.validated_data["experiment"])
         require_role(request, exp.project_id, Role.MEMBER)
         try:
-            run = services.run_create(experiment=exp, user=request.user, priority=ser.validated_data["priority"])
+            run = services.run_create(
+                experiment=exp, user=request.user, priority=ser.validated_data["priority"]
+            )
         except ConfigError as exc:  # the stored config no longer validates (the engine schema changed)
             raise exceptions.ValidationError(config_error_dict(exc)) from None
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
@@ -243,7 +269,9 @@ def _run_for_write(request: Request, pk: int) -> Run:
 
 
 class RunCancelView(JsonOnly, APIView):
-    @extend_schema(request=None, responses={200: RunSerializer, 409: OpenApiResponse(description="Already finished.")})
+    @extend_schema(
+        request=None, responses={200: RunSerializer, 409: OpenApiResponse(description="Already finished.")}
+    )
     def post(self, request: Request, pk: int) -> Response:
         run = _run_for_write(request, pk)
         try:
@@ -254,8 +282,13 @@ class RunCancelView(JsonOnly, APIView):
 
 
 class RunResumeView(JsonOnly, APIView):
-    @extend_schema(request=ResumeSerializer, responses={201: RunSerializer, 409: OpenApiResponse(
-        description="The run is still active or has no checkpoint.")})
+    @extend_schema(
+        request=ResumeSerializer,
+        responses={
+            201: RunSerializer,
+            409: OpenApiResponse(description="The run is still active or has no checkpoint."),
+        },
+    )
     def post(self, request: Request, pk: int) -> Response:
         run = _run_for_write(request, pk)
         ser = ResumeSerializer(data=request.data)

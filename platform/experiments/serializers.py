@@ -39,15 +39,27 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Experiment
-        fields = ["id", "project", "name", "description", "tags", "config", "created_by", "created_at",
-                  "updated_at", "run_count"]
+        fields = [
+            "id",
+            "project",
+            "name",
+            "description",
+            "tags",
+            "config",
+            "created_by",
+            "created_at",
+            "updated_at",
+            "run_count",
+        ]
         read_only_fields = ["id", "created_by", "created_at", "updated_at", "run_count"]
 
     def get_fields(self):
         fields = super().get_fields()
         # Chosen at creation, never moved; an id the user cannot see is a 404 (checked in the view).
         fields["project"] = serializers.IntegerField(
-            min_value=1, read_only=self.instance is not None, source="project_id",
+            min_value=1,
+            read_only=self.instance is not None,
+            source="project_id",
         )
         return fields
 
@@ -97,10 +109,30 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Run
-        fields = ["id", "experiment", "experiment_name", "project", "number", "state", "priority", "provider",
-                  "cluster_address", "ray_job_id", "celery_task_id", "created_by", "created_at", "queued_at",
-                  "started_at", "finished_at", "heartbeat_at", "cancel_requested_at", "error",
-                  "resumed_from", "resumed_from_checkpoint", "config"]
+        fields = [
+            "id",
+            "experiment",
+            "experiment_name",
+            "project",
+            "number",
+            "state",
+            "priority",
+            "provider",
+            "cluster_address",
+            "ray_job_id",
+            "celery_task_id",
+            "created_by",
+            "created_at",
+            "queued_at",
+            "started_at",
+            "finished_at",
+            "heartbeat_at",
+            "cancel_requested_at",
+            "error",
+            "resumed_from",
+            "resumed_from_checkpoint",
+            "config",
+        ]
         read_only_fields = fields
 
 
@@ -112,8 +144,9 @@ class RunListSerializer(RunSerializer):
 
 class RunCreateSerializer(serializers.Serializer):
     experiment = serializers.IntegerField(min_value=1)
-    priority = serializers.IntegerField(default=0, min_value=-1000, max_value=1000,
-                                        help_text="Higher starts first.")
+    priority = serializers.IntegerField(
+        default=0, min_value=-1000, max_value=1000, help_text="Higher starts first."
+    )
 
 
 class ResumeSerializer(serializers.Serializer):

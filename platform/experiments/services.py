@@ -40,7 +40,9 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     RunState.CANCELLING: frozenset({RunState.STARTING, RunState.RUNNING}),
     RunState.SUCCEEDED: frozenset({RunState.RUNNING, RunState.CANCELLING}),
     RunState.FAILED: frozenset({RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.CANCELLING}),
-    RunState.CANCELLED: frozenset({RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.CANCELLING}),
+    RunState.CANCELLED: frozenset(
+        {RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.CANCELLING}
+    ),
 }
 
 # Fields a transition may set alongside the state (what the launcher records as it goes).
@@ -67,12 +69,21 @@ def clean_tags(tags: Any) -> list[str]:
 
 
 def experiment_create(
-    *, project: Project, user: AbstractBaseUser | None, name: str, config: Any,
-    description: str = "", tags: list[str] | None = None,
+    *,
+    project: Project,
+    user: AbstractBaseUser | None,
+    name: str,
+    config: Any,
+    description: str = "",
+    tags: list[str] | None = None,
 ) -> Experiment:
     return Experiment.objects.create(
-        project=project, name=name, description=description, tags=clean_tags(tags or []),
-        config=normalise_config(config), created_by=user,
+        project=project,
+        name=name,
+        description=description,
+        tags=clean_tags(tags or []),
+        config=normalise_config(config),
+        created_by=user,
     )
 
 
@@ -92,11 +103,16 @@ def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
     return experiment
 
 
-def experiment_clone(*, experiment: Experiment, user: AbstractBaseUser | None, name: str | None = None) -> Experiment:
+def experiment_clone(
+    *, experiment: Experiment, user: AbstractBaseUser | None, name: str | None = None
+) -> Experiment:
     return Experiment.objects.create(
-        project=experiment.project, name=name or f"{experiment.name} (copy)"[:200],
-        description=experiment.description, tags=list(experiment.tags),
-        config=copy.deepcopy(experiment.config), created_by=user,
+        project=experiment.project,
+        name=name or f"{experiment.name} (copy)"[:200],
+        description=experiment.description,
+        tags=list(experiment.tags),
+        config=copy.deepcopy(experiment.config),
+        created_by=user,
     )
 
 
@@ -139,9 +155,14 @@ def _enqueue_start(run_id: int) -> None:
 
 
 def run_create(
-    *, experiment: Experiment, user: AbstractBaseUser | None, priority: int = 0,
-    resumed_from: Run | None = None, resumed_from_checkpoint: Any = None,
-    config: dict[str, Any] | None = None, provider: str = "",
+    *,
+    experiment: Experiment,
+    user: AbstractBaseUser | None,
+    priority: int = 0,
+    resumed_from: Run | None = None,
+    resumed_from_checkpoint: Any = None,
+    config: dict[str, Any] | None = None,
+    provider: str = "",
 ) -> Run:
     """Launch: freeze the (validated) config into a queued run; the start task is enqueued on commit."""
     from django.conf import settings
@@ -151,22 +172,37 @@ def run_create(
         Experiment.objects.filter(pk=experiment.pk).update(run_counter=F("run_counter") + 1)
         number = Experiment.objects.filter(pk=experiment.pk).values_list("run_counter", flat=True).get()
         run = Run.objects.create(
-            experiment=experiment, project_id=experiment.project_id, number=number, config=frozen,
-            state=RunState.QUEUED, priority=priority, created_by=user, queued_at=timezone.now(),
+            experiment=experiment,
+            project_id=experiment.project_id,
+            number=number,
+            config=frozen,
+            state=RunState.QUEUED,
+            priority=priority,
+            created_by=user,
+            queued_at=timezone.now(),
             provider=provider or getattr(settings, "RAY_PROVIDER", "local"),
-            resumed_from=resumed_from, resumed_from_checkpoint=resumed_from_checkpoint,
+            resumed_from=resumed_from,
+            resumed_from_checkpoint=resumed_from_checkpoint,
         )
         from tracking.services import events_append
 
         what = f"resumed from run #{resumed_from.number}" if resumed_from else "created"
-        events_append(run_id=run.pk, kind="status", message=f"queued ({what})",
-                      data={"from": None, "to": RunState.QUEUED})
+        events_append(
+            run_id=run.pk,
+            kind="status",
+            message=f"queued ({what})",
+            data={"from": None, "to": RunState.QUEUED},
+        )
         transaction.on_commit(functools.partial(_enqueue_start, run.pk))
     return run
 
 
 def run_transition(
-    *, run_id: int, to: str, from_states: set[str] | frozenset[str] | None = None, error: str = "",
+    *,
+    run_id: int,
+    to: str,
+    from_states: set[str] | frozenset[str] | None = None,
+    error: str = "",
     **fields: Any,
 ) -> Run:
     """Move a run to ``to`` with compare-and-set; the one place state changes.
@@ -201,8 +237,12 @@ def run_transition(
             if Run.objects.filter(pk=run_id, state=current).update(**values):
                 break
         message = f"{current} → {to}" + (f": {error}" if error else "")
-        events_append(run_id=run_id, kind="status", message=message,
-                      data={"from": current, "to": to, **({"error": error} if error else {})})
+        events_append(
+            run_id=run_id,
+            kind="status",
+            message=message,
+            data={"from": current, "to": to, **({"error": error} if error else {})},
+        )
         if to in TERMINAL_STATES:
             from accounts.services import ingest_tokens_revoke_for_run
 
@@ -232,10 +272,16 @@ def run_request_cancel(*, run: Run, user: AbstractBaseUser | None) -> Run:
             return Run.objects.get(pk=run.pk)
         try:
             if state == RunState.QUEUED:
-                return run_transition(run_id=run.pk, to=RunState.CANCELLED, from_states={RunState.QUEUED},
-                                      error=f"cancelled by {who} before it started")
+                return run_transition(
+                    run_id=run.pk,
+                    to=RunState.CANCELLED,
+                    from_states={RunState.QUEUED},
+                    error=f"cancelled by {who} before it started",
+                )
             with transaction.atomic():
-                out = run_transition(run_id=run.pk, to=RunState.CANCELLING, cancel_requested_at=timezone.now())
+                out = run_transition(
+                    run_id=run.pk, to=RunState.CANCELLING, cancel_requested_at=timezone.now()
+                )
                 transaction.on_commit(lambda: _enqueue_cancel(run.pk))
             return out
         except InvalidTransition:
@@ -246,9 +292,7 @@ def run_request_cancel(*, run: Run, user: AbstractBaseUser | None) -> Run:
 
 def run_heartbeat(*, run_id: int) -> bool:
     """Record that the run is alive. False when the run is not active (the caller should stop)."""
-    return bool(
-        Run.objects.filter(pk=run_id, state__in=ACTIVE_STATES).update(heartbeat_at=timezone.now())
-    )
+    return bool(Run.objects.filter(pk=run_id, state__in=ACTIVE_STATES).update(heartbeat_at=timezone.now()))
 
 
 def run_resume(*, run: Run, user: AbstractBaseUser | None, priority: int | None = None) -> Run:
@@ -263,6 +307,11 @@ def run_resume(*, run: Run, user: AbstractBaseUser | None, priority: int | None 
     config = copy.deepcopy(run.config)
     config.setdefault("trainer", {})["resume_from"] = ckpt.path
     return run_create(
-        experiment=run.experiment, user=user, priority=run.priority if priority is None else priority,
-        resumed_from=run, resumed_from_checkpoint=ckpt, config=config, provider=run.provider,
+        experiment=run.experiment,
+        user=user,
+        priority=run.priority if priority is None else priority,
+        resumed_from=run,
+        resumed_from_checkpoint=ckpt,
+        config=config,
+        provider=run.provider,
     )

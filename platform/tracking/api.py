@@ -63,7 +63,9 @@ def _ingest_run(request: Request, run_id: int) -> Run:
 def _parse(model, request: Request, field: str, limit: int):
     n = wire.batch_length(request.data, field)
     if n is not None and n > limit:
-        raise PayloadTooLarge(f"{n} {field} in one request; the limit is {limit} per request: split the batch")
+        raise PayloadTooLarge(
+            f"{n} {field} in one request; the limit is {limit} per request: split the batch"
+        )
     try:
         return wire.parse(model, request.data)
     except wire.WireError as exc:
@@ -90,10 +92,16 @@ class RunMetricsView(IngestView):
     @extend_schema(
         parameters=[
             OpenApiParameter("keys", str, description="Comma-separated metric keys (default: all)."),
-            OpenApiParameter("step_min", int), OpenApiParameter("step_max", int),
-            OpenApiParameter("max_points", int, description=(
-                f"Per key, 2..{selectors.MAX_MAX_POINTS} (default {selectors.DEFAULT_MAX_POINTS}); longer "
-                "series are downsampled keeping each bucket's min and max.")),
+            OpenApiParameter("step_min", int),
+            OpenApiParameter("step_max", int),
+            OpenApiParameter(
+                "max_points",
+                int,
+                description=(
+                    f"Per key, 2..{selectors.MAX_MAX_POINTS} (default {selectors.DEFAULT_MAX_POINTS}); longer "
+                    "series are downsampled keeping each bucket's min and max."
+                ),
+            ),
         ],
         responses=MetricQuerySerializer,
     )
@@ -105,10 +113,22 @@ class RunMetricsView(IngestView):
         step_max = query_int(request, "step_max")
         out = []
         for key in keys[:100]:
-            s = selectors.metric_series(run_id=run.pk, key=key, step_min=step_min, step_max=step_max,
-                                        max_points=max_points or selectors.DEFAULT_MAX_POINTS)
-            out.append({"key": s.key, "steps": s.steps, "values": s.values, "wall_times": s.wall_times,
-                        "downsampled": s.downsampled})
+            s = selectors.metric_series(
+                run_id=run.pk,
+                key=key,
+                step_min=step_min,
+                step_max=step_max,
+                max_points=max_points or selectors.DEFAULT_MAX_POINTS,
+            )
+            out.append(
+                {
+                    "key": s.key,
+                    "steps": s.steps,
+                    "values": s.values,
+                    "wall_times": s.wall_times,
+                    "downsampled": s.downsampled,
+                }
+            )
         return Response({"series": out})
 
 
@@ -125,22 +145,31 @@ class RunMetricKeysView(JsonOnly, APIView):
 
 
 class RunEventsView(IngestView):
-    @extend_schema(request=EventsIngestSerializer, responses={201: EventsIngestResultSerializer,
-                   413: OpenApiResponse(description="More than 1000 events.")},
-                   description="Report log lines, alerts, checkpoints, status notes. Each gets the next seq.")
+    @extend_schema(
+        request=EventsIngestSerializer,
+        responses={
+            201: EventsIngestResultSerializer,
+            413: OpenApiResponse(description="More than 1000 events."),
+        },
+        description="Report log lines, alerts, checkpoints, status notes. Each gets the next seq.",
+    )
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         body = _parse(wire.EventsBody, request, "events", services.MAX_EVENTS_PER_BATCH)
         new = [services.NewEvent(kind=e.kind.value, message=e.message, data=e.data) for e in body.events]
         rows = services.events_ingest(run_id=run.pk, events=new)
-        return Response({"received": len(rows), "last_seq": rows[-1].seq if rows else None},
-                        status=status.HTTP_201_CREATED)
+        return Response(
+            {"received": len(rows), "last_seq": rows[-1].seq if rows else None},
+            status=status.HTTP_201_CREATED,
+        )
 
     @extend_schema(
         parameters=[
             OpenApiParameter("after", int, description="Only events with seq > after (default 0)."),
             OpenApiParameter("limit", int, description="1..1000 (default 500)."),
-            OpenApiParameter("kind", str, description=f"Comma-separated among {', '.join(EventKind.values)}."),
+            OpenApiParameter(
+                "kind", str, description=f"Comma-separated among {', '.join(EventKind.values)}."
+            ),
         ],
         responses=EventPageSerializer,
     )
@@ -154,13 +183,17 @@ class RunEventsView(IngestView):
         if set(kinds) - set(EventKind.values):
             raise exceptions.ValidationError({"kind": [f"one of {', '.join(EventKind.values)}"]})
         rows = selectors.events_since(run_id=run.pk, after=after, limit=limit, kinds=kinds)
-        return Response({"events": RunEventSerializer(rows, many=True).data,
-                         "last_seq": rows[-1].seq if rows else after})
+        return Response(
+            {"events": RunEventSerializer(rows, many=True).data, "last_seq": rows[-1].seq if rows else after}
+        )
 
 
 class RunHeartbeatView(IngestView):
-    @extend_schema(request=None, responses=HeartbeatSerializer,
-                   description="The engine (or its supervisor) is alive. `active: false` means: stop.")
+    @extend_schema(
+        request=None,
+        responses=HeartbeatSerializer,
+        description="The engine (or its supervisor) is alive. `active: false` means: stop.",
+    )
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         active = run_heartbeat(run_id=run.pk)
@@ -173,14 +206,17 @@ class RunSamplesView(IngestView):
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         body = _parse(wire.SamplesBody, request, "samples", services.MAX_SAMPLES_PER_BATCH)
-        stored = services.samples_record(run_id=run.pk, samples=[services.NewSample(**s.model_dump())
-                                                                 for s in body.samples])
+        stored = services.samples_record(
+            run_id=run.pk, samples=[services.NewSample(**s.model_dump()) for s in body.samples]
+        )
         return Response({"received": len(body.samples), "stored": stored}, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        parameters=[OpenApiParameter("step", int, description="Only this step."),
-                    OpenApiParameter("limit", int, description="1..1000 (default 200)."),
-                    OpenApiParameter("offset", int)],
+        parameters=[
+            OpenApiParameter("step", int, description="Only this step."),
+            OpenApiParameter("limit", int, description="1..1000 (default 200)."),
+            OpenApiParameter("offset", int),
+        ],
         responses=SampleSerializer(many=True),
     )
     def get(self, request: Request, run_id: int) -> Response:
@@ -193,7 +229,7 @@ class RunSamplesView(IngestView):
             qs = qs.filter(step=step)
         offset = query_int(request, "offset", maximum=10**9) or 0
         limit = query_int(request, "limit", minimum=1, maximum=1000) or 200
-        return Response(SampleSerializer(qs[offset:offset + limit], many=True).data)
+        return Response(SampleSerializer(qs[offset : offset + limit], many=True).data)
 
 
 class RunCheckpointsView(JsonOnly, APIView):
@@ -242,7 +278,8 @@ class RunMetricsJsonView(JsonOnly, APIView):
     @extend_schema(parameters=EXPORT_PARAMS, responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request, run_id: int) -> StreamingHttpResponse:
         run = _readable_run(request, run_id)
-        resp = StreamingHttpResponse(_json_chunks(run.pk, _keys_param(request)), content_type="application/json")
+        resp = StreamingHttpResponse(
+            _json_chunks(run.pk, _keys_param(request)), content_type="application/json"
+        )
         resp["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.json"'
         return resp
-

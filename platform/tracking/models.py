@@ -12,8 +12,13 @@ class MetricPoint(models.Model):
     # starts with run, and the per-row FK trigger halved ingestion speed. Integrity holds in the app:
     # points are written only for a run checked to exist, runs are deleted only when no longer active
     # (their ingest tokens revoked), and Django's CASCADE still deletes a run's points.
-    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="metric_points",
-                            db_constraint=False, db_index=False)
+    run = models.ForeignKey(
+        "experiments.Run",
+        on_delete=models.CASCADE,
+        related_name="metric_points",
+        db_constraint=False,
+        db_index=False,
+    )
     key = models.CharField(max_length=200)
     step = models.BigIntegerField()
     value = models.FloatField()
@@ -76,7 +81,9 @@ class Sample(models.Model):
     response = models.TextField()
     answer = models.TextField(blank=True, default="", help_text="The expected answer, when the task has one.")
     reward = models.FloatField(null=True, blank=True)
-    version_start = models.IntegerField(null=True, blank=True, help_text="Policy version generation began on.")
+    version_start = models.IntegerField(
+        null=True, blank=True, help_text="Policy version generation began on."
+    )
     version_end = models.IntegerField(null=True, blank=True, help_text="Policy version generation ended on.")
     created = models.DateTimeField(auto_now_add=True)
 
@@ -100,8 +107,9 @@ class MetricRollup(models.Model):
     inserted (so retries and "first value wins" hold here too). Unused on SQLite, where queries scan.
     """
 
-    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="+",
-                            db_constraint=False, db_index=False)  # as MetricPoint.run
+    run = models.ForeignKey(
+        "experiments.Run", on_delete=models.CASCADE, related_name="+", db_constraint=False, db_index=False
+    )  # as MetricPoint.run
     key = models.CharField(max_length=200)
     width = models.IntegerField()
     bucket = models.BigIntegerField()

@@ -65,7 +65,11 @@ def bucket_width(lo: int, hi: int, max_points: int) -> tuple[int, int]:
 
 
 def metric_series(
-    *, run_id: int, key: str, step_min: int | None = None, step_max: int | None = None,
+    *,
+    run_id: int,
+    key: str,
+    step_min: int | None = None,
+    step_max: int | None = None,
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> Series:
     """The points of one key in a step range, ordered by step; at most ``max_points`` of them."""
@@ -76,7 +80,8 @@ def metric_series(
         # Cheap first try: a short series comes back whole (reads at most max_points + 1 index entries).
         cur.execute(
             f"SELECT step, value, wall_time FROM {table} WHERE run_id = %s AND key = %s{where} "
-            "ORDER BY step LIMIT %s", [*base, max_points + 1],
+            "ORDER BY step LIMIT %s",
+            [*base, max_points + 1],
         )
         rows = cur.fetchall()
         series = Series(key=key)
@@ -95,7 +100,9 @@ def metric_series(
     return series
 
 
-def _downsample_sql(series: Series, run_id: int, key: str, lo: int, hi: int, width: int, rollup_width: int) -> None:
+def _downsample_sql(
+    series: Series, run_id: int, key: str, lo: int, hi: int, width: int, rollup_width: int
+) -> None:
     """Whole rollup buckets inside [lo, hi] stand for their points; the partial ones at both ends (at
     most 2 * rollup_width steps) are read from the points themselves."""
     first_full = -(-lo // rollup_width)  # first rollup bucket starting at or after lo
@@ -118,8 +125,18 @@ def _downsample_sql(series: Series, run_id: int, key: str, lo: int, hi: int, wid
         SELECT step / %(W)s AS b, min(ARRAY[value, step::float8, wall_time]), max(ARRAY[value, step::float8, wall_time])
         FROM pts GROUP BY b ORDER BY b
     """
-    params = {"run": run_id, "key": key, "w": rollup_width, "b0": first_full, "b1": last_full, "lo": lo,
-              "hi": hi, "full_lo": full_lo, "full_hi": full_hi, "W": width}
+    params = {
+        "run": run_id,
+        "key": key,
+        "w": rollup_width,
+        "b0": first_full,
+        "b1": last_full,
+        "lo": lo,
+        "hi": hi,
+        "full_lo": full_lo,
+        "full_hi": full_hi,
+        "W": width,
+    }
     with connection.cursor() as cur:
         cur.execute(sql, params)
         for _, low, high in cur.fetchall():
@@ -132,7 +149,8 @@ def _downsample_scan(series: Series, table: str, where: str, base: list, width: 
     low = high = None
     with connection.cursor() as cur:
         cur.execute(
-            f"SELECT step, value, wall_time FROM {table} WHERE run_id = %s AND key = %s{where} ORDER BY step", base
+            f"SELECT step, value, wall_time FROM {table} WHERE run_id = %s AND key = %s{where} ORDER BY step",
+            base,
         )
         while chunk := cur.fetchmany(10_000):
             for point in chunk:
@@ -159,7 +177,9 @@ def _emit_pair(series: Series, low: tuple, high: tuple) -> None:
         series.add(*second)
 
 
-def events_since(*, run_id: int, after: int = 0, limit: int = 500, kinds: list[str] | None = None) -> list[RunEvent]:
+def events_since(
+    *, run_id: int, after: int = 0, limit: int = 500, kinds: list[str] | None = None
+) -> list[RunEvent]:
     qs = RunEvent.objects.filter(run_id=run_id, seq__gt=after)
     if kinds:
         qs = qs.filter(kind__in=kinds)
@@ -171,4 +191,6 @@ def metric_rows(*, run_id: int, keys: list[str] | None = None) -> Iterator[tuple
     qs = MetricPoint.objects.filter(run_id=run_id)
     if keys:
         qs = qs.filter(key__in=keys)
-    yield from qs.order_by("key", "step").values_list("key", "step", "value", "wall_time").iterator(chunk_size=5000)
+    yield from (
+        qs.order_by("key", "step").values_list("key", "step", "value", "wall_time").iterator(chunk_size=5000)
+    )

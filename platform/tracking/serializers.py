@@ -72,23 +72,37 @@ class CheckpointSerializer(serializers.ModelSerializer):
 class SampleSerializer(serializers.ModelSerializer):
     class Meta:
         model = Sample
-        fields = ["id", "step", "prompt", "response", "answer", "reward", "version_start", "version_end", "created"]
+        fields = [
+            "id",
+            "step",
+            "prompt",
+            "response",
+            "answer",
+            "reward",
+            "version_start",
+            "version_end",
+            "created",
+        ]
 
 
 class SampleInSerializer(serializers.Serializer):
-    step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP,
-                                    help_text="Defaults to the body's step.")
+    step = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_STEP, help_text="Defaults to the body's step."
+    )
     prompt = serializers.CharField(allow_blank=True, max_length=100_000)
     response = serializers.CharField(allow_blank=True, max_length=100_000)
     answer = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=100_000)
     reward = serializers.FloatField(required=False, allow_null=True)
-    version_start = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
+    version_start = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=2**31 - 1
+    )
     version_end = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
 
 
 class SamplesIngestSerializer(serializers.Serializer):
-    step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP,
-                                    help_text="Step of the samples that name none.")
+    step = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_STEP, help_text="Step of the samples that name none."
+    )
     samples = SampleInSerializer(many=True, help_text=f"At most {MAX_SAMPLES_PER_BATCH} samples.")
 
 

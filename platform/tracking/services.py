@@ -113,9 +113,14 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM roll)
 def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> int:
     cur.execute(
         _PG_INGEST.format(points=MetricPoint._meta.db_table, rollups=MetricRollup._meta.db_table),
-        {"run": run_id, "keys": [p.key for p in points], "steps": [p.step for p in points],
-         "values": [p.value for p in points], "walls": [p.wall_time for p in points],
-         "widths": list(ROLLUP_WIDTHS)},
+        {
+            "run": run_id,
+            "keys": [p.key for p in points],
+            "steps": [p.step for p in points],
+            "values": [p.value for p in points],
+            "walls": [p.wall_time for p in points],
+            "widths": list(ROLLUP_WIDTHS),
+        },
     )
     return int(cur.fetchone()[0])
 
@@ -135,7 +140,10 @@ def event_payload(event: RunEvent) -> dict[str, Any]:
     return {
         "kind": "event",
         "event": {
-            "seq": event.seq, "kind": event.kind, "message": event.message, "data": event.data,
+            "seq": event.seq,
+            "kind": event.kind,
+            "message": event.message,
+            "data": event.data,
             "created": event.created.isoformat(),
         },
     }
@@ -188,7 +196,9 @@ def events_ingest(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEvent]:
         for e in events:
             data = e.data or {}
             if e.kind == EventKind.CHECKPOINT and "path" in data and "step" in data:
-                _checkpoint_upsert(run_id, int(data["step"]), str(data["path"]), int(data.get("size_bytes") or 0))
+                _checkpoint_upsert(
+                    run_id, int(data["step"]), str(data["path"]), int(data.get("size_bytes") or 0)
+                )
     return rows
 
 
@@ -204,7 +214,9 @@ def checkpoint_record(*, run_id: int, step: int, path: str, size_bytes: int = 0)
     with transaction.atomic():
         ckpt = _checkpoint_upsert(run_id, step, path, size_bytes)
         events_append(
-            run_id=run_id, kind=EventKind.CHECKPOINT, message=f"checkpoint at step {step}",
+            run_id=run_id,
+            kind=EventKind.CHECKPOINT,
+            message=f"checkpoint at step {step}",
             data={"step": step, "path": path, "size_bytes": size_bytes},
         )
     return ckpt
@@ -240,7 +252,17 @@ def samples_record(*, run_id: int, samples: Iterable[NewSample]) -> int:
             if used.get(s.step, 0) >= cap:
                 continue
             used[s.step] = used.get(s.step, 0) + 1
-            keep.append(Sample(run_id=run_id, step=s.step, prompt=s.prompt, response=s.response,
-                               answer=s.answer or "", reward=s.reward, version_start=s.version_start, version_end=s.version_end))
+            keep.append(
+                Sample(
+                    run_id=run_id,
+                    step=s.step,
+                    prompt=s.prompt,
+                    response=s.response,
+                    answer=s.answer or "",
+                    reward=s.reward,
+                    version_start=s.version_start,
+                    version_end=s.version_end,
+                )
+            )
         Sample.objects.bulk_create(keep)
     return len(keep)

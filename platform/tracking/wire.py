@@ -58,10 +58,12 @@ class SampleIn(_Wire):
     response: str = Field(max_length=100_000)
     answer: str | None = Field(None, max_length=100_000)
     reward: float | None = None
-    version_start: int | None = Field(None, ge=0, le=2**31 - 1,
-                                      validation_alias=AliasChoices("version_start", "param_version_start"))
-    version_end: int | None = Field(None, ge=0, le=2**31 - 1,
-                                    validation_alias=AliasChoices("version_end", "param_version_end"))
+    version_start: int | None = Field(
+        None, ge=0, le=2**31 - 1, validation_alias=AliasChoices("version_start", "param_version_start")
+    )
+    version_end: int | None = Field(
+        None, ge=0, le=2**31 - 1, validation_alias=AliasChoices("version_end", "param_version_end")
+    )
 
     @field_validator("reward")
     @classmethod

@@ -27,8 +27,14 @@ def team(db):
     viewer = MembershipFactory(project=project, role=Role.VIEWER, user=UserFactory(username="viewer")).user
     stranger = UserFactory(username="stranger")
     other = project_create(name="beta", user=stranger)
-    return {"project": project, "owner": owner, "member": member, "viewer": viewer,
-            "stranger": stranger, "other_project": other}
+    return {
+        "project": project,
+        "owner": owner,
+        "member": member,
+        "viewer": viewer,
+        "stranger": stranger,
+        "other_project": other,
+    }
 
 
 @pytest.fixture

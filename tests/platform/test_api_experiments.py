@@ -20,8 +20,14 @@ def member(team):
 
 
 def create_body(team, **over) -> dict:
-    return {"project": team["project"].pk, "name": "copy-task", "description": "d", "tags": ["a", "b"],
-            "config": demo_config(), **over}
+    return {
+        "project": team["project"].pk,
+        "name": "copy-task",
+        "description": "d",
+        "tags": ["a", "b"],
+        "config": demo_config(),
+        **over,
+    }
 
 
 @pytest.mark.smoke
@@ -51,10 +57,18 @@ def test_invalid_config_is_a_400_with_pydantic_field_paths(team, member):
     assert any("rollout.n" in m for m in resp.json()["errors"]["config"])  # a cross-field (root) error
 
 
-@pytest.mark.parametrize("body", [
-    "not json at all", "[1, 2]", '{"project": "x"}', '{"config": {"model": 3}}', "null",
-    '{"project": 1, "name": "\\u0000", "config": {}}', '{"tags": "notalist"}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "not json at all",
+        "[1, 2]",
+        '{"project": "x"}',
+        '{"config": {"model": 3}}',
+        "null",
+        '{"project": 1, "name": "\\u0000", "config": {}}',
+        '{"tags": "notalist"}',
+    ],
+)
 def test_malformed_bodies_are_400_never_500(team, member, body):
     resp = member.generic("POST", "/api/experiments", body, content_type="application/json")
     assert resp.status_code == 400, resp.content
@@ -86,15 +100,28 @@ def test_yaml_export_and_import_round_trip(team, member, experiment):
     assert resp.status_code == 200 and resp["Content-Type"].startswith("application/yaml")
     text = resp.content.decode()
     assert yaml.safe_load(text) == experiment.config
-    imported = member.post("/api/experiments/import", {"project": team["project"].pk, "name": "from yaml",
-                                                       "yaml": text}, format="json")
+    imported = member.post(
+        "/api/experiments/import",
+        {"project": team["project"].pk, "name": "from yaml", "yaml": text},
+        format="json",
+    )
     assert imported.status_code == 201
     assert imported.json()["config"] == experiment.config
-    broken = member.post("/api/experiments/import", {"project": team["project"].pk, "name": "x",
-                                                     "yaml": "model: [unclosed"}, format="json")
+    broken = member.post(
+        "/api/experiments/import",
+        {"project": team["project"].pk, "name": "x", "yaml": "model: [unclosed"},
+        format="json",
+    )
     assert broken.status_code == 400 and "line" in broken.json()["errors"]["yaml"][0]
-    invalid = member.post("/api/experiments/import", {"project": team["project"].pk, "name": "x",
-                                                      "yaml": "model: {path: p}\nrollout: {backend: hf, n: 0}"}, format="json")
+    invalid = member.post(
+        "/api/experiments/import",
+        {
+            "project": team["project"].pk,
+            "name": "x",
+            "yaml": "model: {path: p}\nrollout: {backend: hf, n: 0}",
+        },
+        format="json",
+    )
     assert invalid.status_code == 400 and "yaml.rollout.n" in invalid.json()["errors"]
 
 

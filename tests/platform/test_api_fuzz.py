@@ -42,9 +42,14 @@ def fuzz_world(team, keep_db_connection):
     run_transition(run_id=done.pk, to="failed", error="x")
     checkpoint_record(run_id=done.pk, step=1, path="/ck/1")
     token = token_create(user=team["owner"], name="fuzz")
-    ids = {"project": team["project"].pk, "experiment": exp.pk, "run": run.pk,
-           "membership": Membership.objects.get(project=team["project"], user=team["viewer"]).pk,
-           "own_token": token.token.pk, "ingest_token": ingest_token_issue(run=run).token.pk}
+    ids = {
+        "project": team["project"].pk,
+        "experiment": exp.pk,
+        "run": run.pk,
+        "membership": Membership.objects.get(project=team["project"], user=team["viewer"]).pk,
+        "own_token": token.token.pk,
+        "ingest_token": ingest_token_issue(run=run).token.pk,
+    }
     return {"ids": ids, "auth": f"Token {token.secret}"}
 
 
@@ -63,8 +68,7 @@ def _real_id(path: str, param: str, ids: dict[str, int]) -> int | None:
 
 
 @schema.parametrize()
-@settings(max_examples=10, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_request_produces_a_server_error(case, fuzz_world):
     params = case.path_parameters or {}
     for name, value in list(params.items()):
@@ -72,6 +76,10 @@ def test_no_request_produces_a_server_error(case, fuzz_world):
         if real is not None and isinstance(value, int) and value % 2 == 0:
             params[name] = real
     response = case.call(headers={"Authorization": fuzz_world["auth"]})
-    assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:500]}"
-    if 200 <= response.status_code < 300 and response.headers.get("Content-Type", "").startswith("application/json"):
+    assert response.status_code < 500, (
+        f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:500]}"
+    )
+    if 200 <= response.status_code < 300 and response.headers.get("Content-Type", "").startswith(
+        "application/json"
+    ):
         case.validate_response(response, checks=[response_schema_conformance])

@@ -45,20 +45,25 @@ def test_engine_reports_metrics_with_its_ingest_token_and_retries_add_nothing(ru
 def test_a_batch_over_the_limit_is_413_and_names_the_limit(run, engine):
     resp = engine.post(f"/api/runs/{run.pk}/metrics", {"points": points(5001)}, format="json")
     assert resp.status_code == 413 and "5000" in resp.json()["detail"]
-    assert engine.post(f"/api/runs/{run.pk}/metrics", {"points": points(5000)}, format="json").status_code == 200
+    assert (
+        engine.post(f"/api/runs/{run.pk}/metrics", {"points": points(5000)}, format="json").status_code == 200
+    )
 
 
-@pytest.mark.parametrize(("body", "path"), [
-    ({"points": [{"key": "k", "step": -1, "value": 1, "wall_time": 0}]}, "points[0].step"),
-    ({"points": [{"key": "", "step": 1, "value": 1, "wall_time": 0}]}, "points[0].key"),
-    ({"points": [{"key": "k", "step": 1, "value": "high", "wall_time": 0}]}, "points[0].value"),
-    ({"points": [{"key": "k", "step": 1, "value": 1}]}, "points[0].wall_time"),
-    ({"points": [{"key": "k", "step": 1.5, "value": 1, "wall_time": 0}]}, "points[0].step"),
-    ({"points": [{"key": "k", "step": 1, "value": 1, "wall_time": 0, "extra": 1}]}, "points[0].extra"),
-    ({"points": "all of them"}, "points"),
-    ({}, "points"),
-    ([1, 2], "body"),
-])
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"points": [{"key": "k", "step": -1, "value": 1, "wall_time": 0}]}, "points[0].step"),
+        ({"points": [{"key": "", "step": 1, "value": 1, "wall_time": 0}]}, "points[0].key"),
+        ({"points": [{"key": "k", "step": 1, "value": "high", "wall_time": 0}]}, "points[0].value"),
+        ({"points": [{"key": "k", "step": 1, "value": 1}]}, "points[0].wall_time"),
+        ({"points": [{"key": "k", "step": 1.5, "value": 1, "wall_time": 0}]}, "points[0].step"),
+        ({"points": [{"key": "k", "step": 1, "value": 1, "wall_time": 0, "extra": 1}]}, "points[0].extra"),
+        ({"points": "all of them"}, "points"),
+        ({}, "points"),
+        ([1, 2], "body"),
+    ],
+)
 def test_bad_metric_bodies_are_400_with_field_paths(run, engine, body, path):
     resp = engine.post(f"/api/runs/{run.pk}/metrics", body, format="json")
     assert resp.status_code == 400, resp.content
@@ -74,7 +79,9 @@ def test_non_finite_json_numbers_are_rejected(run, engine):
 
 def test_ingest_token_is_bound_to_its_run_and_reads_nothing(team, experiment, run, engine):
     other = run_create(experiment=experiment, user=None)
-    assert engine.post(f"/api/runs/{other.pk}/metrics", {"points": points(1)}, format="json").status_code == 404
+    assert (
+        engine.post(f"/api/runs/{other.pk}/metrics", {"points": points(1)}, format="json").status_code == 404
+    )
     assert engine.get(f"/api/runs/{run.pk}/metrics").status_code == 404
     # Authenticated as "the engine of run N", not as a user: everything else is forbidden.
     assert engine.get(f"/api/runs/{run.pk}").status_code == 403
@@ -107,13 +114,17 @@ def test_metric_query_returns_short_series_whole_and_downsamples_long_ones(team,
     assert loss["steps"] == sorted(loss["steps"])
     assert 99.0 in loss["values"] and -5.0 in loss["values"]
     assert loss["steps"][loss["values"].index(99.0)] == 4321
-    ranged = viewer.get(f"/api/runs/{run.pk}/metrics?keys=loss&step_min=100&step_max=149&max_points=1000").json()
+    ranged = viewer.get(
+        f"/api/runs/{run.pk}/metrics?keys=loss&step_min=100&step_max=149&max_points=1000"
+    ).json()
     assert ranged["series"][0]["steps"] == list(range(100, 150))
     assert viewer.get(f"/api/runs/{run.pk}/metrics/keys").json() == {"keys": ["loss", "short"]}
     assert viewer.get(f"/api/runs/{run.pk}/metrics?max_points=1").status_code == 400
 
 
-def reference_downsample(points: dict[int, float], lo: int, hi: int, max_points: int) -> list[tuple[int, float]]:
+def reference_downsample(
+    points: dict[int, float], lo: int, hi: int, max_points: int
+) -> list[tuple[int, float]]:
     """Brute force over the same absolute buckets: min (earliest on ties) and max (latest on ties)."""
     width, _ = bucket_width(lo, hi, max_points)
     buckets: dict[int, list[tuple[int, float]]] = {}
@@ -127,18 +138,29 @@ def reference_downsample(points: dict[int, float], lo: int, hi: int, max_points:
     return out
 
 
-@pytest.mark.parametrize(("step_min", "step_max", "max_points"), [
-    (None, None, 100), (None, None, 2000), (37, 9001, 300), (1000, 1999, 50), (4095, 70000, 1000),
-])
+@pytest.mark.parametrize(
+    ("step_min", "step_max", "max_points"),
+    [
+        (None, None, 100),
+        (None, None, 2000),
+        (37, 9001, 300),
+        (1000, 1999, 50),
+        (4095, 70000, 1000),
+    ],
+)
 def test_downsampling_returns_exactly_each_buckets_min_and_max(run, step_min, step_max, max_points):
     """Several batches, a retry with other values (first wins), sparse steps: on PostgreSQL this goes
     through the rollups plus ragged ends, on SQLite through the scan; both must equal brute force."""
     steps = [s for s in range(0, 70_000, 7) if s % 1000 != 3]
     values = {s: float((s * 7919) % 1013) - 500.0 for s in steps}
     for i in range(0, len(steps), 5000):
-        metrics_ingest(run_id=run.pk, points=[Point("v", s, values[s], float(s)) for s in steps[i:i + 5000]])
+        metrics_ingest(
+            run_id=run.pk, points=[Point("v", s, values[s], float(s)) for s in steps[i : i + 5000]]
+        )
     metrics_ingest(run_id=run.pk, points=[Point("v", s, 1e9, 0.0) for s in steps[:3000]])  # ignored retry
-    series = metric_series(run_id=run.pk, key="v", step_min=step_min, step_max=step_max, max_points=max_points)
+    series = metric_series(
+        run_id=run.pk, key="v", step_min=step_min, step_max=step_max, max_points=max_points
+    )
     inside = [s for s in steps if (step_min is None or s >= step_min) and (step_max is None or s <= step_max)]
     expected = reference_downsample(values, inside[0], inside[-1], max_points)
     assert series.downsampled and len(series.steps) <= max_points
@@ -147,18 +169,29 @@ def test_downsampling_returns_exactly_each_buckets_min_and_max(run, step_min, st
 
 
 def test_events_are_numbered_and_readable_since_a_sequence_number(team, run, engine):
-    resp = engine.post(f"/api/runs/{run.pk}/events", {"events": [
-        {"kind": "log", "message": "step 1"},
-        {"kind": "alert", "message": "reward collapsed", "data": {"reward": 0.0}},
-        {"kind": "checkpoint", "message": "saved", "data": {"step": 10, "path": "/ck/10", "size_bytes": 5}},
-    ]}, format="json")
+    resp = engine.post(
+        f"/api/runs/{run.pk}/events",
+        {
+            "events": [
+                {"kind": "log", "message": "step 1"},
+                {"kind": "alert", "message": "reward collapsed", "data": {"reward": 0.0}},
+                {
+                    "kind": "checkpoint",
+                    "message": "saved",
+                    "data": {"step": 10, "path": "/ck/10", "size_bytes": 5},
+                },
+            ]
+        },
+        format="json",
+    )
     assert resp.status_code == 201 and resp.json() == {"received": 3, "last_seq": 4}  # seq 1: queued
     assert list(Checkpoint.objects.filter(run=run).values_list("path", flat=True)) == ["/ck/10"]
     viewer = client_for(team["viewer"])
     page = viewer.get(f"/api/runs/{run.pk}/events?after=2").json()
     assert [e["seq"] for e in page["events"]] == [3, 4] and page["last_seq"] == 4
     assert [e["message"] for e in viewer.get(f"/api/runs/{run.pk}/events?kind=alert").json()["events"]] == [
-        "reward collapsed"]
+        "reward collapsed"
+    ]
     assert viewer.get(f"/api/runs/{run.pk}/events?after=4").json() == {"events": [], "last_seq": 4}
     ckpts = viewer.get(f"/api/runs/{run.pk}/checkpoints").json()
     assert [(c["step"], c["path"]) for c in ckpts] == [(10, "/ck/10")]
@@ -178,34 +211,69 @@ def test_heartbeat_says_whether_the_run_is_still_active(run, engine):
 
 def test_samples_are_stored_capped_and_listed(team, run, engine, settings):
     settings.SAMPLES_PER_STEP_CAP = 2
-    body = {"samples": [{"step": 1, "prompt": f"p{i}", "response": "r", "reward": 1.0, "version_start": 3,
-                         "version_end": 4} for i in range(3)]}
+    body = {
+        "samples": [
+            {
+                "step": 1,
+                "prompt": f"p{i}",
+                "response": "r",
+                "reward": 1.0,
+                "version_start": 3,
+                "version_end": 4,
+            }
+            for i in range(3)
+        ]
+    }
     resp = engine.post(f"/api/runs/{run.pk}/samples", body, format="json")
     assert resp.status_code == 201 and resp.json() == {"received": 3, "stored": 2}
     listed = client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples?step=1").json()
-    assert [(s["prompt"], s["version_start"], s["version_end"]) for s in listed] == [("p0", 3, 4), ("p1", 3, 4)]
+    assert [(s["prompt"], s["version_start"], s["version_end"]) for s in listed] == [
+        ("p0", 3, 4),
+        ("p1", 3, 4),
+    ]
 
 
 def test_samples_in_the_engines_shape_are_accepted(team, run, engine):
     """rl_engine's HTTP sink posts {"step", "samples": [{prompt, response, answer, reward, param_version_*}]}."""
-    body = {"step": 7, "samples": [{"prompt": "ab", "response": "ab", "answer": "ab", "reward": 1.0,
-                                    "param_version_start": 2, "param_version_end": 3}]}
+    body = {
+        "step": 7,
+        "samples": [
+            {
+                "prompt": "ab",
+                "response": "ab",
+                "answer": "ab",
+                "reward": 1.0,
+                "param_version_start": 2,
+                "param_version_end": 3,
+            }
+        ],
+    }
     assert engine.post(f"/api/runs/{run.pk}/samples", body, format="json").status_code == 201
     [sample] = client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples").json()
-    assert (sample["step"], sample["answer"], sample["version_start"], sample["version_end"]) == (7, "ab", 2, 3)
-    no_step = engine.post(f"/api/runs/{run.pk}/samples", {"samples": [{"prompt": "a", "response": "b"}]},
-                          format="json")
+    assert (sample["step"], sample["answer"], sample["version_start"], sample["version_end"]) == (
+        7,
+        "ab",
+        2,
+        3,
+    )
+    no_step = engine.post(
+        f"/api/runs/{run.pk}/samples", {"samples": [{"prompt": "a", "response": "b"}]}, format="json"
+    )
     assert no_step.status_code == 400 and "no step" in str(no_step.json()["errors"])
 
 
 def test_exports_contain_every_point_in_csv_and_in_the_ingestion_shape(team, run):
-    metrics_ingest(run_id=run.pk, points=[Point("a", s, s + 0.5, 100.0 + s) for s in range(1500)]
-                   + [Point("b", 0, 0.1, 1.0)])
+    metrics_ingest(
+        run_id=run.pk,
+        points=[Point("a", s, s + 0.5, 100.0 + s) for s in range(1500)] + [Point("b", 0, 0.1, 1.0)],
+    )
     viewer = client_for(team["viewer"])
     resp = viewer.get(f"/api/runs/{run.pk}/metrics/export/csv")
     assert resp.status_code == 200 and resp["Content-Type"] == "text/csv"
     rows = list(csv.reader(io.StringIO(b"".join(resp.streaming_content).decode())))
     assert rows[0] == ["key", "step", "value", "wall_time"] and len(rows) == 1502
     assert rows[1] == ["a", "0", "0.5", "100.0"] and rows[-1] == ["b", "0", "0.1", "1.0"]
-    data = json.loads(b"".join(viewer.get(f"/api/runs/{run.pk}/metrics/export/json?keys=b").streaming_content))
+    data = json.loads(
+        b"".join(viewer.get(f"/api/runs/{run.pk}/metrics/export/json?keys=b").streaming_content)
+    )
     assert data == {"run": run.pk, "points": [{"key": "b", "step": 0, "value": 0.1, "wall_time": 1.0}]}

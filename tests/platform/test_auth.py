@@ -75,14 +75,18 @@ def test_browser_session_needs_the_csrf_token_for_writes(team):
 def test_owner_manages_members_but_cannot_remove_the_last_owner(team):
     owner = client_for(team["owner"])
     pid = team["project"].pk
-    added = owner.post(f"/api/projects/{pid}/members", {"username": "stranger", "role": "viewer"}, format="json")
+    added = owner.post(
+        f"/api/projects/{pid}/members", {"username": "stranger", "role": "viewer"}, format="json"
+    )
     assert added.status_code == 201 and added.json()["role"] == "viewer"
     assert client_for(team["stranger"]).get(f"/api/projects/{pid}").json()["role"] == "viewer"
     own = Membership.objects.get(project_id=pid, user=team["owner"])
     demote = owner.patch(f"/api/projects/{pid}/members/{own.pk}", {"role": "member"}, format="json")
     assert demote.status_code == 400 and "at least one owner" in demote.json()["errors"]["role"][0]
     assert owner.delete(f"/api/projects/{pid}/members/{own.pk}").status_code == 400
-    promote = owner.post(f"/api/projects/{pid}/members", {"username": "member", "role": "owner"}, format="json")
+    promote = owner.post(
+        f"/api/projects/{pid}/members", {"username": "member", "role": "owner"}, format="json"
+    )
     assert promote.status_code == 201
     assert owner.delete(f"/api/projects/{pid}/members/{own.pk}").status_code == 204
     assert not Membership.objects.filter(project_id=pid, user=team["owner"]).exists()

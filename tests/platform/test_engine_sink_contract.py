@@ -18,20 +18,42 @@ def test_the_engine_http_sink_reports_into_the_platform(live_server, tmp_path):
     exp = ExperimentFactory(created_by=UserFactory())
     run = run_create(experiment=exp, user=None)
     secret = ingest_token_issue(run=run).secret
-    sink = HttpSink(live_server.url, secret, run.pk, spool_dir=tmp_path, flush_interval_s=0.05,
-                    heartbeat_interval_s=0.2, close_timeout_s=30)
+    sink = HttpSink(
+        live_server.url,
+        secret,
+        run.pk,
+        spool_dir=tmp_path,
+        flush_interval_s=0.05,
+        heartbeat_interval_s=0.2,
+        close_timeout_s=30,
+    )
     for step in range(1, 4):
         sink.log_metrics(step, {"reward/mean": step / 10, "actor/pg_loss": -step / 100})
     sink.log_metrics(3, {"reward/mean": 99.0})  # a repeated step: the platform keeps the first value
     sink.log_event("checkpoint", "checkpoint at step 3", {"step": 3, "path": "/ck/3", "size_bytes": 10})
     sink.log_event("log", "hello")
-    sink.log_samples(3, [{"prompt": "ab", "response": "ab", "answer": "ab", "reward": 1.0,
-                          "param_version_start": 2, "param_version_end": 3}])
+    sink.log_samples(
+        3,
+        [
+            {
+                "prompt": "ab",
+                "response": "ab",
+                "answer": "ab",
+                "reward": 1.0,
+                "param_version_start": 2,
+                "param_version_end": 3,
+            }
+        ],
+    )
     sink.close()
     assert sink._spool_backlog() == 0, sink._last_error  # everything was delivered, nothing refused
     assert MetricPoint.objects.filter(run=run).count() == 6
     assert MetricPoint.objects.get(run=run, key="reward/mean", step=3).value == pytest.approx(0.3)
-    assert list(RunEvent.objects.filter(run=run).values_list("kind", flat=True)) == ["status", "checkpoint", "log"]
+    assert list(RunEvent.objects.filter(run=run).values_list("kind", flat=True)) == [
+        "status",
+        "checkpoint",
+        "log",
+    ]
     assert list(Checkpoint.objects.filter(run=run).values_list("step", "path")) == [(3, "/ck/3")]
     sample = Sample.objects.get(run=run)
     assert (sample.step, sample.answer, sample.version_start, sample.version_end) == (3, "ab", 2, 3)

@@ -49,7 +49,9 @@ ENDPOINTS = [
     # The world's project has an active run: the owner gets past the permission check to the 409.
     Endpoint("DELETE", "/api/projects/{project}", "owner", 409),
     Endpoint("GET", "/api/projects/{project}/members", "viewer", 200),
-    Endpoint("POST", "/api/projects/{project}/members", "owner", 201, {"username": "newbie", "role": "viewer"}),
+    Endpoint(
+        "POST", "/api/projects/{project}/members", "owner", 201, {"username": "newbie", "role": "viewer"}
+    ),
     Endpoint("PATCH", "/api/projects/{project}/members/{membership}", "owner", 200, {"role": "member"}),
     Endpoint("DELETE", "/api/projects/{project}/members/{membership}", "owner", 204),
     Endpoint("GET", "/api/projects/{project}/tokens", "owner", 200),
@@ -83,8 +85,13 @@ ENDPOINTS = [
     Endpoint("POST", "/api/runs/{run}/events", "member", 201, {"events": [{"kind": "log", "message": "m"}]}),
     Endpoint("GET", "/api/runs/{run}/events", "viewer", 200),
     Endpoint("POST", "/api/runs/{run}/heartbeat", "member", 200),
-    Endpoint("POST", "/api/runs/{run}/samples", "member", 201,
-             {"samples": [{"step": 1, "prompt": "p", "response": "r"}]}),
+    Endpoint(
+        "POST",
+        "/api/runs/{run}/samples",
+        "member",
+        201,
+        {"samples": [{"step": 1, "prompt": "p", "response": "r"}]},
+    ),
     Endpoint("GET", "/api/runs/{run}/samples", "viewer", 200),
     Endpoint("GET", "/api/runs/{run}/checkpoints", "viewer", 200),
 ]
@@ -103,8 +110,12 @@ def world(team):
     UserFactory(username="newbie")
     owner_token = token_create(user=team["owner"], name="owner's").token
     ids = {
-        "project": team["project"].pk, "experiment": exp.pk, "idle_experiment": idle.pk, "run": run.pk,
-        "done_run": done.pk, "owner_token": owner_token.pk,
+        "project": team["project"].pk,
+        "experiment": exp.pk,
+        "idle_experiment": idle.pk,
+        "run": run.pk,
+        "done_run": done.pk,
+        "owner_token": owner_token.pk,
         "membership": Membership.objects.get(project=team["project"], user=team["viewer"]).pk,
         "ingest_token": ingest_token_issue(run=run).token.pk,
     }
@@ -124,7 +135,10 @@ def fingerprint() -> tuple:
         tuple(ApiToken.objects.order_by("pk").values_list("pk", "revoked_at")),
         tuple(Experiment.objects.order_by("pk").values_list("pk", "name", "description", "updated_at")),
         tuple(Run.objects.order_by("pk").values_list("pk", "state", "heartbeat_at")),
-        MetricPoint.objects.count(), RunEvent.objects.count(), Sample.objects.count(), Checkpoint.objects.count(),
+        MetricPoint.objects.count(),
+        RunEvent.objects.count(),
+        Sample.objects.count(),
+        Checkpoint.objects.count(),
     )
 
 
@@ -145,8 +159,11 @@ def expected_status(ep: Endpoint, role: str) -> int:
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("ep", ENDPOINTS, ids=lambda ep: f"{ep.method} {ep.path}")
 def test_endpoint_answers_each_role_by_the_policy(world, ep, role):
-    client = client_for(token=token_create(user=world[role], name="matrix").secret) if role != "anonymous" \
+    client = (
+        client_for(token=token_create(user=world[role], name="matrix").secret)
+        if role != "anonymous"
         else client_for()
+    )
     path = ep.path.format(**world["ids"])
     body = world["bodies"].get(ep.body, ep.body) if isinstance(ep.body, str) else ep.body
     before = fingerprint()
@@ -205,4 +222,7 @@ def test_a_token_limited_to_one_project_sees_only_that_project(world):
     assert {p["id"] for p in limited.get("/api/projects").json()["results"]} == {world["ids"]["project"]}
     assert limited.get(f"/api/projects/{other.pk}").status_code == 404
     everywhere = client_for(token=token_create(user=world["member"], name="all").secret)
-    assert {p["id"] for p in everywhere.get("/api/projects").json()["results"]} == {world["ids"]["project"], other.pk}
+    assert {p["id"] for p in everywhere.get("/api/projects").json()["results"]} == {
+        world["ids"]["project"],
+        other.pk,
+    }

@@ -32,7 +32,9 @@ def test_run_create_freezes_config_numbers_runs_and_logs_queued(team, experiment
     assert first.config["seed"] == 0 and second.config["seed"] == 99
     assert first.state == RunState.QUEUED and first.queued_at is not None
     assert second.priority == 5 and second.project_id == team["project"].pk
-    assert list(first.events.values_list("seq", "kind", "data")) == [(1, "status", {"from": None, "to": "queued"})]
+    assert list(first.events.values_list("seq", "kind", "data")) == [
+        (1, "status", {"from": None, "to": "queued"})
+    ]
 
 
 def test_run_create_enqueues_start_only_after_commit(team, experiment, django_capture_on_commit_callbacks):
@@ -46,7 +48,9 @@ def test_run_create_enqueues_start_only_after_commit(team, experiment, django_ca
 @pytest.mark.smoke
 def test_transitions_follow_the_state_machine_and_set_timestamps(team, experiment):
     run = run_create(experiment=experiment, user=None)
-    run = run_transition(run_id=run.pk, to=RunState.STARTING, from_states={RunState.QUEUED}, ray_job_id="job-1")
+    run = run_transition(
+        run_id=run.pk, to=RunState.STARTING, from_states={RunState.QUEUED}, ray_job_id="job-1"
+    )
     assert run.ray_job_id == "job-1" and run.started_at is None
     run = run_transition(run_id=run.pk, to=RunState.RUNNING)
     assert run.started_at is not None

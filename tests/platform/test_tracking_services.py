@@ -27,7 +27,10 @@ def run(team, experiment):
 
 
 def pts(key: str, steps, value=1.0) -> list[Point]:
-    return [Point(key=key, step=s, value=float(value if value is not None else s), wall_time=1e9 + s) for s in steps]
+    return [
+        Point(key=key, step=s, value=float(value if value is not None else s), wall_time=1e9 + s)
+        for s in steps
+    ]
 
 
 @pytest.mark.smoke
@@ -63,7 +66,8 @@ def test_stored_metrics_and_events_are_published_to_the_run_group_after_commit(
     msg = listener.receive()
     assert msg["type"] == "run.update"
     assert msg["payload"] == {
-        "kind": "metrics", "count": 2,
+        "kind": "metrics",
+        "count": 2,
         "series": {"loss": {"steps": [3, 4], "values": [0.25, 0.2], "wall_times": [10.0, 11.0]}},
     }
     with django_capture_on_commit_callbacks(execute=True):
@@ -71,11 +75,17 @@ def test_stored_metrics_and_events_are_published_to_the_run_group_after_commit(
     payload = listener.receive()["payload"]
     assert payload["kind"] == "event"
     assert payload["event"] | {"created": None} == {
-        "seq": event.seq, "kind": "log", "message": "hello", "data": {"line": 1}, "created": None
+        "seq": event.seq,
+        "kind": "log",
+        "message": "hello",
+        "data": {"line": 1},
+        "created": None,
     }
 
 
-def test_nothing_is_published_when_the_transaction_rolls_back(run, listen, django_capture_on_commit_callbacks):
+def test_nothing_is_published_when_the_transaction_rolls_back(
+    run, listen, django_capture_on_commit_callbacks
+):
     from django.db import transaction
 
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
@@ -90,8 +100,12 @@ def test_nothing_is_published_when_the_transaction_rolls_back(run, listen, djang
 
 
 def test_publish_with_a_broken_channel_layer_logs_instead_of_raising(settings, caplog):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}}
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
+        }
+    }
     from channels.layers import channel_layers
 
     channel_layers.backends.clear()
@@ -108,18 +122,30 @@ def test_unknown_event_kind_is_refused(run):
 
 
 def test_checkpoint_events_record_checkpoints(run):
-    events_ingest(run_id=run.pk, events=[
-        NewEvent(kind="checkpoint", message="saved", data={"step": 5, "path": "/c/5", "size_bytes": 7}),
-        NewEvent(kind="log", message="line"),
-    ])
-    assert list(Checkpoint.objects.filter(run=run).values_list("step", "path", "size_bytes")) == [(5, "/c/5", 7)]
+    events_ingest(
+        run_id=run.pk,
+        events=[
+            NewEvent(kind="checkpoint", message="saved", data={"step": 5, "path": "/c/5", "size_bytes": 7}),
+            NewEvent(kind="log", message="line"),
+        ],
+    )
+    assert list(Checkpoint.objects.filter(run=run).values_list("step", "path", "size_bytes")) == [
+        (5, "/c/5", 7)
+    ]
 
 
 def test_samples_are_capped_per_step(run, settings):
     settings.SAMPLES_PER_STEP_CAP = 3
-    stored = samples_record(run_id=run.pk, samples=[NewSample(step=1, prompt=f"p{i}", response="r") for i in range(5)])
-    stored += samples_record(run_id=run.pk, samples=[NewSample(step=1, prompt="late", response="r"),
-                                                     NewSample(step=2, prompt="q", response="r", reward=1.0)])
+    stored = samples_record(
+        run_id=run.pk, samples=[NewSample(step=1, prompt=f"p{i}", response="r") for i in range(5)]
+    )
+    stored += samples_record(
+        run_id=run.pk,
+        samples=[
+            NewSample(step=1, prompt="late", response="r"),
+            NewSample(step=2, prompt="q", response="r", reward=1.0),
+        ],
+    )
     assert stored == 4
     assert list(Sample.objects.filter(run=run, step=1).values_list("prompt", flat=True)) == ["p0", "p1", "p2"]
     assert Sample.objects.filter(run=run, step=2).count() == 1

@@ -6,57 +6,95 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('accounts', '0001_initial'),
-        ('experiments', '0001_initial'),
+        ("accounts", "0001_initial"),
+        ("experiments", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apitoken',
-            name='run',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='ingest_tokens', to='experiments.run'),
+            model_name="apitoken",
+            name="run",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="ingest_tokens",
+                to="experiments.run",
+            ),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='user',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL),
+            model_name="apitoken",
+            name="user",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="api_tokens",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='membership',
-            name='user',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL),
+            model_name="membership",
+            name="user",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="memberships",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='project',
-            name='created_by',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+            model_name="project",
+            name="created_by",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='project',
-            name='members',
-            field=models.ManyToManyField(related_name='projects', through='accounts.Membership', to=settings.AUTH_USER_MODEL),
+            model_name="project",
+            name="members",
+            field=models.ManyToManyField(
+                related_name="projects", through="accounts.Membership", to=settings.AUTH_USER_MODEL
+            ),
         ),
         migrations.AddField(
-            model_name='membership',
-            name='project',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='accounts.project'),
+            model_name="membership",
+            name="project",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="memberships", to="accounts.project"
+            ),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='project',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to='accounts.project'),
+            model_name="apitoken",
+            name="project",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="api_tokens",
+                to="accounts.project",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='membership',
-            constraint=models.UniqueConstraint(fields=('project', 'user'), name='uniq_membership'),
+            model_name="membership",
+            constraint=models.UniqueConstraint(fields=("project", "user"), name="uniq_membership"),
         ),
         migrations.AddConstraint(
-            model_name='apitoken',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind', 'user'), ('run__isnull', True), ('user__isnull', False)), models.Q(('kind', 'ingest'), ('run__isnull', False), ('user__isnull', True)), _connector='OR'), name='token_kind_fields'),
+            model_name="apitoken",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("kind", "user"), ("run__isnull", True), ("user__isnull", False)),
+                    models.Q(("kind", "ingest"), ("run__isnull", False), ("user__isnull", True)),
+                    _connector="OR",
+                ),
+                name="token_kind_fields",
+            ),
         ),
     ]

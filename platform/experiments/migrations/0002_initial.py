@@ -5,34 +5,39 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('experiments', '0001_initial'),
-        ('tracking', '0001_initial'),
+        ("experiments", "0001_initial"),
+        ("tracking", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='resumed_from_checkpoint',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='tracking.checkpoint'),
+            model_name="run",
+            name="resumed_from_checkpoint",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="tracking.checkpoint",
+            ),
         ),
         migrations.AddIndex(
-            model_name='experiment',
-            index=models.Index(fields=['project', '-created_at'], name='exp_project_created'),
+            model_name="experiment",
+            index=models.Index(fields=["project", "-created_at"], name="exp_project_created"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['state', '-priority', 'created_at'], name='run_queue_order'),
+            model_name="run",
+            index=models.Index(fields=["state", "-priority", "created_at"], name="run_queue_order"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['project', '-created_at'], name='run_project_created'),
+            model_name="run",
+            index=models.Index(fields=["project", "-created_at"], name="run_project_created"),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.UniqueConstraint(fields=('experiment', 'number'), name='uniq_run_number'),
+            model_name="run",
+            constraint=models.UniqueConstraint(fields=("experiment", "number"), name="uniq_run_number"),
         ),
     ]

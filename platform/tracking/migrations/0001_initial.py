@@ -5,75 +5,145 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('experiments', '0001_initial'),
+        ("experiments", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Checkpoint',
+            name="Checkpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.BigIntegerField()),
-                ('path', models.CharField(max_length=1000)),
-                ('size_bytes', models.BigIntegerField(default=0)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='experiments.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("step", models.BigIntegerField()),
+                ("path", models.CharField(max_length=1000)),
+                ("size_bytes", models.BigIntegerField(default=0)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="checkpoints",
+                        to="experiments.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run_id', 'step'],
-                'constraints': [models.UniqueConstraint(fields=('run', 'step'), name='uniq_checkpoint_step')],
+                "ordering": ["run_id", "step"],
+                "constraints": [models.UniqueConstraint(fields=("run", "step"), name="uniq_checkpoint_step")],
             },
         ),
         migrations.CreateModel(
-            name='MetricPoint',
+            name="MetricPoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=200)),
-                ('step', models.BigIntegerField()),
-                ('value', models.FloatField()),
-                ('wall_time', models.FloatField(help_text='Unix seconds when the engine measured it.')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='experiments.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=200)),
+                ("step", models.BigIntegerField()),
+                ("value", models.FloatField()),
+                ("wall_time", models.FloatField(help_text="Unix seconds when the engine measured it.")),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="metric_points",
+                        to="experiments.run",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('run', 'key', 'step'), name='uniq_metric_point')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("run", "key", "step"), name="uniq_metric_point")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='RunEvent',
+            name="RunEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('kind', models.CharField(choices=[('log', 'Log'), ('status', 'Status'), ('alert', 'Alert'), ('checkpoint', 'Checkpoint')], max_length=16)),
-                ('message', models.TextField(blank=True, default='')),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='experiments.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("log", "Log"),
+                            ("status", "Status"),
+                            ("alert", "Alert"),
+                            ("checkpoint", "Checkpoint"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("message", models.TextField(blank=True, default="")),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="experiments.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run_id', 'seq'],
-                'constraints': [models.UniqueConstraint(fields=('run', 'seq'), name='uniq_event_seq')],
+                "ordering": ["run_id", "seq"],
+                "constraints": [models.UniqueConstraint(fields=("run", "seq"), name="uniq_event_seq")],
             },
         ),
         migrations.CreateModel(
-            name='Sample',
+            name="Sample",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.BigIntegerField()),
-                ('prompt', models.TextField()),
-                ('response', models.TextField()),
-                ('reward', models.FloatField(blank=True, null=True)),
-                ('version_start', models.IntegerField(blank=True, help_text='Policy version generation began on.', null=True)),
-                ('version_end', models.IntegerField(blank=True, help_text='Policy version generation ended on.', null=True)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='samples', to='experiments.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("step", models.BigIntegerField()),
+                ("prompt", models.TextField()),
+                ("response", models.TextField()),
+                ("reward", models.FloatField(blank=True, null=True)),
+                (
+                    "version_start",
+                    models.IntegerField(
+                        blank=True, help_text="Policy version generation began on.", null=True
+                    ),
+                ),
+                (
+                    "version_end",
+                    models.IntegerField(
+                        blank=True, help_text="Policy version generation ended on.", null=True
+                    ),
+                ),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="samples",
+                        to="experiments.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run_id', 'step', 'id'],
-                'indexes': [models.Index(fields=['run', 'step'], name='sample_run_step')],
+                "ordering": ["run_id", "step", "id"],
+                "indexes": [models.Index(fields=["run", "step"], name="sample_run_step")],
             },
         ),
     ]

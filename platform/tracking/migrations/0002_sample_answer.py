@@ -4,15 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tracking', '0001_initial'),
+        ("tracking", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='sample',
-            name='answer',
-            field=models.TextField(blank=True, default='', help_text='The expected answer, when the task has one.'),
+            model_name="sample",
+            name="answer",
+            field=models.TextField(
+                blank=True, default="", help_text="The expected answer, when the task has one."
+            ),
         ),
     ]

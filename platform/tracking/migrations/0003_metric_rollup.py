@@ -5,31 +5,44 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0002_initial'),
-        ('tracking', '0002_sample_answer'),
+        ("experiments", "0002_initial"),
+        ("tracking", "0002_sample_answer"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='MetricRollup',
+            name="MetricRollup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=200)),
-                ('width', models.IntegerField()),
-                ('bucket', models.BigIntegerField()),
-                ('count', models.IntegerField()),
-                ('min_value', models.FloatField()),
-                ('min_step', models.BigIntegerField()),
-                ('min_wall_time', models.FloatField()),
-                ('max_value', models.FloatField()),
-                ('max_step', models.BigIntegerField()),
-                ('max_wall_time', models.FloatField()),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='experiments.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=200)),
+                ("width", models.IntegerField()),
+                ("bucket", models.BigIntegerField()),
+                ("count", models.IntegerField()),
+                ("min_value", models.FloatField()),
+                ("min_step", models.BigIntegerField()),
+                ("min_wall_time", models.FloatField()),
+                ("max_value", models.FloatField()),
+                ("max_step", models.BigIntegerField()),
+                ("max_wall_time", models.FloatField()),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="experiments.run"
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('run', 'key', 'width', 'bucket'), name='uniq_metric_rollup')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("run", "key", "width", "bucket"), name="uniq_metric_rollup"
+                    )
+                ],
             },
         ),
     ]
