@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
+from tracking.models import Checkpoint, MetricPoint, MetricRollup, RunEvent, Sample
 
 
 @admin.register(MetricPoint)
@@ -30,3 +30,19 @@ class SampleAdmin(admin.ModelAdmin):
     list_display = ("run", "step", "reward", "version_start", "version_end", "created")
     raw_id_fields = ("run",)
     show_full_result_count = False
+
+
+@admin.register(MetricRollup)
+class MetricRollupAdmin(admin.ModelAdmin):
+    """Derived data (kept by the ingest statement): read-only here."""
+
+    list_display = ("run", "key", "width", "bucket", "count", "min_value", "max_value")
+    list_filter = ("width",)
+    raw_id_fields = ("run",)
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
