@@ -10,6 +10,7 @@ step (waiting or training) still running, or a rollouter not answering.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -30,6 +31,13 @@ class StopWaitAbandoned(RuntimeError):
 
 def root_cause(exc: BaseException) -> str:
     """One line for an error that may be wrapped by Ray several times (actor → actor → driver)."""
+    if isinstance(exc, RayActorError):
+        # an actor that died in its constructor carries the traceback only as text: keep its last error line
+        lines = [ln.strip() for ln in str(getattr(exc, "error_msg", "") or exc).splitlines()]
+        errs = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*: ", ln)]
+        if errs:
+            return f"actor died: {errs[-1]}"
+        return f"actor died: {lines[0] if lines else type(exc).__name__}"
     seen = 0
     while isinstance(exc, RayTaskError) and getattr(exc, "cause", None) is not None and seen < 10:
         exc, seen = exc.cause, seen + 1
