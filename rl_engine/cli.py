@@ -76,9 +76,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     sink = build_sinks(cfg.logging, total_steps=cfg.trainer.total_steps)
     try:
         from rl_engine.pipeline import run_experiment  # the one driver; heavy (ray, torch): import late
+        from rl_engine.pipeline.watch import PipelineError
 
         summary = run_experiment(cfg, sink)
     except (ConfigError, DataError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    except PipelineError as exc:  # an actor failed: its error in one line, not a traceback
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
