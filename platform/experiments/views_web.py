@@ -47,14 +47,22 @@ def run_json(run: Run) -> dict[str, Any]:
     """What the dashboard script starts from (the websocket then keeps it current)."""
     iso = lambda d: d.isoformat() if d else None  # noqa: E731
     return {
-        "id": run.pk, "number": run.number, "state": run.state, "error": run.error,
+        "id": run.pk,
+        "number": run.number,
+        "state": run.state,
+        "error": run.error,
         "experiment": {"id": run.experiment_id, "name": run.experiment.name},
         "project": {"id": run.project_id, "name": run.project.name},
-        "created_at": iso(run.created_at), "queued_at": iso(run.queued_at), "started_at": iso(run.started_at),
-        "finished_at": iso(run.finished_at), "heartbeat_at": iso(run.heartbeat_at),
-        "resumed_from": run.resumed_from_id, "last_seq": run.event_seq,
+        "created_at": iso(run.created_at),
+        "queued_at": iso(run.queued_at),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+        "heartbeat_at": iso(run.heartbeat_at),
+        "resumed_from": run.resumed_from_id,
+        "last_seq": run.event_seq,
         "total_steps": (run.config.get("trainer") or {}).get("total_steps"),
-        "terminal_states": sorted(TERMINAL_STATES), "active_states": sorted(ACTIVE_STATES),
+        "terminal_states": sorted(TERMINAL_STATES),
+        "active_states": sorted(ACTIVE_STATES),
     }
 
 
@@ -65,87 +73,132 @@ def home(request: HttpRequest) -> HttpResponse:
     projects = list(Project.objects.filter(pk__in=list(roles)).order_by("name", "id"))
     experiments = (
         _experiments(request)
-        .annotate(n_runs=Count("runs"), n_active=Count("runs", filter=Q(runs__state__in=ACTIVE_STATES)),
-                  last_run=Max("runs__created_at"))
+        .annotate(
+            n_runs=Count("runs"),
+            n_active=Count("runs", filter=Q(runs__state__in=ACTIVE_STATES)),
+            last_run=Max("runs__created_at"),
+        )
         .order_by("-created_at")
     )
     by_project: dict[int, list[Experiment]] = {p.pk: [] for p in projects}
     for exp in experiments:
         by_project[exp.project_id].append(exp)
     recent_runs = _runs(request).order_by("-created_at")[:10]
-    return render(request, "web/home.html", {
-        "projects": [{"project": p, "role": roles[p.pk], "experiments": by_project[p.pk]} for p in projects],
-        "recent_runs": recent_runs,
-    })
+    return render(
+        request,
+        "web/home.html",
+        {
+            "projects": [
+                {"project": p, "role": roles[p.pk], "experiments": by_project[p.pk]} for p in projects
+            ],
+            "recent_runs": recent_runs,
+        },
+    )
 
 
 @login_required
 def experiment_new(request: HttpRequest) -> HttpResponse:
     """The form: a preset, a blank config or a copy of an experiment (``?from=<id>``), rendered from the schema."""
     roles = project_roles(request)
-    writable = [p for p in Project.objects.filter(pk__in=list(roles)).order_by("name")
-                if has_role(request, p.pk, Role.MEMBER)]
+    writable = [
+        p
+        for p in Project.objects.filter(pk__in=list(roles)).order_by("name")
+        if has_role(request, p.pk, Role.MEMBER)
+    ]
     start: dict[str, Any] = {"preset": "demo-cpu" if "demo-cpu" in preset_names() else None}
     source_id = request.GET.get("from", "")
     if source_id.isdigit():
         source = _visible_or_404(_experiments(request), int(source_id))
-        start = {"preset": None, "config": source.config, "name": f"{source.name} (copy)",
-                 "project": source.project_id, "description": source.description, "tags": source.tags}
+        start = {
+            "preset": None,
+            "config": source.config,
+            "name": f"{source.name} (copy)",
+            "project": source.project_id,
+            "description": source.description,
+            "tags": source.tags,
+        }
     elif request.GET.get("preset") in preset_names():
         start["preset"] = request.GET["preset"]
     project_param = request.GET.get("project", "")
     if project_param.isdigit():
         start["project"] = int(project_param)
-    return render(request, "web/experiment_new.html", {
-        "projects": writable,
-        "page_data": {
-            "schema": experiment_json_schema(),
-            "presets": {name: get_preset(name) for name in preset_names()},
-            "projects": [{"id": p.pk, "name": p.name} for p in writable],
-            "start": start,
+    return render(
+        request,
+        "web/experiment_new.html",
+        {
+            "projects": writable,
+            "page_data": {
+                "schema": experiment_json_schema(),
+                "presets": {name: get_preset(name) for name in preset_names()},
+                "projects": [{"id": p.pk, "name": p.name} for p in writable],
+                "start": start,
+            },
         },
-    })
+    )
 
 
 @login_required
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     exp = _visible_or_404(_experiments(request), pk)
     runs = exp.runs.select_related("created_by").order_by("-number")
-    return render(request, "web/experiment_detail.html", {
-        "experiment": exp, "runs": runs, "config_yaml": config_to_yaml(exp.config),
-        "can_write": has_role(request, exp.project_id, Role.MEMBER),
-    })
+    return render(
+        request,
+        "web/experiment_detail.html",
+        {
+            "experiment": exp,
+            "runs": runs,
+            "config_yaml": config_to_yaml(exp.config),
+            "can_write": has_role(request, exp.project_id, Role.MEMBER),
+        },
+    )
 
 
 @login_required
 def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     run = _visible_or_404(_runs(request).select_related("resumed_from", "resumed_from_checkpoint"), pk)
-    checkpoints = list(Checkpoint.objects.filter(run=run).order_by("-step").values("step", "path", "size_bytes", "created"))
-    return render(request, "web/run_dashboard.html", {
-        "run": run, "config_yaml": config_to_yaml(run.config),
-        "can_write": has_role(request, run.project_id, Role.MEMBER),
-        "page_data": {
-            "run": run_json(run),
-            "checkpoints": [{**c, "created": c["created"].isoformat()} for c in checkpoints],
+    checkpoints = list(
+        Checkpoint.objects.filter(run=run).order_by("-step").values("step", "path", "size_bytes", "created")
+    )
+    return render(
+        request,
+        "web/run_dashboard.html",
+        {
+            "run": run,
+            "config_yaml": config_to_yaml(run.config),
             "can_write": has_role(request, run.project_id, Role.MEMBER),
+            "page_data": {
+                "run": run_json(run),
+                "checkpoints": [{**c, "created": c["created"].isoformat()} for c in checkpoints],
+                "can_write": has_role(request, run.project_id, Role.MEMBER),
+            },
         },
-    })
+    )
 
 
 @login_required
 def compare(request: HttpRequest) -> HttpResponse:
     """Overlay one metric across runs: ``?runs=1,2,3&key=reward/mean``."""
-    chosen = [int(x) for x in request.GET.get("runs", "").split(",") if x.strip().isdigit()][:COMPARE_MAX_RUNS]
+    chosen = [int(x) for x in request.GET.get("runs", "").split(",") if x.strip().isdigit()][
+        :COMPARE_MAX_RUNS
+    ]
     candidates = _runs(request).order_by("-created_at")[:200]
     visible_chosen = {r.pk: r for r in _runs(request).filter(pk__in=chosen)}
     runs = [visible_chosen[pk] for pk in chosen if pk in visible_chosen]
-    return render(request, "web/compare.html", {
-        "candidates": candidates,
-        "page_data": {
-            "runs": [{"id": r.pk, "label": f"{r.experiment.name} #{r.number}", "state": r.state} for r in runs],
-            "candidates": [{"id": r.pk, "label": f"{r.experiment.name} #{r.number}", "state": r.state}
-                           for r in candidates],
-            "key": request.GET.get("key", "reward/mean")[:200],
-            "max_runs": COMPARE_MAX_RUNS,
+    return render(
+        request,
+        "web/compare.html",
+        {
+            "candidates": candidates,
+            "page_data": {
+                "runs": [
+                    {"id": r.pk, "label": f"{r.experiment.name} #{r.number}", "state": r.state} for r in runs
+                ],
+                "candidates": [
+                    {"id": r.pk, "label": f"{r.experiment.name} #{r.number}", "state": r.state}
+                    for r in candidates
+                ],
+                "key": request.GET.get("key", "reward/mean")[:200],
+                "max_runs": COMPARE_MAX_RUNS,
+            },
         },
-    })
+    )

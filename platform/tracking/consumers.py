@@ -58,7 +58,10 @@ def _run_for_member(user: Any, run_id: int) -> Run | None:
 def _run_summary(run_id: int) -> dict[str, Any]:
     run = Run.objects.select_related("experiment").get(pk=run_id)
     return {
-        "id": run.pk, "number": run.number, "state": run.state, "error": run.error,
+        "id": run.pk,
+        "number": run.number,
+        "state": run.state,
+        "error": run.error,
         "experiment": {"id": run.experiment_id, "name": run.experiment.name},
         "last_seq": run.event_seq,
         "created_at": run.created_at.isoformat(),
@@ -134,7 +137,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if getattr(self, "group", None):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
         """Text frames holding JSON only; anything else gets an error message, not a dropped connection."""
         try:
             content = json.loads(text_data) if text_data is not None else None
@@ -148,7 +153,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """``{"type": "resume", "last_seq": N}``: send again every event after N (e.g. after a gap)."""
         if not isinstance(content, dict) or content.get("type") != "resume":
-            await self.send_json({"kind": "error", "message": 'expected {"type": "resume", "last_seq": <int>}'})
+            await self.send_json(
+                {"kind": "error", "message": 'expected {"type": "resume", "last_seq": <int>}'}
+            )
             return
         seq = content.get("last_seq")
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:

@@ -26,7 +26,9 @@ PASSWORD = "pw-for-tests"  # the password tests.factories.UserFactory sets
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if Path(CHROMIUM).exists():
         return
-    skip = pytest.mark.skip(reason=f"{CHROMIUM} is missing: run `bash scripts/system-deps.sh` to install Chromium")
+    skip = pytest.mark.skip(
+        reason=f"{CHROMIUM} is missing: run `bash scripts/system-deps.sh` to install Chromium"
+    )
     for item in items:
         if "e2e" in item.keywords:
             item.add_marker(skip)
@@ -60,8 +62,9 @@ def asgi_server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterato
     log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
     cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     server = LiveServer(proc, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + 60
     while True:
@@ -118,8 +121,9 @@ def browser(asgi_server):
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:
         with sync_playwright() as pw:
-            b = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                   args=["--disable-gpu", "--disable-quic"])
+            b = pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--disable-gpu", "--disable-quic"]
+            )
             try:
                 yield b
             finally:

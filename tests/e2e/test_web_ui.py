@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 def post_json(base_url: str, path: str, token: str, body: dict) -> dict:
     req = urllib.request.Request(
-        base_url + path, data=json.dumps(body).encode(), method="POST",
+        base_url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Token {token}"},
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -69,7 +71,9 @@ def field(page, path: str):
     return page.locator(f'[data-path="{path}"]')
 
 
-def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_launch(page, asgi_server, tmp_path):
+def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_launch(
+    page, asgi_server, tmp_path
+):
     user = UserFactory(username="alice")
     project = project_create(name="vision", user=user)
     login(page, "alice")
@@ -137,8 +141,13 @@ def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_ser
     user = UserFactory(username="bob")
     project = project_create(name="rl", user=user)
     run = RunFactory(experiment=ExperimentFactory(project=project, name="copy-task"), created_by=user)
-    as_worker(events_append, run_id=run.pk, kind="status", message="queued (created)",
-              data={"from": None, "to": "queued"})
+    as_worker(
+        events_append,
+        run_id=run.pk,
+        kind="status",
+        message="queued (created)",
+        data={"from": None, "to": "queued"},
+    )
     token = ingest_token_issue(run=run).secret
     login(page, "bob")
     page.goto(f"/runs/{run.pk}/")
@@ -162,11 +171,30 @@ def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_ser
     expect(page.locator('#timeline [data-step="running"]')).to_have_class(re.compile(r"\bcurrent\b"))
 
     post_json(asgi_server.url, f"/api/runs/{run.pk}/metrics", token, {"points": points(range(7, 15), t0)})
-    post_json(asgi_server.url, f"/api/runs/{run.pk}/events", token,
-              {"events": [{"kind": "log", "message": "step 14: reward 0.95"}]})
-    post_json(asgi_server.url, f"/api/runs/{run.pk}/samples", token, {"step": 14, "samples": [
-        {"prompt": "copy: q", "response": "q", "answer": "q", "reward": 1.0,
-         "param_version_start": 13, "param_version_end": 14}]})
+    post_json(
+        asgi_server.url,
+        f"/api/runs/{run.pk}/events",
+        token,
+        {"events": [{"kind": "log", "message": "step 14: reward 0.95"}]},
+    )
+    post_json(
+        asgi_server.url,
+        f"/api/runs/{run.pk}/samples",
+        token,
+        {
+            "step": 14,
+            "samples": [
+                {
+                    "prompt": "copy: q",
+                    "response": "q",
+                    "answer": "q",
+                    "reward": 1.0,
+                    "param_version_start": 13,
+                    "param_version_end": 14,
+                }
+            ],
+        },
+    )
     expect(page.locator('[data-metric="reward/mean"]')).to_have_attribute("data-points", "14")
     expect(page.get_by_test_id("log-tail")).to_contain_text("step 14: reward 0.95")
     expect(page.locator("#progress-step")).to_have_text("14")
@@ -190,13 +218,27 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
     token = ingest_token_issue(run=first).secret
     as_worker(run_transition, run_id=first.pk, to="starting")
     as_worker(run_transition, run_id=first.pk, to="running")
-    post_json(asgi_server.url, f"/api/runs/{first.pk}/metrics", token, {"points": points(range(1, 11), time.time())})
+    post_json(
+        asgi_server.url, f"/api/runs/{first.pk}/metrics", token, {"points": points(range(1, 11), time.time())}
+    )
     login(page, "erin")
     page.goto(f"/runs/{first.pk}/")
     expect(page.get_by_test_id("checkpoints")).not_to_contain_text("/ckpt/")
     # A checkpoint reported by the engine appears in the list as it happens.
-    post_json(asgi_server.url, f"/api/runs/{first.pk}/events", token, {"events": [
-        {"kind": "checkpoint", "message": "checkpoint at step 10", "data": {"step": 10, "path": "/ckpt/step-10"}}]})
+    post_json(
+        asgi_server.url,
+        f"/api/runs/{first.pk}/events",
+        token,
+        {
+            "events": [
+                {
+                    "kind": "checkpoint",
+                    "message": "checkpoint at step 10",
+                    "data": {"step": 10, "path": "/ckpt/step-10"},
+                }
+            ]
+        },
+    )
     expect(page.get_by_test_id("checkpoints")).to_contain_text("/ckpt/step-10")
     expect(page.get_by_test_id("resume")).to_be_hidden()
     as_worker(run_transition, run_id=first.pk, to="succeeded")
@@ -208,7 +250,11 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
     page.wait_for_url(re.compile(rf"/runs/(?!{first.pk}/)\d+/$"))
     second = Run.objects.exclude(pk=first.pk).get()
     assert page.url.endswith(f"/runs/{second.pk}/")
-    assert second.number == 2 and second.resumed_from_id == first.pk and second.config["trainer"]["resume_from"] == "/ckpt/step-10"
+    assert (
+        second.number == 2
+        and second.resumed_from_id == first.pk
+        and second.config["trainer"]["resume_from"] == "/ckpt/step-10"
+    )
     expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
 
     # The experiment page follows the state of its active runs.

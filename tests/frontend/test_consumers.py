@@ -194,8 +194,9 @@ async def test_poll_delivers_what_another_process_stored_without_a_shared_channe
         f"run_transition(run_id={run.pk}, to='starting')\n"
         f"metrics_ingest(run_id={run.pk}, points=[Point('actor/pg_loss', 7, -0.5, 1.0)])\n"
     )
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, cwd=REPO_ROOT, env=env,
-                                                stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE
+    )
     _, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()[-2000:]
     got_event, got_metric = None, None

@@ -29,7 +29,14 @@ def world():
     project_create(name="beta", user=stranger)
     exp = ExperimentFactory(project=project, name="copy-task")
     run = RunFactory(experiment=exp)
-    return {"owner": owner, "viewer": viewer, "stranger": stranger, "project": project, "exp": exp, "run": run}
+    return {
+        "owner": owner,
+        "viewer": viewer,
+        "stranger": stranger,
+        "project": project,
+        "exp": exp,
+        "run": run,
+    }
 
 
 def client_for(user) -> Client:
@@ -39,7 +46,9 @@ def client_for(user) -> Client:
 
 
 def page_data(resp) -> dict:
-    match = re.search(r'<script id="page-data" type="application/json">(.*?)</script>', resp.content.decode(), re.S)
+    match = re.search(
+        r'<script id="page-data" type="application/json">(.*?)</script>', resp.content.decode(), re.S
+    )
     assert match, "the page has no page-data block"
     return json.loads(match.group(1))
 
@@ -85,7 +94,10 @@ def test_a_viewer_cannot_pick_a_project_to_create_in_and_sees_no_launch_button(w
     # No project the viewer may create in: the page explains instead of rendering the form.
     assert 'id="page-data"' not in body and "member role" in body
     assert 'data-testid="launch"' not in c.get(f"/experiments/{world['exp'].pk}/").content.decode()
-    assert 'data-testid="launch"' in client_for(world["owner"]).get(f"/experiments/{world['exp'].pk}/").content.decode()
+    assert (
+        'data-testid="launch"'
+        in client_for(world["owner"]).get(f"/experiments/{world['exp'].pk}/").content.decode()
+    )
 
 
 def test_copy_and_edit_starts_the_form_from_the_experiments_config(world):
