@@ -87,13 +87,13 @@ class ExperimentListView(JsonOnly, generics.ListCreateAPIView):
     def perform_create(self, serializer: ExperimentSerializer) -> None:
         data = serializer.validated_data
         require_role(self.request, data["project_id"], Role.MEMBER)
-        serializer.instance = Experiment.objects.create(
-            project_id=data["project_id"],
+        serializer.instance = services.experiment_create(
+            project=Project.objects.get(pk=data["project_id"]),
+            user=self.request.user,
             name=data["name"],
             description=data.get("description", ""),
             tags=data.get("tags", []),
             config=data["config"],
-            created_by=self.request.user,
         )
 
 
