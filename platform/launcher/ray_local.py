@@ -166,8 +166,13 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _num_cpus() -> int:
+    """Logical CPUs of the head. By default the cores, but at least two per allowed concurrent run: a
+    run places a rollout and a trainer actor of one CPU each, and a run whose actors cannot be placed
+    would sit "running" without progress (oversubscribing cores only slows runs down)."""
     configured = int(getattr(settings, "RAY_LOCAL_NUM_CPUS", 0) or 0)
-    return configured if configured > 0 else (os.cpu_count() or 1)
+    if configured > 0:
+        return configured
+    return max(os.cpu_count() or 1, 2 * int(getattr(settings, "RUN_CONCURRENCY_LIMIT", 1) or 1))
 
 
 def head_env() -> dict[str, str]:

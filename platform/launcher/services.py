@@ -158,8 +158,10 @@ def submission_id_for(run: Run) -> str:
     return f"rlp-run-{run.pk}-{int(run.created_at.timestamp() * 1000)}"
 
 
-def run_dir(run_id: int) -> Path:
-    path = Path(settings.VAR_DIR) / "runs" / str(run_id)
+def run_dir(run: Run) -> Path:
+    """The run's files (frozen config, checkpoints, the sink's spool), named by its submission id: a
+    run id alone repeats after a database reset, and a new run must not inherit an old run's files."""
+    path = Path(settings.VAR_DIR) / "runs" / submission_id_for(run)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -176,11 +178,11 @@ def frozen_config_file(run: Run) -> Path:
     trainer = cfg.setdefault("trainer", {})
     if not trainer.get("checkpoint_dir"):
         # Cancel and resume rely on checkpoints: give every run its own directory.
-        trainer["checkpoint_dir"] = str(run_dir(run.pk) / "checkpoints")
+        trainer["checkpoint_dir"] = str(run_dir(run) / "checkpoints")
     ckpt = getattr(run, "resumed_from_checkpoint", None)
     if ckpt is not None and not trainer.get("resume_from"):
         trainer["resume_from"] = ckpt.path
-    path = run_dir(run.pk) / "config.yaml"
+    path = run_dir(run) / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -201,7 +203,7 @@ def engine_env(run: Run, token_secret: str) -> dict[str, str]:
         "RL_ENGINE_INGEST_URL": setting("PLATFORM_URL", "http://127.0.0.1:8000"),
         "RL_ENGINE_INGEST_TOKEN": token_secret,
         "RL_ENGINE_RUN_ID": str(run.pk),
-        "RL_ENGINE_SPOOL_DIR": str(run_dir(run.pk) / "spool"),
+        "RL_ENGINE_SPOOL_DIR": str(run_dir(run) / "spool"),
         "RL_ENGINE_HEARTBEAT_S": str(setting("RUN_ENGINE_HEARTBEAT_S", 10)),
         "PYTHONUNBUFFERED": "1",  # log lines reach the run's events as they are printed
         "RAY_USAGE_STATS_ENABLED": "0",

@@ -152,7 +152,11 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             batches.append(("metrics", {"points": points[i : i + MAX_POINTS_PER_REQUEST]}))
         for i in range(0, len(events), MAX_POINTS_PER_REQUEST):
             batches.append(("events", {"events": events[i : i + MAX_POINTS_PER_REQUEST]}))
-        batches.extend((ep, body) for ep, body in items if ep == "samples")
+        # One request for all steps' samples (each names its step): a request per step could not keep
+        # up with a fast engine, and the backlog would hold back the metrics queued behind it.
+        samples = [{**s, "step": body["step"]} for ep, body in items if ep == "samples" for s in body["samples"]]
+        for i in range(0, len(samples), MAX_POINTS_PER_REQUEST):
+            batches.append(("samples", {"samples": samples[i : i + MAX_POINTS_PER_REQUEST]}))
         return batches
 
     def _flush_loop(self) -> None:

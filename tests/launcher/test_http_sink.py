@@ -85,7 +85,8 @@ def test_points_events_and_samples_arrive_batched_and_once(server, tmp_path):
     for step in range(50):
         sink.log_metrics(step, {"reward/mean": step / 10, "actor/pg_loss": -step, "bad": float("nan")})
     sink.log_event("checkpoint", "checkpoint at step 49", {"step": 49, "path": "/c", "size_bytes": 1})
-    sink.log_samples(49, [{"prompt": "a", "response": "b", "reward": 1.0}])
+    sink.log_samples(48, [{"prompt": "a", "response": "b", "reward": 1.0}])
+    sink.log_samples(49, [{"prompt": "c", "response": "d", "reward": 0.0}])
     sink.close()
     points = server.points()
     assert sorted(points) == sorted([("reward/mean", s, s / 10) for s in range(50)] +
@@ -94,7 +95,9 @@ def test_points_events_and_samples_arrive_batched_and_once(server, tmp_path):
     events = [b for p, b in server.requests if p.endswith("/events")]
     assert events == [{"events": [{"kind": "checkpoint", "message": "checkpoint at step 49",
                                    "data": {"step": 49, "path": "/c", "size_bytes": 1}}]}]  # fmt: skip
-    assert any(p.endswith("/samples") for p in server.paths())
+    samples = [b for p, b in server.requests if p.endswith("/samples")]
+    assert samples == [{"samples": [{"prompt": "a", "response": "b", "reward": 1.0, "step": 48},
+                                    {"prompt": "c", "response": "d", "reward": 0.0, "step": 49}]}]  # fmt: skip
     assert not sink.spool_path.exists()  # everything delivered: no backlog left behind
 
 

@@ -65,6 +65,17 @@ def api(launcher_stack) -> Api:
     return Api(launcher_stack.web.url)
 
 
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(launcher_stack, transactional_db):  # torn down before the DB flush
+    """A failing test must not leave its engine running into the next one (their rows are flushed)."""
+    yield
+    from launcher import ray_local
+
+    head = ray_local.read_state()
+    if head is not None and ray_local.jobs_api_ok(head):
+        jobs.stop_all(head.dashboard_url, timeout=15)
+
+
 def state_of(run_id: int) -> str:
     return Run.objects.values_list("state", flat=True).get(pk=run_id)
 
