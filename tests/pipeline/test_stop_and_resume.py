@@ -35,7 +35,7 @@ def test_stop_event_checkpoints_announces_and_returns(ray_session, tmp_path):
     cfg = sim_config(**{**_BASE, "trainer.total_steps": 50, "trainer.checkpoint_dir": str(tmp_path)})
     summary = run_experiment(cfg, sink, stop_event=stop, components=sim_components(worker=_SLOW_WORKER))
     assert summary.stopped and 2 <= summary.steps_done < 50
-    (kind, _, data), = sink.kinds("checkpoint")
+    ((_, _, data),) = sink.kinds("checkpoint")
     assert data["step"] == summary.steps_done and Path(data["path"]).is_dir() and data["size_bytes"] > 0
     assert summary.last_checkpoint == data["path"]
     assert sink.kinds("status")[-1][1] == f"stopped at step {summary.steps_done}"
