@@ -19,6 +19,7 @@ from experiments.services import (
     run_transition,
 )
 from rl_engine.config import ConfigError
+from tests.factories import RunFactory
 from tracking.models import RunEvent
 from tracking.services import checkpoint_record
 
@@ -121,8 +122,8 @@ def test_resume_links_the_new_run_to_the_latest_checkpoint(team, experiment):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_transitions_let_exactly_one_writer_win(team, experiment):
-    """Two workers race to start the same queued run: CAS lets one through, the other gets an error."""
-    run = run_create(experiment=experiment, user=None)
+    """Four workers race to start the same queued run: CAS lets one through, the others get an error."""
+    run = RunFactory(experiment=experiment)  # committed: run_create would also enqueue the launcher
     outcomes: list[str] = []
     barrier = threading.Barrier(4)
 
