@@ -72,15 +72,22 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> P
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool = True
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = True,
+    *,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of ``targets`` under softmax(logits / temperature), and that distribution's entropy.
 
     logits: [..., V]; targets: [...] -> (logp [...], entropy [...] or None). Computed in float32.
+    ``entropy_grad=False`` computes the entropy outside autograd (a metric only: saves a [..., V] buffer).
     """
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy

@@ -104,7 +104,9 @@ class PolicyTrainer:
                 dst.copy_(src)
 
     # --- log-probs -------------------------------------------------------------------------------------
-    def _forward(self, model: torch.nn.Module, batch: PackedBatch, with_entropy: bool):
+    def _forward(
+        self, model: torch.nn.Module, batch: PackedBatch, with_entropy: bool, entropy_grad: bool = False
+    ):
         """Response-token log-probs [b, R] (and entropy [b, R]) of ``model`` on ``batch``."""
         width = batch.response_mask.shape[1]
         out = model(
@@ -116,7 +118,11 @@ class PolicyTrainer:
         )
         logits = out.logits[:, :-1, :]
         return token_logprobs_and_entropy(
-            logits, batch.response_ids.to(self.device), self.temperature, with_entropy
+            logits,
+            batch.response_ids.to(self.device),
+            self.temperature,
+            with_entropy,
+            entropy_grad=entropy_grad,
         )
 
     def _micro_size(self) -> int:
@@ -231,7 +237,8 @@ class PolicyTrainer:
         ac = self.cfg.algorithm
         batch = _rows(prep["batch"], part)
         mask = batch.response_mask.to(self.device).float()
-        logp, entropy = self._forward(self.model, batch, with_entropy=True)  # entropy is always reported
+        # Entropy is always reported, but only differentiated when it is part of the loss.
+        logp, entropy = self._forward(self.model, batch, with_entropy=True, entropy_grad=ac.entropy_coef > 0)
         old, adv = prep["old"][part].to(self.device), prep["adv"][part].to(self.device)
         out = ppo_clip_loss(
             logp,
@@ -247,28 +254,37 @@ class PolicyTrainer:
         pg_loss = aggregate(token_loss, mask, ac.loss_agg, **norm)
         loss = pg_loss
         frac = len(part) / norm["num_seqs"]  # aggregate() divided by the whole mini-batch's counts
-        stats = {}
+        names = ["actor/pg_loss"]
+        values = [pg_loss.detach() / frac]
         if self.ref_model is not None:
             kl = aggregate(kl_k3(logp, prep["ref"][part].to(self.device)), mask, ac.loss_agg, **norm)
             loss = loss + ac.kl_coef * kl
-            stats["actor/kl_ref"] = float(kl.detach()) / frac
-        ent = aggregate(entropy, mask, ac.loss_agg, **norm)
+            names.append("actor/kl_ref")
+            values.append(kl.detach() / frac)
         if ac.entropy_coef > 0:
-            loss = loss - ac.entropy_coef * ent
+            loss = loss - ac.entropy_coef * aggregate(entropy, mask, ac.loss_agg, **norm)
         loss.backward()
         with torch.no_grad():
             diff = logp.detach() - old
-            stats.update(
-                {
-                    "actor/pg_loss": float(pg_loss.detach()) / frac,
-                    "actor/entropy": float(masked_mean(entropy.detach(), mask)),
-                    "actor/clipfrac": float(masked_mean(out.clipped.float(), mask)),
-                    "actor/dual_clipfrac": float(masked_mean(out.dual_clipped.float(), mask)),
-                    "actor/approx_kl": float(masked_mean(0.5 * diff**2, mask)),
-                    "actor/ratio_max": float(out.ratio.detach()[mask.bool()].max()) if mask.any() else 1.0,
-                }
+            ratio = out.ratio.detach().masked_fill(mask == 0, float("-inf"))
+            names += [
+                "actor/entropy",
+                "actor/clipfrac",
+                "actor/dual_clipfrac",
+                "actor/approx_kl",
+                "actor/ratio_max",
+            ]
+            values += [
+                masked_mean(entropy.detach(), mask),
+                masked_mean(out.clipped.float(), mask),
+                masked_mean(out.dual_clipped.float(), mask),
+                masked_mean(0.5 * diff**2, mask),
+                ratio.max() if mask.any() else torch.tensor(1.0),
+            ]
+            # One device->host transfer for all metrics (each float() would synchronise on a GPU).
+            return dict(
+                zip(names, torch.stack([v.float().reshape(()) for v in values]).tolist(), strict=True)
             )
-        return stats
 
     # --- checkpoint ------------------------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:

@@ -226,3 +226,21 @@ def test_weights_numpy_are_contiguous_copies(make_cfg):
     assert all(a.flags["C_CONTIGUOUS"] and a.dtype == np.float32 for a in w.values())
     w["model.norm.weight"][:] = 123.0  # a copy: the trainer's weights are untouched
     assert float(trainer.model.model.norm.weight[0].detach()) != 123.0
+
+
+def test_entropy_bonus_raises_entropy_when_advantages_are_zero(make_cfg):
+    cfg = make_cfg(
+        "trainer.batch_size=16",
+        "trainer.mini_batch_size=16",
+        "rollout.max_new_tokens=4",
+        "algorithm.entropy_coef=1.0",
+        "trainer.lr=1e-2",
+    )
+    trainer = PolicyTrainer(cfg)
+    batch = _scored_batch(cfg)
+    for s in batch:
+        s.reward = 1.0  # every group uniform: zero advantages, the entropy term alone drives the update
+    first = trainer.train_step(batch)["actor/entropy"]
+    for _ in range(3):
+        last = trainer.train_step(batch)["actor/entropy"]
+    assert last > first + 1e-3
