@@ -104,12 +104,16 @@ class JsonlSink(MetricsSink):
 
 
 class ProgressSink(MetricsSink):
-    """A tqdm bar over trainer steps showing the latest mean reward (tqdm shows the step rate)."""
+    """A tqdm bar over trainer steps showing the latest mean reward (tqdm shows the step rate); shown
+    only on a terminal."""
 
     def __init__(self, total_steps: int, stream: TextIO | None = None):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total_steps, unit="step", file=stream or sys.stderr, dynamic_ncols=True)
+        # disable=None: no bar when the stream is not a terminal (a Ray job's log would fill with \r frames).
+        self.bar = tqdm(
+            total=total_steps, unit="step", file=stream or sys.stderr, dynamic_ncols=True, disable=None
+        )
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         if step > self.bar.n:

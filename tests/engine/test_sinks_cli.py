@@ -117,3 +117,24 @@ def test_presets_and_schema_commands(capsys):
     assert "demo-cpu" in names
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out) == experiment_json_schema()
+
+
+def test_progress_bar_shows_reward_on_a_terminal_only():
+    from rl_engine.sinks import ProgressSink
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    bar = ProgressSink(10, stream=tty)
+    bar.log_metrics(4, {"reward/mean": 0.625})
+    bar.log_metrics(6, {"reward/mean": 0.75})
+    assert bar.bar.n == 6
+    bar.close()
+    assert "reward=0.750" in tty.getvalue() and "6/10" in tty.getvalue()
+    piped = io.StringIO()
+    quiet = ProgressSink(10, stream=piped)
+    quiet.log_metrics(4, {"reward/mean": 0.5})
+    quiet.close()
+    assert piped.getvalue() == ""
