@@ -15,6 +15,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -207,6 +208,54 @@ def bench_learning(model_dir: Path, budget_s: float, seed: int, marks: list[floa
     }
 
 
+def bench_learning_pipeline(
+    model_dir: Path, budget_s: float, seed: int, marks: list[float]
+) -> dict[str, object]:
+    """demo-cpu as `python -m rl_engine train` runs it (the pipeline, its preset mode), timed from the
+    call (Ray start included); reward = running mean of the last 10 steps' ``reward/mean``."""
+    from rl_engine.pipeline import run_experiment
+    from rl_engine.sinks import MetricsSink
+
+    class Recorder(MetricsSink):
+        def __init__(self) -> None:
+            self.t0 = time.perf_counter()
+            self.points: list[tuple[float, int, float]] = []
+
+        def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+            if "reward/mean" in metrics:
+                self.points.append((time.perf_counter() - self.t0, step, metrics["reward/mean"]))
+                if len(self.points) >= 10 and statistics.fmean(p[2] for p in self.points[-10:]) >= 0.9:
+                    stop.set()  # learned: stop the run early
+
+    cfg = _cfg(model_dir, f"seed={seed}", "logging.log_every=1", "logging.samples_per_step=0")
+    stop = threading.Event()
+    rec = Recorder()
+    timer = threading.Timer(budget_s, stop.set)
+    timer.start()
+    try:
+        run_experiment(cfg, rec, stop_event=stop)
+    finally:
+        timer.cancel()
+    at_mark: dict[float, float] = {}
+    reached: dict[float, tuple[float, int]] = {}
+    for i, (t, step, _) in enumerate(rec.points):
+        running = statistics.fmean(r for _, _, r in rec.points[max(0, i - 9) : i + 1])
+        for m in marks:
+            if t >= m and m not in at_mark:
+                at_mark[m] = running
+        for level in (0.5, 0.8, 0.9):
+            if running >= level and level not in reached:
+                reached[level] = (t, step)
+    first = [r for _, _, r in rec.points[:10]]
+    last_t, last_step = (rec.points[-1][0], rec.points[-1][1]) if rec.points else (1.0, 0)
+    return {
+        "at_mark": at_mark,
+        "reached": reached,
+        "steps_per_s": last_step / last_t,
+        "first10": statistics.fmean(first) if first else float("nan"),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="rollout,trainer,learning")
@@ -216,6 +265,12 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--seeds", default="0,1,2", help="learning-curve seeds")
     ap.add_argument("--budget-s", type=float, default=180.0)
+    ap.add_argument(
+        "--driver",
+        choices=["inprocess", "pipeline"],
+        default="pipeline",
+        help="learning curve: the pipeline (as `train` runs it) or a bare in-process worker+trainer loop",
+    )
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
@@ -258,7 +313,8 @@ def main() -> None:
                 + "   time (step) to 0.5 / 0.8 / 0.9"
             )
             for seed in [int(x) for x in args.seeds.split(",")]:
-                r = bench_learning(dirs["tiny-88k"], args.budget_s, seed, marks)
+                fn = bench_learning_pipeline if args.driver == "pipeline" else bench_learning
+                r = fn(dirs["tiny-88k"], args.budget_s, seed, marks)
                 cells = [f"{r['at_mark'][m]:6.2f}" if m in r["at_mark"] else f"{'-':>6}" for m in marks]
                 hits = [
                     f"{r['reached'][lv][0]:.0f}s ({r['reached'][lv][1]})"
