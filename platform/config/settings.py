@@ -176,6 +176,7 @@ else:
     for _d in (_broker_dir, _control_dir):
         _d.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT = "launcher.broker:AtomicFilesystemTransport"  # kombu's, with atomic writes
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),
@@ -185,6 +186,9 @@ else:
     }
 
 # --- Channels ---------------------------------------------------------------------------------------
+# Websocket consumers also poll the database this often (seconds; 0 disables): with the in-process layer
+# it is how a Celery worker's status changes reach the browser.
+LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or 1.5)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}

@@ -6,8 +6,10 @@ answered with a JSON 500 (which tests treat as a bug).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -15,7 +17,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        view = context.get("view")
+        logging.getLogger("api").exception("unhandled error in %s", type(view).__name__ if view else "API view")
+        return Response({"detail": "Internal server error."}, status=status.HTTP_500_INTERNAL_SERVER_ERROR)
     data = response.data
     if isinstance(data, dict) and "detail" in data and len(data) == 1:
         return response
