@@ -21,13 +21,19 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists -> (input_ids [B, L], attention_mask [B, L])."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-    return ids, mask
+    # One tensor construction from padded lists: much cheaper than a copy per row for small batches.
+    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
+    return ids.reshape(len(seqs), width), mask.reshape(len(seqs), width)
+
+
+def right_pad(
+    rows: list[list[int]] | list[list[float]], value: float, dtype: torch.dtype, width: int | None = None
+):
+    """Right-pad lists to ``width`` (default: the longest) -> [B, width] tensor of ``dtype``."""
+    width = max(1, max(len(r) for r in rows)) if width is None else width
+    out = torch.tensor([list(r) + [value] * (width - len(r)) for r in rows], dtype=dtype)
+    return out.reshape(len(rows), width)
 
 
 @dataclass
@@ -54,13 +60,8 @@ class PackedBatch:
 def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> PackedBatch:
     """Build the shared layout from prompt and response token lists (same length lists)."""
     p_ids, p_mask = left_pad(prompts, pad_id)
-    width = max(1, max(len(r) for r in responses))
-    r_ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
-    r_mask = torch.zeros((len(responses), width), dtype=torch.long)
-    for i, r in enumerate(responses):
-        if r:
-            r_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            r_mask[i, : len(r)] = 1
+    r_ids = right_pad(responses, pad_id, torch.long)
+    r_mask = right_pad([[1] * len(r) for r in responses], 0, torch.long)
     mask = torch.cat([p_mask, r_mask], dim=1)
     return PackedBatch(
         input_ids=torch.cat([p_ids, r_ids], dim=1),

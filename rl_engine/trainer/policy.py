@@ -28,7 +28,7 @@ from rl_engine.algos import aggregate, get_advantage_fn, group_indices, kl_k3, m
 from rl_engine.algos.losses import truncated_is_weights
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, special_token_ids
-from rl_engine.models.batching import PackedBatch, pack, token_logprobs_and_entropy
+from rl_engine.models.batching import PackedBatch, pack, right_pad, token_logprobs_and_entropy
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.schedule import build_lr_multiplier
 from rl_engine.types import Sample
@@ -45,10 +45,7 @@ def _rows(batch: PackedBatch, idx: torch.Tensor) -> PackedBatch:
 
 
 def _pad_floats(rows: list[list[float]], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out
+    return right_pad(rows, 0.0, torch.float32, width)
 
 
 class PolicyTrainer:
