@@ -88,6 +88,8 @@ def supervise(*, run_id: int, owner: str) -> str:
         return _follow(run_id, owner)
     except LeaseLost:
         return "lease lost"
+    except (Run.DoesNotExist, Supervision.DoesNotExist):
+        return "run deleted"
     finally:
         lease_release(run_id=run_id, owner=owner)
 
