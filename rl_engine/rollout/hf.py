@@ -9,10 +9,11 @@ multinomial draw); ``benchmarks/engine_core.py`` measures it against bare ``gene
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ class _Request:
     new_logprobs: list[float] = field(default_factory=list)
     finish: FinishReason = "abort"
     elapsed_s: float = 0.0
+    version: int | None = None  # policy version of the weights that decoded it (None: never started)
 
 
 def sample_top_p(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -76,6 +78,7 @@ class HFRolloutWorker(RolloutWorker):
         self._eos = torch.tensor(self.special.eos_ids, dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._params = dict(self.model.named_parameters())
+        self._weights_lock = threading.Lock()
 
     # --- public API -------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
@@ -105,9 +108,17 @@ class HFRolloutWorker(RolloutWorker):
     @torch.no_grad()
     def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
         """Copy weights in place by parameter name (numpy arrays or tensors); unknown names are an error."""
+        with self._weights_lock:
+            self._load_weights(named_tensors)
+            self._version = int(version)
+
+    @torch.no_grad()
+    def _load_weights(self, named_tensors: Mapping[str, Any]) -> None:
+        """Check every name and shape first, then copy: a bad update leaves the weights untouched."""
         unknown = [k for k in named_tensors if k not in self._params]
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
+        staged = []
         for name, value in named_tensors.items():
             if isinstance(value, torch.Tensor):
                 src = value
@@ -121,8 +132,9 @@ class HFRolloutWorker(RolloutWorker):
                 raise ValueError(
                     f"update_weights: {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
                 )
+            staged.append((dst, src))
+        for dst, src in staged:
             dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
-        self._version = int(version)
 
     # --- internals --------------------------------------------------------------------------------
     def _run(self, reqs: list[_Request]) -> list[Sample]:
@@ -131,20 +143,28 @@ class HFRolloutWorker(RolloutWorker):
             chunk = reqs[start : start + mb]
             if self.interrupted:
                 continue  # not started: comes back as an abort with its prefix unchanged
-            t0 = time.perf_counter()
-            self._decode(chunk)
-            dt = time.perf_counter() - t0
+            # The lock keeps a concurrent update_weights from swapping weights mid-micro-batch; the
+            # version is read under it, so each token is attributed to the weights that produced it.
+            with self._weights_lock:
+                version = self._version
+                t0 = time.perf_counter()
+                self._decode(chunk)
+                dt = time.perf_counter() - t0
             for r in chunk:
-                r.elapsed_s = dt
+                r.elapsed_s, r.version = dt, version
         return [self._to_sample(r) for r in reqs]
 
     def _to_sample(self, r: _Request) -> Sample:
+        tmpl = r.template
+        if r.version is not None and not tmpl.response_ids and tmpl.num_interruptions == 0:
+            # A fresh response starts on the weights its first token was sampled with.
+            tmpl = replace(tmpl, param_version_start=r.version, param_version_end=r.version)
         return extend_sample(
-            r.template,
+            tmpl,
             r.new_ids,
             r.new_logprobs,
             r.finish,
-            version=self.version,
+            version=r.version if r.version is not None else self.version,
             elapsed_s=r.elapsed_s,
             tokenizer=self.tokenizer,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -131,8 +133,14 @@ def test_update_weights_changes_the_policy_and_rejects_bad_names(make_cfg):
     assert before  # sanity: the trainer could score the old samples
     with pytest.raises(KeyError, match="unknown parameter names"):
         worker.update_weights({"nope.weight": weights["model.norm.weight"]}, 8)
+    bad = {k: v * 2.0 for k, v in weights.items()}  # differs from the loaded weights everywhere...
+    bad["model.norm.weight"] = weights["model.norm.weight"][:3]  # ...and one tensor has a wrong shape
+    before_bad = [p.detach().clone() for p in worker.model.parameters()]
     with pytest.raises(ValueError, match="has shape"):
-        worker.update_weights({"model.norm.weight": weights["model.norm.weight"][:3]}, 8)
+        worker.update_weights(bad, 8)
+    # A rejected update changes nothing, not even the tensors listed before the bad one.
+    assert all(torch.equal(a, b) for a, b in zip(before_bad, worker.model.parameters(), strict=True))
+    assert worker.version == 7
 
 
 def test_top_p_keeps_only_the_nucleus():
@@ -151,3 +159,24 @@ def test_generation_builds_no_autograd_graph(make_cfg):
     samples = worker.generate(prompts, 2)
     worker.resume([s for s in samples if s.finish_reason == "abort"])
     assert grad_modes and not any(grad_modes)
+
+
+def test_weights_updated_from_another_thread_apply_between_micro_batches(make_cfg):
+    cfg, worker, prompts = _worker_and_prompts(
+        make_cfg, "rollout.micro_batch_size=4", "rollout.max_new_tokens=6", k=4
+    )
+    new_weights = {k: v * 1.01 for k, v in PolicyTrainer(cfg).weights_numpy().items()}
+    started = threading.Event()
+    worker.model.register_forward_hook(lambda *_: started.set())
+    result: list = []
+    gen = threading.Thread(target=lambda: result.extend(worker.generate(prompts, 4)))
+    gen.start()
+    started.wait(30)
+    worker.update_weights(new_weights, 1)  # waits for the running micro-batch, never tears it
+    gen.join(60)
+    versions = [(s.param_version_start, s.param_version_end) for s in result]
+    assert len(versions) == 16 and all(a == b for a, b in versions)
+    per_batch = [versions[i][0] for i in range(0, 16, 4)]
+    assert per_batch[0] == 0 and per_batch == sorted(per_batch)
+    assert all(versions[i] == versions[i - i % 4] for i in range(16))  # one version per micro-batch
+    assert worker.version == 1
