@@ -181,6 +181,10 @@ class PipelineConfig(_Strict):
     prompts_per_call: int = Field(
         0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
     )
+    rollout_concurrency: int = Field(
+        1, ge=1, le=256,
+        description="Concurrent generate calls per rollouter (engines with continuous batching); hf: 1.",
+    )
     sync_backend: Literal["object_store", "nccl"] = Field(
         "object_store", description="Weight sync transport: Ray object store (CPU) or NCCL broadcast (GPU)."
     )

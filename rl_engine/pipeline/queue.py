@@ -75,6 +75,17 @@ class MessageQueue:
             self._changed.notify_all()
         return self._queued
 
+    async def put_many(self, groups: list[list[Sample]]) -> int:
+        """Append several groups at once (one actor call per generate call)."""
+        for group in groups:
+            self._groups.append(group)
+            self._queued += len(group)
+            self.c.generated += len(group)
+        self._max_depth = max(self._max_depth, self._queued)
+        async with self._changed:
+            self._changed.notify_all()
+        return self._queued
+
     async def report_dropped(self, uids: list[str]) -> None:
         """A rollouter discarded in-flight samples that could no longer meet the staleness bound."""
         self.c.dropped_stale += len(uids)

@@ -53,11 +53,17 @@ class Rollouter:
         self._pending: list[list[Sample]] = []  # admitted groups with unfinished ("abort") samples
         self._parked: list[Any] | None = None  # admitted prompts not started yet (a control call came)
         self._cv = threading.Condition()
-        self._busy_since: float | None = None  # a worker call is running since (monotonic)
+        self._busy: dict[int, float] = {}  # loop thread -> start of its running worker call (monotonic)
         self._hold = 0  # control calls that need the worker (update, pause) — the loop waits
         self._stop = threading.Event()
         self._error: str | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self.concurrency = cfg.pipeline.rollout_concurrency
+        if self.concurrency > 1 and not getattr(self.worker, "supports_concurrent_calls", False):
+            raise ValueError(
+                f"pipeline.rollout_concurrency={self.concurrency} needs a worker that accepts concurrent "
+                f"generate calls; {type(self.worker).__name__} does not: set it to 1"
+            )
         self._busy_s = 0.0  # accumulated time inside worker calls
         self._samples_out = 0
         self._tokens_out = 0
@@ -65,8 +71,10 @@ class Rollouter:
 
     # --- generation loop ----------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"rollouter-{self.index}", daemon=True)
-        self._thread.start()
+        for k in range(self.concurrency):
+            t = threading.Thread(target=self._loop, name=f"rollouter-{self.index}-{k}", daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def _loop(self) -> None:
         try:
@@ -84,7 +92,7 @@ class Rollouter:
                 finally:
                     with self._cv:
                         self._busy_s += time.monotonic() - t0
-                        self._busy_since = None
+                        self._busy.pop(threading.get_ident(), None)
                         self._last_progress = time.monotonic()
                         self._cv.notify_all()
         except BaseException as exc:  # report any failure to the queue: the trainer and driver raise it
@@ -101,11 +109,11 @@ class Rollouter:
             if self._stop.is_set():
                 return None
             if self._pending:
-                self._busy_since = time.monotonic()
+                self._busy[threading.get_ident()] = time.monotonic()
                 return "resume", self._take_resumable()
             if self._parked is not None:
                 prompts, self._parked = self._parked, None
-                self._busy_since = time.monotonic()
+                self._busy[threading.get_ident()] = time.monotonic()
                 return "generate", prompts
             version = self.worker.version
         unit = self.knobs.prompts_per_call * self.knobs.group_size
@@ -120,7 +128,7 @@ class Rollouter:
                 # ``version``; park them (counted in flight) and generate them next, on fresh weights
                 self._parked = prompts
                 return None
-            self._busy_since = time.monotonic()
+            self._busy[threading.get_ident()] = time.monotonic()
         return "generate", prompts
 
     def _next_prompts(self) -> list[Any]:
@@ -166,8 +174,9 @@ class Rollouter:
             for s in g:
                 s.reward = float(self.reward_fn(s))
             done.append(g)
+        if done:  # one call for all finished groups of this generate call
+            ray.get(self.queue.put_many.remote(done))
         for g in done:
-            ray.get(self.queue.put.remote(g))
             self._samples_out += len(g)
             self._tokens_out += sum(s.response_length for s in g)
 
@@ -176,9 +185,9 @@ class Rollouter:
         """Stop the loop from starting calls; interrupt the running one if allowed; wait for it."""
         with self._cv:
             self._hold += 1
-            if interrupt and self._busy_since is not None:
+            if interrupt and self._busy:
                 self.worker.interrupt()
-            while self._busy_since is not None:
+            while self._busy:
                 self._cv.wait(0.5)
 
     def _release_worker(self) -> None:
@@ -235,10 +244,11 @@ class Rollouter:
             raise RuntimeError(self._error)
         now = time.monotonic()
         with self._cv:
-            busy_for = now - self._busy_since if self._busy_since is not None else 0.0
+            busy_for = now - min(self._busy.values()) if self._busy else 0.0
+            running = sum(now - t for t in self._busy.values())
             return {
                 "version": self.worker.version,
-                "busy_s": self._busy_s + busy_for,
+                "busy_s": (self._busy_s + running) / self.concurrency,
                 "call_running_s": busy_for,
                 "samples_out": self._samples_out,
                 "tokens_out": self._tokens_out,
@@ -252,11 +262,12 @@ class Rollouter:
         self.worker.interrupt()
         with self._cv:
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
         with contextlib.suppress(Exception):
             self.worker.close()
-        return {"in_flight": self.in_flight(), "alive": bool(self._thread and self._thread.is_alive())}
+        return {"in_flight": self.in_flight(), "alive": any(t.is_alive() for t in self._threads)}
 
 
 def _split_groups(samples: list[Sample]) -> list[list[Sample]]:

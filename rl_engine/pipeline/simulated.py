@@ -18,6 +18,7 @@ Cost model (documented in docs/pipeline.md):
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -74,6 +75,16 @@ def sim_prompts(cfg: ExperimentConfig, index: int = 0, prompt_len: int = 16) -> 
     return SimPromptStream(cfg, index, prompt_len)
 
 
+class _Engine:
+    """Shared state of the simulated decode engine: waiting and active sequences, one condition."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.waiting: collections.deque = collections.deque()
+        self.active: list = []
+        self.thread: threading.Thread | None = None
+
+
 class SimRolloutWorker(RolloutWorker):
     """A continuous-batching decode engine whose costs are simulated (see the module docstring)."""
 
@@ -99,6 +110,7 @@ class SimRolloutWorker(RolloutWorker):
         self.fail_at_call, self.hang_at_call, self.update_hang_s = fail_at_call, hang_at_call, update_hang_s
         self.calls = 0
         self.weights: dict[str, np.ndarray] = {}
+        self._engine = _Engine()
 
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
         self._fault_points()
@@ -121,39 +133,62 @@ class SimRolloutWorker(RolloutWorker):
         return self._decode(samples)
 
     def _fault_points(self) -> None:
-        self.calls += 1
+        with self._engine.cv:
+            self.calls += 1
         if self.fail_at_call is not None and self.calls >= self.fail_at_call:
             raise RuntimeError(f"simulated rollout failure at call {self.calls}")
         if self.hang_at_call is not None and self.calls >= self.hang_at_call:
             threading.Event().wait(3600)  # a stuck engine that ignores interrupts
 
+    supports_concurrent_calls = True  # calls share one slot pool, like an async continuous-batching engine
+
     def _decode(self, samples: list[Sample]) -> list[Sample]:
-        """Advance ``samples`` through the slot engine until done or interrupted (chunk granularity)."""
-        waiting = list(range(len(samples)))
-        active: list[int] = []
-        while waiting or active:
-            if self.interrupted:
-                break
-            while waiting and len(active) < self.slots:
-                active.append(waiting.pop(0))
-            steps = self.chunk_steps
-            time.sleep(steps * self.decode_step_s)
-            still = []
-            for i in active:
-                s = samples[i]
-                target = int(s.extra["target_len"])
-                take = min(steps, target - len(s.response_ids))
-                s.response_ids.extend([5] * take)
-                s.logprobs.extend([-1.0] * take)
-                s.param_version_end = self.version
-                if len(s.response_ids) >= target:
-                    s.finish_reason = "stop"
-                else:
-                    still.append(i)
-            active = still
+        """Run ``samples`` through the shared slot engine until done or interrupted (chunk granularity)."""
+        eng = self._engine
+        todo = [s for s in samples if s.finish_reason == "abort"]
+        with eng.cv:
+            left = [len(todo)]
+            eng.waiting.extend((left, s) for s in todo)
+            if eng.thread is None:
+                eng.thread = threading.Thread(target=self._engine_loop, daemon=True)
+                eng.thread.start()
+            eng.cv.notify_all()
+            while left[0] > 0:
+                if self.interrupted:  # take this call's sequences out of the engine; they stay "abort"
+                    eng.waiting = collections.deque(x for x in eng.waiting if x[0] is not left)
+                    eng.active = [x for x in eng.active if x[0] is not left]
+                    break
+                eng.cv.wait(0.02)
         for s in samples:
             s.response_text = "x" * len(s.response_ids)
         return samples
+
+    def _engine_loop(self) -> None:
+        """One decode chunk per iteration: every active sequence advances ``chunk_steps`` tokens."""
+        eng = self._engine
+        while True:
+            with eng.cv:
+                while len(eng.active) < self.slots and eng.waiting:
+                    eng.active.append(eng.waiting.popleft())
+                if not eng.active:
+                    eng.cv.wait(0.05)
+                    continue
+            time.sleep(self.chunk_steps * self.decode_step_s)
+            with eng.cv:
+                still = []
+                for left, s in eng.active:
+                    target = int(s.extra["target_len"])
+                    take = min(self.chunk_steps, target - len(s.response_ids))
+                    s.response_ids.extend([5] * take)
+                    s.logprobs.extend([-1.0] * take)
+                    s.param_version_end = self.version
+                    if len(s.response_ids) >= target:
+                        s.finish_reason = "stop"
+                        left[0] -= 1
+                    else:
+                        still.append((left, s))
+                eng.active = still
+                eng.cv.notify_all()
 
     def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
         if self.update_hang_s:
