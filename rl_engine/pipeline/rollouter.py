@@ -209,6 +209,16 @@ class Rollouter:
             self._release_worker()
         return {"wait_s": t_wait, "get_s": t_get, "total_s": time.monotonic() - t0}
 
+    def nccl_receive(self, group: str, bucket_mb: int, version: int) -> dict[str, float]:
+        """GPU sync (untested here): like ``update_weights`` but the weights arrive by NCCL broadcast."""
+        from rl_engine.pipeline.nccl import receive_into
+
+        self._acquire_worker(interrupt=self.knobs.partial_rollout)
+        try:
+            return receive_into(self.worker, group, bucket_mb, version)
+        finally:
+            self._release_worker()
+
     def pause(self) -> dict[str, Any]:
         """Hold the loop (in-flight calls interrupted with partial rollout) and return the state."""
         self._acquire_worker(interrupt=self.knobs.partial_rollout)

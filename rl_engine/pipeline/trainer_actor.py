@@ -113,6 +113,12 @@ class TrainerActor:
         self._weights_ref = ray.put(self.trainer.weights_numpy())
         return [self._weights_ref]
 
+    def nccl_broadcast(self, group: str, bucket_mb: int) -> dict[str, float]:
+        """GPU sync (untested here): broadcast the parameters to the rollouters' NCCL group."""
+        from rl_engine.pipeline.nccl import broadcast_from
+
+        return broadcast_from(self.trainer.model, group, bucket_mb)
+
     def mark_synced(self) -> None:
         self.trainer.mark_synced()
 
