@@ -102,8 +102,12 @@ def _answers(url: str) -> bool:
 
 
 def api_post(stack: Stack, token: str, path: str, body: dict) -> dict:
-    req = Request(f"http://127.0.0.1:{stack.port}{path}", data=json.dumps(body).encode(), method="POST",
-                  headers={"Authorization": f"Token {token}", "Content-Type": "application/json"})
+    req = Request(
+        f"http://127.0.0.1:{stack.port}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
+    )
     with urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -156,9 +160,17 @@ def measure_reap(project: Any, user: Any) -> float:
 
     exp = experiment_create(project=project, user=user, name="reap", config=tiny_config(1))
     now = timezone.now()
-    run = Run.objects.create(experiment=exp, project=project, number=1, config=exp.config, state="running",
-                             started_at=now, heartbeat_at=now, ray_job_id="rlp-bench-lost",
-                             cluster_address=f"http://127.0.0.1:{free_port()}")  # nothing listens: lost cluster
+    run = Run.objects.create(
+        experiment=exp,
+        project=project,
+        number=1,
+        config=exp.config,
+        state="running",
+        started_at=now,
+        heartbeat_at=now,
+        ray_job_id="rlp-bench-lost",
+        cluster_address=f"http://127.0.0.1:{free_port()}",
+    )  # nothing listens: lost cluster
     deadline = time.monotonic() + HEARTBEAT_TIMEOUT_S - (timezone.now() - now).total_seconds()
     t_failed = wait(lambda: Run.objects.filter(pk=run.pk, state="failed").exists(), 120, "the reaper")
     return t_failed - deadline

@@ -138,7 +138,11 @@ def stop_all(address: str, timeout: float = 15.0, prefix: str = "") -> list[str]
     stopped = []
     for job in client.list_jobs():
         sid = job.submission_id or ""
-        if sid and sid.startswith(prefix) and str(getattr(job.status, "value", job.status)) not in TERMINAL_JOB_STATES:
+        if (
+            sid
+            and sid.startswith(prefix)
+            and str(getattr(job.status, "value", job.status)) not in TERMINAL_JOB_STATES
+        ):
             with contextlib.suppress(Exception):
                 client.stop_job(sid)
                 stopped.append(sid)

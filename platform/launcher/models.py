@@ -11,12 +11,15 @@ from django.db import models
 
 
 class Supervision(models.Model):
-    run = models.OneToOneField("experiments.Run", on_delete=models.CASCADE, primary_key=True,
-                               related_name="supervision")
+    run = models.OneToOneField(
+        "experiments.Run", on_delete=models.CASCADE, primary_key=True, related_name="supervision"
+    )
     # "" = reserved for whichever task picks it up next; otherwise "<hostname>:<pid>:<nonce>".
     owner = models.CharField(max_length=200, blank=True, default="")
     lease_until = models.DateTimeField()
-    log_offset = models.BigIntegerField(default=0, help_text="Characters of the job log already turned into events.")
+    log_offset = models.BigIntegerField(
+        default=0, help_text="Characters of the job log already turned into events."
+    )
     attaches = models.PositiveIntegerField(default=0, help_text="How many times a supervisor took this run.")
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

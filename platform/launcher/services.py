@@ -84,7 +84,8 @@ def runs_admit() -> list[int]:
                 continue
             # Reserve the launch for whichever task picks the run up next (see lease_acquire).
             Supervision.objects.update_or_create(
-                run_id=run_id, defaults={"owner": "", "lease_until": timezone.now() + timedelta(seconds=LAUNCH_LEASE_S)}
+                run_id=run_id,
+                defaults={"owner": "", "lease_until": timezone.now() + timedelta(seconds=LAUNCH_LEASE_S)},
             )
             admitted.append(run_id)
             per_project[project_id] = per_project.get(project_id, 0) + 1
@@ -145,7 +146,9 @@ def cluster_for(run: Run) -> Cluster:
     if provider == "address":
         address = run.cluster_address or setting("RAY_ADDRESS", "")
         if not address:
-            raise LaunchError("provider 'address' needs RAY_ADDRESS (the cluster's dashboard URL, e.g. http://head:8265)")
+            raise LaunchError(
+                "provider 'address' needs RAY_ADDRESS (the cluster's dashboard URL, e.g. http://head:8265)"
+            )
         if "://" not in address:
             address = f"http://{address}"
         return Cluster("address", address.rstrip("/"))
@@ -224,11 +227,17 @@ def run_launch(*, run_id: int, owner: str) -> str:
         cluster = cluster_for(run)
         sid = run.ray_job_id or submission_id_for(run)
         # Recorded before submitting: if we die in between, the next attempt looks for this id first.
-        Run.objects.filter(pk=run_id).update(ray_job_id=sid, cluster_address=cluster.address, provider=cluster.provider)
+        Run.objects.filter(pk=run_id).update(
+            ray_job_id=sid, cluster_address=cluster.address, provider=cluster.provider
+        )
         try:
             jobs.state(cluster.address, sid)
-            events_append(run_id=run_id, kind="log", message=f"re-attached to existing Ray job {sid}",
-                          data={"source": "launcher"})
+            events_append(
+                run_id=run_id,
+                kind="log",
+                message=f"re-attached to existing Ray job {sid}",
+                data={"source": "launcher"},
+            )
         except jobs.JobNotFound:
             token = ingest_token_issue(run=run)
             entry = engine_entrypoint(frozen_config_file(run))

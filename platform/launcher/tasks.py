@@ -78,6 +78,12 @@ def sweep() -> dict[str, list[int]]:
     admitted = services.runs_admit()
     _start_admitted(admitted)
     if result.reaped or result.to_start or result.to_supervise:
-        log.info("sweep: reaped %s, relaunch %s, re-attach %s", result.reaped, result.to_start, result.to_supervise)
-    return {"reaped": result.reaped, "relaunched": result.to_start, "reattached": result.to_supervise,
-            "admitted": admitted}
+        log.info(
+            "sweep: reaped %s, relaunch %s, re-attach %s", result.reaped, result.to_start, result.to_supervise
+        )
+    return {
+        "reaped": result.reaped,
+        "relaunched": result.to_start,
+        "reattached": result.to_supervise,
+        "admitted": admitted,
+    }

@@ -85,7 +85,11 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
     def from_env(cls) -> HttpSink:
         """Build from RL_ENGINE_* variables; a clear error names the one that is missing."""
         env = os.environ
-        missing = [n for n in ("RL_ENGINE_INGEST_URL", "RL_ENGINE_INGEST_TOKEN", "RL_ENGINE_RUN_ID") if not env.get(n)]
+        missing = [
+            n
+            for n in ("RL_ENGINE_INGEST_URL", "RL_ENGINE_INGEST_TOKEN", "RL_ENGINE_RUN_ID")
+            if not env.get(n)
+        ]
         if missing:
             raise ValueError(f"logging.sinks includes 'http' but {', '.join(missing)} is not set")
         return cls(
@@ -154,7 +158,9 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             batches.append(("events", {"events": events[i : i + MAX_POINTS_PER_REQUEST]}))
         # One request for all steps' samples (each names its step): a request per step could not keep
         # up with a fast engine, and the backlog would hold back the metrics queued behind it.
-        samples = [{**s, "step": body["step"]} for ep, body in items if ep == "samples" for s in body["samples"]]
+        samples = [
+            {**s, "step": body["step"]} for ep, body in items if ep == "samples" for s in body["samples"]
+        ]
         for i in range(0, len(samples), MAX_POINTS_PER_REQUEST):
             batches.append(("samples", {"samples": samples[i : i + MAX_POINTS_PER_REQUEST]}))
         return batches
@@ -212,7 +218,9 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
 
     def _post(self, endpoint: str, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.base}/{endpoint}", data=data, headers=self._headers, method="POST")
+        req = urllib.request.Request(
+            f"{self.base}/{endpoint}", data=data, headers=self._headers, method="POST"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.request_timeout_s) as resp:
                 resp.read()

@@ -54,7 +54,16 @@ class WebServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> None:
-        cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "config.asgi:application",
+        ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)  # fmt: skip
@@ -126,7 +135,9 @@ def launcher_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iter
         holder: dict[str, CeleryWorker] = {}
 
         def restart_worker() -> CeleryWorker:
-            holder["w"] = start_celery_worker(tmp, concurrency=8, extra_args=_worker_args(tmp), env_overrides=overrides)
+            holder["w"] = start_celery_worker(
+                tmp, concurrency=8, extra_args=_worker_args(tmp), env_overrides=overrides
+            )
             return holder["w"]
 
         restart_worker()

@@ -58,9 +58,16 @@ def test_admission_reserves_the_launch_for_the_next_task():
 def test_reaper_fails_runs_whose_heartbeat_is_too_old_with_a_reason(settings):
     settings.RUN_HEARTBEAT_TIMEOUT_S = 60
     now = timezone.now()
-    silent = RunFactory(state="running", started_at=now - timedelta(minutes=5), heartbeat_at=now - timedelta(seconds=61),
-                        ray_job_id="rlp-gone", cluster_address="http://127.0.0.1:9")  # nothing listens there
-    alive = RunFactory(state="running", started_at=now - timedelta(minutes=5), heartbeat_at=now - timedelta(seconds=5))
+    silent = RunFactory(
+        state="running",
+        started_at=now - timedelta(minutes=5),
+        heartbeat_at=now - timedelta(seconds=61),
+        ray_job_id="rlp-gone",
+        cluster_address="http://127.0.0.1:9",
+    )  # nothing listens there
+    alive = RunFactory(
+        state="running", started_at=now - timedelta(minutes=5), heartbeat_at=now - timedelta(seconds=5)
+    )
     assert supervisor.reap_silent() == [silent.pk]
     silent.refresh_from_db()
     assert silent.state == "failed"
@@ -71,7 +78,9 @@ def test_reaper_fails_runs_whose_heartbeat_is_too_old_with_a_reason(settings):
 def test_sweep_hands_runs_without_a_live_supervisor_to_a_new_one_once():
     run = RunFactory(state="running", heartbeat_at=timezone.now())
     starting = RunFactory(state="starting")
-    Supervision.objects.create(run=run, owner="dead-worker", lease_until=timezone.now() - timedelta(seconds=1))
+    Supervision.objects.create(
+        run=run, owner="dead-worker", lease_until=timezone.now() - timedelta(seconds=1)
+    )
     result = supervisor.sweep()
     assert result.to_supervise == [run.pk]
     assert result.to_start == [starting.pk]  # a launch whose task vanished is retried (same job id)

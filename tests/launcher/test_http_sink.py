@@ -76,7 +76,12 @@ def server() -> Iterator[Recorder]:
 
 
 def make_sink(server: Recorder, tmp_path, **kw) -> HttpSink:
-    opts = {"flush_interval_s": 0.05, "heartbeat_interval_s": 0.2, "max_backoff_s": 0.2, "close_timeout_s": 10.0}
+    opts = {
+        "flush_interval_s": 0.05,
+        "heartbeat_interval_s": 0.2,
+        "max_backoff_s": 0.2,
+        "close_timeout_s": 10.0,
+    }
     return HttpSink(f"http://127.0.0.1:{server.port}", server.token, 7, spool_dir=tmp_path, **(opts | kw))
 
 
@@ -128,7 +133,9 @@ def test_a_rejected_batch_is_dropped_not_retried_forever(server, tmp_path):
 
 def test_heartbeats_are_posted_in_the_background(server, tmp_path):
     sink = make_sink(server, tmp_path)
-    wait_for(lambda: server.paths().count("/api/runs/7/heartbeat") >= 2, timeout_s=10, message="two heartbeats")
+    wait_for(
+        lambda: server.paths().count("/api/runs/7/heartbeat") >= 2, timeout_s=10, message="two heartbeats"
+    )
     sink.close()
 
 

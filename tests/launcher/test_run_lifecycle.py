@@ -48,8 +48,12 @@ class Api:
         self.secret = token_create(user=self.user, name="launcher tests").secret
 
     def post(self, path: str, body: dict) -> dict:
-        req = Request(f"{self.base}{path}", data=json.dumps(body).encode(), method="POST",
-                      headers={"Authorization": f"Token {self.secret}", "Content-Type": "application/json"})
+        req = Request(
+            f"{self.base}{path}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Token {self.secret}", "Content-Type": "application/json"},
+        )
         with urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())
 
@@ -99,7 +103,9 @@ def jsonl_points(run: Run) -> set[tuple[str, int, float]]:
     for line in Path(run.config["logging"]["jsonl_path"]).read_text().splitlines():
         rec = json.loads(line)
         if rec.get("type") == "metrics":  # non-finite values are not sent (JSON has no NaN)
-            out |= {(k, int(rec["step"]), float(v)) for k, v in rec["metrics"].items() if math.isfinite(float(v))}
+            out |= {
+                (k, int(rec["step"]), float(v)) for k, v in rec["metrics"].items() if math.isfinite(float(v))
+            }
     return out
 
 
@@ -123,7 +129,10 @@ def test_launch_through_the_api_runs_to_success_with_metrics_and_logs(api, tmp_p
     expected = jsonl_points(run)
     assert {k for k, _, _ in expected} >= {"reward/mean", "actor/pg_loss"}
     got = db_points(run)
-    assert sorted(got) == sorted(expected), (set(got) ^ expected, job_log_lines(run)[-30:])  # every point, once
+    assert sorted(got) == sorted(expected), (
+        set(got) ^ expected,
+        job_log_lines(run)[-30:],
+    )  # every point, once
     assert tailed_lines(run) == job_log_lines(run)  # the whole job log, in order, once
     states = [e.data["to"] for e in run.events.filter(kind="status").order_by("seq") if "to" in e.data]
     assert states == ["queued", "starting", "running", "succeeded"]
@@ -211,7 +220,12 @@ def test_a_running_run_whose_job_vanished_is_failed_with_the_reason(launcher_sta
 
     head = ray_local.ensure_started()  # the stack's own head (RAY_LOCAL_DIR of this session)
     now = timezone.now()
-    run = RunFactory(state="running", started_at=now, heartbeat_at=now, ray_job_id="rlp-never-submitted",
-                     cluster_address=head.dashboard_url)  # e.g. the cluster was replaced under the run
+    run = RunFactory(
+        state="running",
+        started_at=now,
+        heartbeat_at=now,
+        ray_job_id="rlp-never-submitted",
+        cluster_address=head.dashboard_url,
+    )  # e.g. the cluster was replaced under the run
     run = wait_state(run.pk, "failed", timeout_s=30)  # the sweep hands it to a supervisor, which looks
     assert "rlp-never-submitted no longer exists" in run.error

@@ -5,30 +5,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('experiments', '0002_initial'),
+        ("experiments", "0002_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LauncherLock',
+            name="LauncherLock",
             fields=[
-                ('name', models.CharField(max_length=50, primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=50, primary_key=True, serialize=False)),
             ],
         ),
         migrations.CreateModel(
-            name='Supervision',
+            name="Supervision",
             fields=[
-                ('run', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='supervision', serialize=False, to='experiments.run')),
-                ('owner', models.CharField(blank=True, default='', max_length=200)),
-                ('lease_until', models.DateTimeField()),
-                ('log_offset', models.BigIntegerField(default=0, help_text='Characters of the job log already turned into events.')),
-                ('attaches', models.PositiveIntegerField(default=0, help_text='How many times a supervisor took this run.')),
-                ('stop_requested_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "run",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="supervision",
+                        serialize=False,
+                        to="experiments.run",
+                    ),
+                ),
+                ("owner", models.CharField(blank=True, default="", max_length=200)),
+                ("lease_until", models.DateTimeField()),
+                (
+                    "log_offset",
+                    models.BigIntegerField(
+                        default=0, help_text="Characters of the job log already turned into events."
+                    ),
+                ),
+                (
+                    "attaches",
+                    models.PositiveIntegerField(
+                        default=0, help_text="How many times a supervisor took this run."
+                    ),
+                ),
+                ("stop_requested_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
         ),
     ]

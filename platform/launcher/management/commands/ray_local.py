@@ -20,7 +20,9 @@ class Command(BaseCommand):
                 info = ray_local.ensure_started()
             except ray_local.LocalHeadError as exc:
                 raise CommandError(str(exc)) from None
-            self.stdout.write(f"running: pid {info.pid}, dashboard {info.dashboard_url}, gcs {info.gcs_address}")
+            self.stdout.write(
+                f"running: pid {info.pid}, dashboard {info.dashboard_url}, gcs {info.gcs_address}"
+            )
         elif action == "stop":
             stopped = ray_local.stop()
             self.stdout.write("stopped" if stopped else "not running")
