@@ -304,9 +304,7 @@ def main() -> None:
                 )
         if "learning" in parts:
             marks = [m for m in (10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0) if m <= args.budget_s]
-            print(
-                "\n## demo-cpu learning, in-process worker + trainer (running mean reward of the last 10 steps)"
-            )
+            print(f"\n## demo-cpu learning, driver={args.driver} (running mean reward of the last 10 steps)")
             print(
                 f"{'seed':>4} {'steps/s':>7} {'start':>5} "
                 + " ".join(f"{'@' + str(int(m)) + 's':>6}" for m in marks)
