@@ -161,17 +161,25 @@ def run_real(mode: str, steps: int, model_dir: Path) -> tuple[StepClock, float]:
     return clock, float(summary.final_reward_mean or 0.0)
 
 
-def part_b(steps: int) -> dict[str, Any]:
+def part_b(steps: int, repeats: int) -> dict[str, Any]:
+    """Alternate the modes ``repeats`` times (the machine is shared: medians, not single runs)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench_model_"))
-    out: dict[str, Any] = {"steps": steps, "modes": {}}
+    runs: dict[str, list[dict[str, float]]] = {"sync": [], "fully_async": []}
     try:
-        for mode in ("sync", "fully_async"):
-            clock, reward = run_real(mode, steps, tmp / "tiny")
-            walls = [m["timing/step_s"] for _, m in clock.steps[1:]]
-            out["modes"][mode] = {"train_wall_s": sum(walls), "final_reward": reward,
-                                  "samples_per_s": 64 * len(walls) / sum(walls)}
+        for _ in range(repeats):
+            for mode in runs:
+                clock, reward = run_real(mode, steps, tmp / "tiny")
+                walls = [m["timing/step_s"] for _, m in clock.steps[1:]]
+                runs[mode].append({"train_wall_s": sum(walls), "final_reward": reward,
+                                   "staleness_mean": statistics.fmean(m["async/staleness_mean"]
+                                                                      for _, m in clock.steps)})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    out: dict[str, Any] = {"steps": steps, "repeats": repeats, "modes": {}}
+    for mode, rs in runs.items():
+        out["modes"][mode] = {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": rs}
+    out["speedups"] = [s["train_wall_s"] / f["train_wall_s"] for s, f in zip(runs["sync"], runs["fully_async"],
+                                                                             strict=True)]
     return out
 
 
@@ -199,11 +207,13 @@ def _table(res: dict[str, Any]) -> str:
                         f"sync, {v['samples_per_s'] / a['bound_samples_per_s']:.0%} of bound |")
     if "b" in res:
         b = res["b"]["modes"]
-        s, f = b["sync"], b["fully_async"]
         for mode, v in b.items():
-            rows.append(f"| (b) tiny model | {mode} | {v['train_wall_s']:.1f} s for {res['b']['steps'] - 1} steps, "
-                        f"final reward {v['final_reward']:.3f} | {s['train_wall_s'] / v['train_wall_s']:.2f}x |")
-        del f
+            rows.append(f"| (b) tiny model | {mode} (staleness {v['staleness_mean']:.2f}) | "
+                        f"{v['train_wall_s']:.1f} s for {res['b']['steps'] - 1} steps (median), "
+                        f"final reward {v['final_reward']:.3f} | "
+                        f"{b['sync']['train_wall_s'] / v['train_wall_s']:.2f}x |")
+        rows.append(f"| (b) tiny model | per-pair speedups | "
+                    f"{', '.join(f'{x:.2f}x' for x in res['b']['speedups'])} | |")
     if "c" in res:
         c = res["c"]
         rows.append(f"| (c) weight sync | {c['mb']:.1f} MB state dict | pipeline {c['pipeline_s'] * 1e3:.1f} ms vs "
@@ -215,8 +225,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="abc")
     ap.add_argument("--sim-steps", type=int, default=24)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--real-steps", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--real-steps", type=int, default=200)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="rlb_", dir="/tmp")
@@ -227,7 +237,7 @@ def main() -> None:
         if "a" in args.parts:
             res["a"] = part_a(args.sim_steps, args.repeats)
         if "b" in args.parts:
-            res["b"] = part_b(args.real_steps)
+            res["b"] = part_b(args.real_steps, args.repeats)
         if "c" in args.parts:
             res["c"] = part_c(max(5, args.repeats * 5))
     finally:

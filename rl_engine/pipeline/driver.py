@@ -167,6 +167,8 @@ class _Run:
         self.waiter.wait_all([self.trainer.get_version.remote()] + [r.in_flight.remote() for r in self.rollouters],
                              "build", check_health=False)
         self.syncer = build_sync(cfg.pipeline.sync_backend, self.trainer, self.rollouters)
+        self.object_store = cfg.pipeline.sync_backend == "object_store"
+        self._pending_sync: tuple | None = None
 
     # --- main loop ----------------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -180,7 +182,9 @@ class _Run:
         pending_log = None
         t_last = time.monotonic()
         while self.step < total and not self.stop.is_set():
-            ref = self.trainer.train_step.remote(self.cfg.logging.samples_per_step)
+            nxt = self.step + 1
+            publish = self.object_store and nxt % self.knobs.trigger == 0 and nxt < total
+            ref = self.trainer.train_step.remote(self.cfg.logging.samples_per_step, publish)
             if pending_log is not None:
                 self._log(*pending_log)  # overlaps with the running step
                 pending_log = None
@@ -189,14 +193,18 @@ class _Run:
                 break
             self.step = result["version"]
             try:
-                sync_s = self._sync(self.step) if self.step % self.knobs.trigger == 0 and self.step < total else None
+                if result.get("weights_box"):
+                    self._finish_sync()  # the previous sync, normally long done
+                    self._start_sync(result)
+                elif not self.object_store and self.step % self.knobs.trigger == 0 and self.step < total:
+                    self._sync(self.step)
             except StopWaitAbandoned as exc:
                 self.sink.log_event("alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step})
                 self.trained_uids.extend(result["uids"])
                 break
             now = time.monotonic()
             health = [r.health.remote() for r in self.rollouters]
-            pending_log = (self.step, result, sync_s, now - t_last, self.queue.stats.remote(), health)
+            pending_log = (self.step, result, now - t_last, self.queue.stats.remote(), health)
             t_last = now
             if every and self.step % every == 0 and self.step < total:
                 self._log(*pending_log)
@@ -204,6 +212,7 @@ class _Run:
                 self._checkpoint(self.step)
         if pending_log is not None:
             self._log(*pending_log)
+        self._finish_sync_quietly()
         self.stopped = self.step < total
         if self.cfg.trainer.checkpoint_dir and self.last_ckpt_step != self.step:
             self._checkpoint(self.step)
@@ -213,13 +222,44 @@ class _Run:
         )
         return self._summary()
 
+    # --- weight sync ------------------------------------------------------------------------------------
+    # Object store: the trainer publishes right after the step that triggers a sync (and marks the
+    # proximal policy); the driver sends the ref to the rollouters and does not wait, so the next
+    # step starts at once. The sync is awaited (watchdog included) when that step is logged, before
+    # the next sync and before a checkpoint. Admission still gates on the rollouter's version, so the
+    # staleness bound and sync/on-policy parity are unaffected.
+    def _start_sync(self, result: dict[str, Any]) -> None:
+        version = result["version"]
+        refs = [r.update_weights.remote(result["weights_box"], version) for r in self.rollouters]
+        self._pending_sync = (version, time.monotonic() - result["publish_s"], result["publish_s"], refs)
+
+    def _finish_sync(self) -> float | None:
+        pending = getattr(self, "_pending_sync", None)
+        if pending is None:
+            return None
+        version, t0, publish_s, refs = pending
+        results = self.waiter.wait_all(refs, "weight sync")
+        self._pending_sync = None
+        return self.syncer.finish(version, t0, publish_s, results).total_s
+
+    def _finish_sync_quietly(self) -> float | None:
+        try:
+            return self._finish_sync()
+        except StopWaitAbandoned as exc:
+            self._pending_sync = None
+            self.sink.log_event("alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step})
+            return None
+
     def _sync(self, version: int) -> float:
+        """Blocking sync: at resume, and for transports where the trainer takes part (NCCL)."""
         refs, publish_s = self.syncer.start(version)
         t0 = time.monotonic() - publish_s
         results = self.waiter.wait_all(refs, "weight sync")
         return self.syncer.finish(version, t0, publish_s, [r for r in results if r]).total_s
 
-    def _log(self, step: int, result: dict, sync_s: float | None, wall: float, qref: Any, href: list) -> None:
+    def _log(self, step: int, result: dict, wall: float, qref: Any, href: list) -> None:
+        pending = getattr(self, "_pending_sync", None)
+        sync_s = self._finish_sync_quietly() if pending is not None and pending[0] == step else None
         qstats = self.waiter.get(qref, "queue")
         health = [self.waiter.get(h, f"rollouter {i}") for i, h in enumerate(href)]
         prev = getattr(self, "_prev_busy", None)
@@ -241,6 +281,7 @@ class _Run:
         if not directory:
             return
         try:
+            self._finish_sync()
             states = self.waiter.wait_all([r.pause.remote() for r in self.rollouters], "checkpoint pause")
         except StopWaitAbandoned as exc:
             self.sink.log_event("alert", f"checkpoint at step {step} skipped: {exc}", {"step": step})

@@ -47,8 +47,12 @@ class TrainerActor:
         """Make a waiting ``train_step`` return without training (graceful stop)."""
         self._cancel.set()
 
-    def train_step(self, num_examples: int = 0) -> dict[str, Any]:
-        """Gather one batch and train on it. Returns metrics, timings and example samples."""
+    def train_step(self, num_examples: int = 0, publish: bool = False) -> dict[str, Any]:
+        """Gather one batch and train on it. Returns metrics, timings and example samples.
+
+        ``publish``: this step triggers a weight sync: put the new weights in the object store and
+        mark them as the proximal policy before returning (``weights_box``, ``publish_s``).
+        """
         self._cancel.clear()
         t0 = time.monotonic()
         batch, dropped = self._gather()
@@ -59,11 +63,19 @@ class TrainerActor:
         t1 = time.monotonic()
         metrics = dict(self.trainer.train_step(batch))
         t_train = time.monotonic() - t1
+        box, publish_s = None, 0.0
+        if publish:
+            t2 = time.monotonic()
+            box = self.publish_weights()
+            self.trainer.mark_synced()
+            publish_s = time.monotonic() - t2
         stal = [version_before - s.param_version_start for s in batch]
         assert max(stal) <= self.knobs.max_staleness, "queue let a too-stale sample through"
         return {
             "cancelled": False,
             "version": self.version,
+            "weights_box": box,
+            "publish_s": publish_s,
             "trainer_metrics": metrics,
             "wait_s": t_wait,
             "train_s": t_train,
