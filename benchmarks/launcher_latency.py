@@ -48,7 +48,9 @@ def wait(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0
         if pred():
             return time.monotonic()
         time.sleep(interval)
-    raise SystemExit(f"error: timed out after {timeout:.0f} s waiting for {what}")
+    logs = sorted(Path(os.environ.get("VAR_DIR", "/nonexistent")).glob("*.log"))
+    tails = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
+    raise SystemExit(f"error: timed out after {timeout:.0f} s waiting for {what}{tails}")
 
 
 class Stack:
@@ -78,9 +80,10 @@ class Stack:
     def start_worker(self) -> None:
         self._start("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "-l", "INFO",
                                "--pool=threads", "--concurrency=8", "--without-gossip", "--without-mingle",
-                               "--without-heartbeat", "-s", str(self.var_dir / "beat-schedule")])  # fmt: skip
+                               "--without-heartbeat", "-s", str(self.var_dir / f"beat-{time.time_ns()}")])  # fmt: skip
         log = self.var_dir / "worker.log"
-        wait(lambda: log.exists() and " ready." in log.read_text(errors="replace"), 60, "the worker", 0.1)
+        seen = log.read_text(errors="replace").count(" ready.") if log.exists() else 0
+        wait(lambda: log.read_text(errors="replace").count(" ready.") > seen, 60, "the worker", 0.1)
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)

@@ -207,7 +207,8 @@ def engine_env(run: Run, token_secret: str) -> dict[str, str]:
         "RL_ENGINE_INGEST_TOKEN": token_secret,
         "RL_ENGINE_RUN_ID": str(run.pk),
         "RL_ENGINE_SPOOL_DIR": str(run_dir(run) / "spool"),
-        "RL_ENGINE_HEARTBEAT_S": str(setting("RUN_ENGINE_HEARTBEAT_S", 10)),
+        # Several heartbeats per reaper timeout, so one late post never gets a healthy run reaped.
+        "RL_ENGINE_HEARTBEAT_S": str(max(1.0, min(10.0, int(setting("RUN_HEARTBEAT_TIMEOUT_S", 120)) / 4))),
         "PYTHONUNBUFFERED": "1",  # log lines reach the run's events as they are printed
         "RAY_USAGE_STATS_ENABLED": "0",
     }
