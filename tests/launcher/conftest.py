@@ -122,9 +122,12 @@ def launcher_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iter
         "RUN_CANCEL_GRACE_S": "4",
         "CELERY_LAUNCHER_QUEUE": LAUNCHER_QUEUE,
     }
-    if os.environ.get("LAUNCHER_TEST_ENGINE_PYTHON"):  # TEMPORARY plumbing hook
-        overrides["ENGINE_PYTHON"] = os.environ["LAUNCHER_TEST_ENGINE_PYTHON"]
-    settings.RAY_LOCAL_DIR = overrides["RAY_LOCAL_DIR"]  # so teardown here stops the same head
+    # The head is started here, with the stack's settings, so that its address is known up front: the
+    # worker also gets it as RAY_ADDRESS, the "existing cluster" of runs with provider "address".
+    settings.RAY_LOCAL_DIR = overrides["RAY_LOCAL_DIR"]
+    settings.RAY_LOCAL_NUM_CPUS = int(overrides["RAY_LOCAL_NUM_CPUS"])
+    settings.RUN_CANCEL_GRACE_S = int(overrides["RUN_CANCEL_GRACE_S"])
+    overrides["RAY_ADDRESS"] = ray_local.ensure_started().dashboard_url
     from config.celery import app
 
     app.conf.task_routes = {"launcher.*": {"queue": LAUNCHER_QUEUE}}  # what run_create enqueues here

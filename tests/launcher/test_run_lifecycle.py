@@ -229,3 +229,16 @@ def test_a_running_run_whose_job_vanished_is_failed_with_the_reason(launcher_sta
     )  # e.g. the cluster was replaced under the run
     run = wait_state(run.pk, "failed", timeout_s=30)  # the sweep hands it to a supervisor, which looks
     assert "rlp-never-submitted no longer exists" in run.error
+
+
+def test_provider_address_runs_on_an_existing_cluster_given_by_its_dashboard_url(launcher_stack, tmp_path):
+    from experiments.services import experiment_create, run_create
+    from tests.factories import ProjectFactory
+
+    exp = experiment_create(
+        project=ProjectFactory(), user=None, name="address", config=tiny_config(tmp_path, steps=2)
+    )
+    run = wait_state(run_create(experiment=exp, user=None, provider="address").pk, "succeeded")
+    assert run.provider == "address"
+    assert run.cluster_address == launcher_stack.env["RAY_ADDRESS"]  # the worker's RAY_ADDRESS
+    assert sorted(db_points(run)) == sorted(jsonl_points(run))
