@@ -153,6 +153,14 @@ def stop_all(address: str, timeout: float = 15.0, prefix: str = "") -> list[str]
     return stopped
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def clean_log_line(line: str) -> str:
+    """A job log line as a run event shows it: no terminal colour codes, no line ending."""
+    return _ANSI.sub("", line).rstrip("\r\n")
+
+
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\):", re.MULTILINE)
 # Ray's own job-manager wrapper text, not the engine's words.
 _RAY_NOISE = re.compile(r"^(\(raylet\)|\(pid=|---------------------------------------|Job '.*' failed)")

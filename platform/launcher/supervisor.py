@@ -64,7 +64,7 @@ def _tail_logs(run: Run, owner: str, final: bool) -> str:
         if lines:
             events_append_many(
                 run_id=run.pk,
-                events=[NewEvent(kind="log", message=ln.rstrip("\r\n")) for ln in lines if ln.strip()],
+                events=[NewEvent(kind="log", message=jobs.clean_log_line(ln)) for ln in lines if ln.strip()],
             )
         Supervision.objects.filter(run_id=run.pk).update(
             log_offset=sup.log_offset + sum(len(ln) for ln in lines),

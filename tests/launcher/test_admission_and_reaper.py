@@ -110,3 +110,7 @@ def test_submission_id_is_stable_for_a_run_and_differs_between_runs():
     a, b = RunFactory(), RunFactory()
     assert services.submission_id_for(a) == services.submission_id_for(Run.objects.get(pk=a.pk))
     assert services.submission_id_for(a) != services.submission_id_for(b)
+
+
+def test_log_lines_lose_terminal_colour_codes():
+    assert jobs.clean_log_line("\x1b[36m(Rollouter pid=1)\x1b[0m warning\r\n") == "(Rollouter pid=1) warning"

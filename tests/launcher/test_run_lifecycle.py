@@ -114,7 +114,8 @@ def db_points(run: Run) -> list[tuple[str, int, float]]:
 
 
 def job_log_lines(run: Run) -> list[str]:
-    return [ln for ln in jobs.logs(run.cluster_address, run.ray_job_id).splitlines() if ln.strip()]
+    lines = jobs.logs(run.cluster_address, run.ray_job_id).splitlines()
+    return [jobs.clean_log_line(ln) for ln in lines if ln.strip()]
 
 
 def tailed_lines(run: Run) -> list[str]:
