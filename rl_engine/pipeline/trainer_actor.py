@@ -26,6 +26,12 @@ from rl_engine.types import Sample
 _PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is noticed quickly
 
 
+def torch_float32() -> object:
+    import torch
+
+    return torch.float32
+
+
 class TrainerActor:
     """Wraps the policy trainer; one instance per run (threaded actor, ``max_concurrency=2``)."""
 
@@ -122,8 +128,19 @@ class TrainerActor:
     # --- weights ---------------------------------------------------------------------------------------
     def publish_weights(self) -> list[Any]:
         """Put the current weights in the object store once; returns ``[ObjectRef]`` (boxed: not fetched)."""
-        self._weights_ref = ray.put(self.trainer.weights_numpy())
+        self._weights_ref = ray.put(self._weights_for_put())
         return [self._weights_ref]
+
+    def _weights_for_put(self) -> dict[str, np.ndarray]:
+        """Numpy views of contiguous float32 CPU parameters (``ray.put`` copies them into the store
+        before returning, so views are safe and save one full copy); else ``weights_numpy()``."""
+        model = getattr(self.trainer, "model", None)
+        if model is None:
+            return self.trainer.weights_numpy()
+        params = list(model.named_parameters())
+        if not all(p.device.type == "cpu" and p.dtype == torch_float32() and p.is_contiguous() for _, p in params):
+            return self.trainer.weights_numpy()
+        return {name: p.detach().numpy() for name, p in params}
 
     def nccl_broadcast(self, group: str, bucket_mb: int) -> dict[str, float]:
         """GPU sync (untested here): broadcast the parameters to the rollouters' NCCL group."""

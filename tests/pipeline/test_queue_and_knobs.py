@@ -18,6 +18,7 @@ def _group(uid: str, version: int, n: int = 4) -> list[Sample]:
     ]
 
 
+@pytest.mark.smoke
 def test_modes_map_to_knobs_of_one_schedule():
     sync = knobs_from_config(sim_config(**{"pipeline.mode": "sync", "pipeline.staleness_threshold": 3}))
     assert (sync.max_staleness, sync.partial_rollout) == (0, False)
