@@ -118,6 +118,16 @@ def job_log_lines(run: Run) -> list[str]:
     return [jobs.clean_log_line(ln) for ln in lines if ln.strip()]
 
 
+def alive_actors(run: Run) -> int:
+    """Actors of the run's Ray job still alive on the cluster (the resources a stop must free)."""
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_actors
+
+    ray_job_id = JobSubmissionClient(run.cluster_address).get_job_info(run.ray_job_id).job_id
+    filters = [("job_id", "=", ray_job_id), ("state", "=", "ALIVE")]
+    return len(list_actors(address=run.cluster_address, filters=filters))
+
+
 def tailed_lines(run: Run) -> list[str]:
     return list(run.events.filter(kind="log", data={}).order_by("seq").values_list("message", flat=True))
 
@@ -149,10 +159,12 @@ def test_engine_failure_marks_the_run_failed_with_the_engines_error(api, tmp_pat
 
 def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_checkpoint(api, tmp_path):
     run = wait_reporting(api.launch(tiny_config(tmp_path, steps=2000)), min_points=20)
+    assert alive_actors(run) >= 2  # rollouter and trainer (at least) hold the cluster
     api.post(f"/api/runs/{run.pk}/cancel", {})
     wait_state(run.pk, "cancelled", timeout_s=10)
     run.refresh_from_db()
     assert jobs.state(run.cluster_address, run.ray_job_id).status == "STOPPED"
+    wait_for(lambda: alive_actors(run) == 0, timeout_s=10, message="the job's actors to be gone")
     assert run.checkpoints.exists(), "the graceful stop should have checkpointed"
     ckpt = run.checkpoints.order_by("-step").first()
 
