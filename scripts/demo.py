@@ -114,11 +114,13 @@ def main() -> int:
 
     username, password = ensure_demo_user()
 
+    # Each running run holds one worker thread while it is supervised: concurrency >= runs + a few.
+    queues = ",".join(sorted({settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_LAUNCHER_QUEUE}))
     procs = [
         start([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"], env),
         start([PYTHON, "-m", "celery", "-A", "config", "worker", "-B", "-l", "INFO",
-               "--pool=threads", "--concurrency=4", "--without-gossip", "--without-mingle",
-               "--without-heartbeat", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
+               "--pool=threads", "--concurrency=8", "--without-gossip", "--without-mingle",
+               "--without-heartbeat", "-Q", queues,
                "-s", str(Path(settings.VAR_DIR) / "celerybeat-schedule")], env),
     ]
     stopping = False
