@@ -9,7 +9,8 @@ Cost model (documented in docs/pipeline.md):
 * **Response lengths**: log-normal with median ``len_median`` and ``len_sigma`` (sigma = 0.99 gives
   p99/p50 ≈ 10), capped at ``len_cap``; drawn from a generator seeded by (seed, prompt index,
   response index), so a response has the same length whatever the schedule.
-* **Decoding**: a continuous-batching engine with ``slots`` concurrent sequences; one decode step
+* **Decoding**: a continuous-batching engine with ``slots`` concurrent sequences shared by all
+  concurrent ``generate``/``resume`` calls (``supports_concurrent_calls``); one decode step
   advances every active sequence by one token and costs ``decode_step_s`` whatever the number of
   active sequences (memory-bound decoding). A freed slot takes the next waiting sequence at the next
   chunk of ``chunk_steps`` steps, where interruption is also checked (partial rollout granularity).
