@@ -242,6 +242,17 @@ class ExperimentConfig(_Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tags(cls, data: Any) -> Any:
+        """A rollout or data section without its tag gets the default variant (hf, task) instead of an error."""
+        if isinstance(data, dict):
+            for section, tag, default in (("rollout", "backend", "hf"), ("data", "source", "task")):
+                part = data.get(section)
+                if isinstance(part, dict) and tag not in part:
+                    data = {**data, section: {tag: default, **part}}
+        return data
+
     @model_validator(mode="after")
     def _cross_field(self) -> ExperimentConfig:
         n, batch = self.rollout.n, self.trainer.batch_size
@@ -267,9 +278,6 @@ class ExperimentConfig(_Strict):
             )
         if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
             raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
-        if self.pipeline.mode == "sync" and self.pipeline.staleness_threshold != 0:
-            # sync is on-policy by definition; the field is ignored rather than rejected.
-            pass
         return self
 
 

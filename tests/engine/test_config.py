@@ -1,0 +1,101 @@
+"""The experiment config schema: validation messages with field paths, overrides, YAML, JSON Schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_engine.config import (
+    ConfigError,
+    apply_overrides,
+    dump_yaml,
+    experiment_json_schema,
+    load_yaml,
+    parse_config,
+)
+from rl_engine.presets import get_preset, preset_names
+
+
+def errors_of(data: dict) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return dict(info.value.errors)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_validates_and_round_trips_through_yaml(name, tmp_path):
+    cfg = parse_config(get_preset(name))
+    path = tmp_path / "cfg.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_yaml(path) == cfg
+
+
+def test_gpu_preset_uses_vllm_and_asks_for_gpus():
+    cfg = parse_config(get_preset("gsm8k-qwen2.5-1.5b-vllm"))
+    assert cfg.rollout.backend == "vllm"
+    assert cfg.resources.rollout_gpus >= 1
+
+
+def test_batch_not_divisible_by_group_size_says_what_to_change():
+    errs = errors_of({"model": {"path": "m"}, "rollout": {"n": 3}})
+    assert errs == {"": "trainer.batch_size (64) must be a multiple of rollout.n (3): each prompt is "
+                        "answered rollout.n times (try batch_size=63)"}
+
+
+def test_vllm_without_gpus_is_rejected_with_the_field_to_set():
+    errs = errors_of({"model": {"path": "m"}, "rollout": {"backend": "vllm"}})
+    assert "set resources.rollout_gpus >= 1" in errs[""]
+
+
+def test_field_errors_carry_paths_without_union_tags():
+    errs = errors_of({"model": {"path": "m"}, "rollout": {"backend": "hf", "n": "many", "bogus": 1},
+                      "trainer": {"lr": -1}})
+    assert set(errs) == {"rollout.n", "rollout.bogus", "trainer.lr"}
+    assert "valid integer" in errs["rollout.n"]
+    assert "Extra inputs are not permitted" in errs["rollout.bogus"]
+
+
+def test_missing_variant_tags_default_to_hf_and_task():
+    cfg = parse_config({"model": {"path": "m"}, "rollout": {"n": 4}, "data": {"task": "reverse"}})
+    assert (cfg.rollout.backend, cfg.data.source, cfg.data.task) == ("hf", "task", "reverse")
+
+
+def test_unknown_backend_is_a_field_error():
+    errs = errors_of({"model": {"path": "m"}, "rollout": {"backend": "tgi"}})
+    assert list(errs) == ["rollout"]
+
+
+def test_overrides_parse_yaml_values_and_create_mappings():
+    data = apply_overrides(get_preset("demo-cpu"), [
+        "rollout.n=4", "trainer.lr=1e-4", "logging.progress_bar=false", "algorithm.off_policy=tis",
+        "model.override_config.rope_theta=10000",
+    ])
+    cfg = parse_config(data)
+    assert (cfg.rollout.n, cfg.trainer.lr, cfg.logging.progress_bar) == (4, 1e-4, False)
+    assert cfg.algorithm.off_policy == "tis"
+    assert cfg.model.override_config == {"rope_theta": 10000}
+
+
+def test_override_into_a_scalar_or_without_equals_is_a_config_error():
+    with pytest.raises(ConfigError, match="not a mapping"):
+        apply_overrides({"seed": 1}, ["seed.x=2"])
+    with pytest.raises(ConfigError, match=r"must look like key\.path=value"):
+        apply_overrides({}, ["seed"])
+
+
+def test_load_yaml_reports_bad_yaml_with_a_line_and_a_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  path: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML \(line \d+, column \d+\)"):
+        load_yaml(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_yaml(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_yaml("preset:nope")
+
+
+def test_json_schema_exposes_the_discriminated_backends_for_the_form():
+    schema = experiment_json_schema()
+    rollout = schema["properties"]["rollout"]
+    assert rollout["discriminator"]["propertyName"] == "backend"
+    assert set(rollout["discriminator"]["mapping"]) == {"hf", "vllm", "sglang"}
+    assert "model" in schema["required"]
