@@ -1,7 +1,7 @@
 """vLLM and SGLang workers on a real GPU: the same contract the HF worker is tested against on CPU.
 
 Marked ``gpu``; skipped without CUDA or without the backend package (each needs its own environment,
-see requirements-vllm.txt / requirements-sglang.txt).
+see requirements-gpu-vllm.txt / requirements-gpu-sglang.txt).
 """
 
 from __future__ import annotations
