@@ -112,6 +112,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns on every start while collectstatic has not run
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
 # whitenoise serves static files from the ASGI app itself: from the source folders while DEBUG is on,
 # from STATIC_ROOT (after `collectstatic`) in production.
