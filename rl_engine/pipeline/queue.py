@@ -66,17 +66,11 @@ class MessageQueue:
     # --- producer side ------------------------------------------------------------------------------
     async def put(self, group: list[Sample]) -> int:
         """Append one scored group (all samples of one prompt); returns the depth in samples."""
-        self._raise_if_failed()
-        self._groups.append(group)
-        self._queued += len(group)
-        self.c.generated += len(group)
-        self._max_depth = max(self._max_depth, self._queued)
-        async with self._changed:
-            self._changed.notify_all()
-        return self._queued
+        return await self.put_many([group])
 
     async def put_many(self, groups: list[list[Sample]]) -> int:
-        """Append several groups at once (one actor call per generate call)."""
+        """Append several groups at once (one actor call per generate call); returns the depth in samples."""
+        self._raise_if_failed()
         for group in groups:
             self._groups.append(group)
             self._queued += len(group)
