@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,7 +60,6 @@ class CeleryWorker:
     proc: subprocess.Popen[bytes]
     log_path: Path
     queue: str
-    extra_args: list[str] = field(default_factory=list)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -95,7 +94,7 @@ def start_celery_worker(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    worker = CeleryWorker(proc=proc, log_path=log_path, queue=SESSION_QUEUE, extra_args=extra_args or [])
+    worker = CeleryWorker(proc=proc, log_path=log_path, queue=SESSION_QUEUE)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from tracking.routing import websocket_urlpatterns as _tracking_ws
 
-try:  # the tracking app adds live run streams when it has consumers
-    from tracking.routing import websocket_urlpatterns as _tracking_ws
-
-    websocket_urlpatterns += _tracking_ws
-except ImportError:
-    pass
+websocket_urlpatterns: list = [*_tracking_ws]
