@@ -87,21 +87,30 @@ def test_a_failing_trainer_fails_the_run_with_its_error(ray_session):
 
 
 class _StopOnAlert(RecordingSink):
-    def __init__(self, stop: threading.Event) -> None:
+    """Requests a stop when an alert for ``stage`` arrives. Other stages may alert first (the trainer
+    starves while the rollout hangs), so the stop waits for the one the test is about."""
+
+    def __init__(self, stop: threading.Event, stage: str) -> None:
         super().__init__()
-        self.stop = stop
+        self.stop, self.stage = stop, stage
 
     def log_event(self, kind: str, message: str, data: dict | None = None) -> None:
         super().log_event(kind, message, data)
-        if kind == "alert":
+        if kind == "alert" and (data or {}).get("stage") == self.stage:
             self.stop.set()
 
 
 def test_watchdog_reports_a_stuck_rollout_and_the_run_still_stops(ray_session):
     stop = threading.Event()
-    sink = _StopOnAlert(stop)
+    sink = _StopOnAlert(stop, stage="rollout 0")
+    backstop = threading.Timer(60.0, stop.set)  # without the alert, stop anyway and fail below, not hang
+    backstop.start()
     cfg = sim_config(**{"trainer.total_steps": 50, "pipeline.watchdog_timeout_s": 1.0})
-    summary = run_experiment(cfg, sink, stop_event=stop, components=sim_components(worker={"hang_at_call": 4}))
+    try:
+        summary = run_experiment(cfg, sink, stop_event=stop,
+                                 components=sim_components(worker={"hang_at_call": 4}))
+    finally:
+        backstop.cancel()
     alerts = [a for a in sink.kinds("alert") if a[2].get("stage") == "rollout 0"]
     assert alerts and "rollout call on rollouter 0 made no progress" in alerts[0][1]
     assert summary.stopped and summary.steps_done < 50

@@ -122,15 +122,18 @@ def test_resume_links_the_new_run_to_the_latest_checkpoint(team, experiment):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_transitions_let_exactly_one_writer_win(team, experiment):
-    """Four workers race to start the same queued run: CAS lets one through, the others get an error."""
-    run = RunFactory(experiment=experiment)  # committed: run_create would also enqueue the launcher
+    """Four workers race to cancel the same running run: CAS lets one through, the others get an error.
+
+    Not a queued run: the session's Celery worker may still run a late launcher task, and each one
+    admits queued runs; only the periodic sweep (which no test schedules here) looks at running ones."""
+    run = RunFactory(experiment=experiment, state=RunState.RUNNING)
     outcomes: list[str] = []
     barrier = threading.Barrier(4)
 
     def start() -> None:
         barrier.wait()
         try:
-            run_transition(run_id=run.pk, to=RunState.STARTING, from_states={RunState.QUEUED})
+            run_transition(run_id=run.pk, to=RunState.CANCELLING, from_states={RunState.RUNNING})
             outcomes.append("won")
         except InvalidTransition:
             outcomes.append("lost")
@@ -143,4 +146,4 @@ def test_concurrent_transitions_let_exactly_one_writer_win(team, experiment):
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["lost", "lost", "lost", "won"]
-    assert RunEvent.objects.filter(run=run, kind="status", data__to="starting").count() == 1
+    assert RunEvent.objects.filter(run=run, kind="status", data__to="cancelling").count() == 1

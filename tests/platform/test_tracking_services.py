@@ -7,6 +7,7 @@ import threading
 import pytest
 from django.db import connection
 
+from experiments.models import RunState
 from experiments.services import run_create
 from tests.factories import RunFactory
 from tracking import live
@@ -154,7 +155,9 @@ def test_samples_are_capped_per_step(run, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_event_writers_get_distinct_gap_free_sequence_numbers(team, experiment):
-    run = RunFactory(experiment=experiment)  # committed: run_create would also enqueue the launcher
+    # A finished run: the session's Celery worker may still run a late launcher task, and every one of
+    # them admits queued runs (writing status events); nothing touches a finished run.
+    run = RunFactory(experiment=experiment, state=RunState.SUCCEEDED)
     errors: list[BaseException] = []
 
     def writer(n: int) -> None:
