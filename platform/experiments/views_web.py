@@ -17,8 +17,9 @@ from django.shortcuts import render
 from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
 from experiments.api import visible_experiments, visible_runs
-from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run
+from experiments.models import ACTIVE_STATES, Experiment, Run
 from experiments.services import config_to_yaml
+from experiments.summary import run_summary
 from rl_engine.config import experiment_json_schema
 from rl_engine.presets import get_preset, preset_names
 from tracking.models import Checkpoint
@@ -41,29 +42,6 @@ def _visible_or_404(qs: QuerySet, pk: int) -> Any:
     if obj is None:
         raise Http404("Not found.")
     return obj
-
-
-def run_json(run: Run) -> dict[str, Any]:
-    """What the dashboard script starts from (the websocket then keeps it current)."""
-    iso = lambda d: d.isoformat() if d else None  # noqa: E731
-    return {
-        "id": run.pk,
-        "number": run.number,
-        "state": run.state,
-        "error": run.error,
-        "experiment": {"id": run.experiment_id, "name": run.experiment.name},
-        "project": {"id": run.project_id, "name": run.project.name},
-        "created_at": iso(run.created_at),
-        "queued_at": iso(run.queued_at),
-        "started_at": iso(run.started_at),
-        "finished_at": iso(run.finished_at),
-        "heartbeat_at": iso(run.heartbeat_at),
-        "resumed_from": run.resumed_from_id,
-        "last_seq": run.event_seq,
-        "total_steps": (run.config.get("trainer") or {}).get("total_steps"),
-        "terminal_states": sorted(TERMINAL_STATES),
-        "active_states": sorted(ACTIVE_STATES),
-    }
 
 
 @login_required
@@ -167,7 +145,7 @@ def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
             "config_yaml": config_to_yaml(run.config),
             "can_write": has_role(request, run.project_id, Role.MEMBER),
             "page_data": {
-                "run": run_json(run),
+                "run": run_summary(run),
                 "checkpoints": [{**c, "created": c["created"].isoformat()} for c in checkpoints],
                 "can_write": has_role(request, run.project_id, Role.MEMBER),
             },

@@ -30,6 +30,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from experiments.models import Run
+from experiments.summary import run_summary
 from tracking import live
 from tracking.models import MetricPoint, RunEvent
 from tracking.services import event_payload
@@ -56,18 +57,7 @@ def _run_for_member(user: Any, run_id: int) -> Run | None:
 
 
 def _run_summary(run_id: int) -> dict[str, Any]:
-    run = Run.objects.select_related("experiment").get(pk=run_id)
-    return {
-        "id": run.pk,
-        "number": run.number,
-        "state": run.state,
-        "error": run.error,
-        "experiment": {"id": run.experiment_id, "name": run.experiment.name},
-        "last_seq": run.event_seq,
-        "created_at": run.created_at.isoformat(),
-        "started_at": run.started_at.isoformat() if run.started_at else None,
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-    }
+    return run_summary(Run.objects.select_related("experiment", "project").get(pk=run_id))
 
 
 def _events_after(run_id: int, seq: int, limit: int = CATCH_UP_BATCH) -> list[dict[str, Any]]:
@@ -97,7 +87,7 @@ def _metrics_after(run_id: int, cursor: int) -> tuple[int, dict[str, dict[str, l
 
 
 run_for_member = database_sync_to_async(_run_for_member)
-run_summary = database_sync_to_async(_run_summary)
+summary_of = database_sync_to_async(_run_summary)
 events_after = database_sync_to_async(_events_after)
 last_metric_id = database_sync_to_async(_last_metric_id)
 metrics_after = database_sync_to_async(_metrics_after)
@@ -124,7 +114,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         # Metrics stored before now come from the REST history the page loads; the poll takes it from here.
         self.metric_cursor = await last_metric_id(self.run_id)
-        await self.send_json({"kind": "hello", "run": await run_summary(self.run_id)})
+        await self.send_json({"kind": "hello", "run": await summary_of(self.run_id)})
         await self.catch_up(_query_int(self.scope, "last_seq"))
         if poll_interval_s() > 0:
             self.poller = asyncio.create_task(self.poll_forever())
