@@ -115,9 +115,12 @@ def main() -> int:
     username, password = ensure_demo_user()
 
     # Each running run holds one worker thread while it is supervised: concurrency >= runs + a few.
+    access_log = Path(settings.VAR_DIR) / "access.log"
     queues = ",".join(sorted({settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_LAUNCHER_QUEUE}))
     procs = [
-        start([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"], env),
+        # The engine posts metrics several times a second: its requests go to a file, not the console.
+        start([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "--access-log", str(access_log),
+               "config.asgi:application"], env),
         start([PYTHON, "-m", "celery", "-A", "config", "worker", "-B", "-l", "INFO",
                "--pool=threads", "--concurrency=8", "--without-gossip", "--without-mingle",
                "--without-heartbeat", "-Q", queues,
@@ -143,7 +146,7 @@ def main() -> int:
         if not args.no_launch:
             path = launch_demo_run()
             print(f"Demo run launched — dashboard: {base_url}{path}")
-        print("Ctrl-C stops the platform.\n", flush=True)
+        print(f"HTTP access log: {access_log}.   Ctrl-C stops the platform.\n", flush=True)
         while not stopping:
             if any(p.poll() is not None for p in procs):
                 print("error: a platform process exited; stopping", file=sys.stderr)
