@@ -146,6 +146,14 @@ def status() -> tuple[HeadInfo | None, str]:
     return info, ("running" if jobs_api_ok(info) else "unhealthy")
 
 
+def is_gone(address: str) -> bool:
+    """Whether ``address`` was a local head that no longer runs: the recorded head (if any) is at another
+    address or dead. A stopped local head never comes back at the same address (a new one gets new ports),
+    so jobs that ran on it are lost for good."""
+    info = read_state()
+    return info is None or info.dashboard_url != address.rstrip("/") or not pid_alive(info.pid)
+
+
 def _free_ports(count: int) -> list[int]:
     """Distinct free TCP ports, held together while choosing so none is handed out twice."""
     socks: list[socket.socket] = []

@@ -16,9 +16,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from experiments.models import TERMINAL_STATES, Run, RunState
+from experiments.models import TERMINAL_STATES, Provider, Run, RunState
 from experiments.services import InvalidTransition, run_heartbeat, run_transition
-from launcher import jobs
+from launcher import jobs, ray_local
 from launcher.models import Supervision
 from launcher.services import (
     BUSY_STATES,
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 MAX_LINES_PER_POLL = 1000
 RESERVE_S = 30  # how long a sweep's reservation waits for the task it enqueued
+UNREACHABLE_WARN_EVERY_S = 30.0  # an unreachable cluster is polled every second, logged this often
 
 
 def poll_s() -> float:
@@ -96,6 +97,7 @@ def supervise(*, run_id: int, owner: str) -> str:
 
 def _follow(run_id: int, owner: str) -> str:
     stop_sent = False
+    last_warned = -UNREACHABLE_WARN_EVERY_S
     while True:
         run = Run.objects.get(pk=run_id)
         if run.state in TERMINAL_STATES:
@@ -117,8 +119,14 @@ def _follow(run_id: int, owner: str) -> str:
                       "(was the cluster restarted?)")  # fmt: skip
             return run_finish_from_job(run=run, job=None, log_text="", reason=reason)
         except jobs.ClusterUnreachable as exc:
-            # No heartbeat while unreachable: if this lasts, the reaper fails the run with a reason.
-            log.warning("run %s: %s", run_id, exc)
+            if run.provider == Provider.LOCAL and ray_local.is_gone(run.cluster_address):
+                reason = (f"the platform's local Ray head at {run.cluster_address} was stopped while the run was "
+                          "active (platform restart?); resume the run from its last checkpoint")  # fmt: skip
+                return run_finish_from_job(run=run, job=None, log_text="", reason=reason)
+            # Maybe a passing outage: no heartbeat meanwhile; if it lasts, the reaper fails the run.
+            if time.monotonic() - last_warned >= UNREACHABLE_WARN_EVERY_S:
+                log.warning("run %s: %s", run_id, exc)
+                last_warned = time.monotonic()
         else:
             if job.terminal:
                 return run_finish_from_job(run=run, job=job, log_text=text)

@@ -244,6 +244,25 @@ def test_a_running_run_whose_job_vanished_is_failed_with_the_reason(launcher_sta
     assert "rlp-never-submitted no longer exists" in run.error
 
 
+def test_a_run_on_a_stopped_local_head_is_failed_at_once_with_the_reason(launcher_stack):
+    """The platform was stopped (its local head with it) while a run was active; after the restart the
+    run's cluster address is dead for good: fail it now, not after the heartbeat timeout."""
+    import socket
+
+    from django.utils import timezone
+
+    from tests.factories import RunFactory
+
+    with socket.socket() as s:  # a port nothing listens on: the old head's dashboard
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    now = timezone.now()
+    run = RunFactory(state="running", started_at=now, heartbeat_at=now, provider="local",
+                     ray_job_id="rlp-on-the-old-head", cluster_address=dead)
+    run = wait_state(run.pk, "failed", timeout_s=30)  # well inside the stack's heartbeat timeout
+    assert f"local Ray head at {dead} was stopped" in run.error
+
+
 def test_provider_address_runs_on_an_existing_cluster_given_by_its_dashboard_url(launcher_stack, tmp_path):
     from experiments.services import experiment_create, run_create
     from tests.factories import ProjectFactory
