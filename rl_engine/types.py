@@ -48,3 +48,14 @@ class Sample:
     @property
     def response_length(self) -> int:
         return len(self.response_ids)
+
+
+def split_groups(samples: list[Sample]) -> list[list[Sample]]:
+    """Group consecutive samples by ``group_id`` (workers return them grouped by prompt)."""
+    groups: list[list[Sample]] = []
+    for s in samples:
+        if groups and groups[-1][0].group_id == s.group_id:
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups

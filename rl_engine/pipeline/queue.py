@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.types import Sample
+from rl_engine.types import Sample, split_groups
 
 
 class PipelineFailure(RuntimeError):
@@ -117,13 +117,7 @@ class MessageQueue:
 
     async def unget(self, samples: list[Sample]) -> None:
         """Return samples taken for a step that was cancelled to the front, in their order."""
-        groups: list[list[Sample]] = []
-        for s in samples:
-            if groups and groups[-1][0].group_id == s.group_id:
-                groups[-1].append(s)
-            else:
-                groups.append([s])
-        for g in reversed(groups):
+        for g in reversed(split_groups(samples)):
             self._groups.appendleft(g)
             self._queued += len(g)
         self.c.consumed -= len(samples)

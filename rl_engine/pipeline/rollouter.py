@@ -27,7 +27,7 @@ import ray
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.types import Sample
+from rl_engine.types import Sample, split_groups
 
 _ADMIT_POLL_S = 0.02  # re-ask the queue this often while gated (drops may free capacity)
 
@@ -155,7 +155,7 @@ class Rollouter:
 
     def _run_generate(self, prompts: list[Any]) -> None:
         samples = self.worker.generate(prompts, self.knobs.group_size)
-        self._dispatch(_split_groups(samples))
+        self._dispatch(split_groups(samples))
 
     def _run_resume(self, groups: list[list[Sample]]) -> None:
         unfinished = [s for g in groups for s in g if s.finish_reason == "abort"]
@@ -279,13 +279,3 @@ class Rollouter:
             self.worker.close()
         return {"in_flight": self.in_flight(), "alive": any(t.is_alive() for t in self._threads)}
 
-
-def _split_groups(samples: list[Sample]) -> list[list[Sample]]:
-    """Group consecutive samples by ``group_id`` (workers return them grouped by prompt)."""
-    groups: list[list[Sample]] = []
-    for s in samples:
-        if groups and groups[-1][0].group_id == s.group_id:
-            groups[-1].append(s)
-        else:
-            groups.append([s])
-    return groups
