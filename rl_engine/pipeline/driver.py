@@ -48,6 +48,7 @@ class RunSummary:
     queued: int
     in_flight: int
     admitted: int
+    max_queued: int = 0  # deepest the queue got, in samples (bounded by pipeline.queue_max_size when set)
     sync_times_s: list[float] = field(default_factory=list)
     trained_uids: list[str] = field(default_factory=list, repr=False)
     dropped_uids: list[str] = field(default_factory=list, repr=False)
@@ -345,6 +346,7 @@ class _Run:
             queued=int(q.get("queued", 0)),
             in_flight=int(self.final.get("in_flight", 0)),
             admitted=int(q.get("admitted", 0)),
+            max_queued=int(q.get("max_depth", 0)),
             sync_times_s=[s.total_s for s in self.syncer.history],
             trained_uids=self.trained_uids,
             dropped_uids=list(self.final.get("dropped_uids", [])),

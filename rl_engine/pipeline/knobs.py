@@ -29,9 +29,16 @@ from the config. With B = 0 and T = 1, ``fully_async`` is therefore the very sam
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rl_engine.config import ExperimentConfig
+from rl_engine.config import ConfigError, ExperimentConfig
+from rl_engine.types import Sample
+
+
+class StalenessViolation(RuntimeError):
+    """A batch reached the trainer with a sample older than the staleness bound (a pipeline bug: the
+    queue drops such samples). Raised before training, so the batch is never trained on."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,19 @@ class Knobs:
     def is_stale(self, trainer_version: int, param_version_start: int) -> bool:
         return trainer_version - param_version_start > self.max_staleness
 
+    def batch_staleness(self, trainer_version: int, batch: Sequence[Sample]) -> list[int]:
+        """Staleness of each sample of a batch about to be trained at ``trainer_version``; raises
+        ``StalenessViolation`` naming the first sample over the bound."""
+        stal = [trainer_version - s.param_version_start for s in batch]
+        for i, (s, lag) in enumerate(zip(batch, stal, strict=True)):
+            if lag > self.max_staleness:
+                raise StalenessViolation(
+                    f"sample {s.group_id}/{i % self.group_size} was generated from version "
+                    f"{s.param_version_start} and reached the trainer at version {trainer_version}: "
+                    f"staleness {lag} > max_staleness {self.max_staleness} ({self.mode}); not trained"
+                )
+        return stal
+
 
 def knobs_from_config(cfg: ExperimentConfig) -> Knobs:
     """Translate ``pipeline.mode`` into knobs; the one place where modes differ."""
@@ -72,6 +92,15 @@ def knobs_from_config(cfg: ExperimentConfig) -> Knobs:
         b, t, partial = 1, 1, False
     else:
         b, t, partial = p.staleness_threshold, p.trigger_parameter_sync_step, p.partial_rollout
+    # the trainer pulls whole groups in units of require_batches mini-batches (TrainerActor._gather)
+    pull = max(p.require_batches * cfg.trainer.mini_batch_size, n)
+    if p.queue_max_size and p.queue_max_size < max(per_call * n, pull):
+        msg = (
+            f"must be 0 or at least {max(per_call * n, pull)} samples: one generate call (prompts_per_call"
+            f" x rollout.n = {per_call * n}) and one trainer pull (require_batches x trainer.mini_batch_size"
+            f" = {pull}) must fit, or the run waits forever"
+        )
+        raise ConfigError([("pipeline.queue_max_size", msg)])
     return Knobs(
         mode=p.mode,
         staleness_threshold=b,

@@ -40,7 +40,7 @@ class MessageQueue:
 
     def __init__(self, knobs: Knobs, max_size: int = 0) -> None:
         self.knobs = knobs
-        self.max_size = max_size  # samples; 0 = only the staleness-derived bound
+        self.max_size = max_size  # samples queued or being generated; 0 = only the staleness bound
         self._groups: collections.deque[list[Sample]] = collections.deque()
         self._queued = 0
         self.c = QueueCounters()
@@ -58,7 +58,10 @@ class MessageQueue:
         net = self.c.admitted - self.c.dropped_stale + num_samples
         if net > self.knobs.admission_capacity(rollout_version):
             return False
-        if self.max_size and self._queued + num_samples > self.max_size:
+        # queued + in flight (admitted, not consumed, not dropped): counting what is still being
+        # generated keeps ``max_size`` a hard bound on the queue with several producers
+        outstanding = self.c.admitted - self.c.consumed - self.c.dropped_stale
+        if self.max_size and outstanding + num_samples > self.max_size:
             return False
         self.c.admitted += num_samples
         return True
@@ -184,5 +187,6 @@ class MessageQueue:
         for group in state["groups"]:
             self._groups.append(list(group))
             self._queued += len(group)
+        self._max_depth = max(self._max_depth, self._queued)
         async with self._changed:
             self._changed.notify_all()

@@ -27,7 +27,7 @@ import ray
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.types import Sample, split_groups
+from rl_engine.types import Prompt, Sample, split_groups
 
 _ADMIT_POLL_S = 0.02  # re-ask the queue this often while gated (drops may free capacity)
 
@@ -51,9 +51,15 @@ class Rollouter:
         self.prompts = components.prompts.build(cfg, index=index)
         self.reward_fn = components.reward.build(cfg, index=index)
         self._pending: list[list[Sample]] = []  # admitted groups with unfinished ("abort") samples
-        self._parked: list[Any] | None = None  # admitted prompts not started yet (a control call came)
+        # admitted units of prompts not started yet (a control call came): one entry per loop thread
+        # that parked, so several threads (rollout_concurrency > 1) never overwrite each other
+        self._parked: list[list[Prompt]] = []
         self._cv = threading.Condition()
         self._busy: dict[int, float] = {}  # loop thread -> start of its running worker call (monotonic)
+        # loop threads between admission and starting (or parking) their prompts: the admitted slots
+        # are in no list yet, so a pause/update must wait for them or a checkpoint would miss them
+        self._admitting = 0
+        self._draw_lock = threading.Lock()  # the prompt stream is not thread-safe
         self._hold = 0  # control calls that need the worker (update, pause) — the loop waits
         self._stop = threading.Event()
         self._error: str | None = None
@@ -111,33 +117,44 @@ class Rollouter:
             if self._pending:
                 self._busy[threading.get_ident()] = time.monotonic()
                 return "resume", self._take_resumable()
-            if self._parked is not None:
-                prompts, self._parked = self._parked, None
+            if self._parked:
                 self._busy[threading.get_ident()] = time.monotonic()
-                return "generate", prompts
+                return "generate", self._parked.pop(0)
             version = self.worker.version
-        unit = self.knobs.prompts_per_call * self.knobs.group_size
-        if not ray.get(self.queue.try_admit.remote(unit, version)):
+            self._admitting += 1  # from here until the prompts are started or parked
+        prompts: list[Prompt] | None = None
+        try:
+            unit = self.knobs.prompts_per_call * self.knobs.group_size
+            if ray.get(self.queue.try_admit.remote(unit, version)):
+                prompts = self._next_prompts()
+        finally:
+            with self._cv:
+                self._admitting -= 1
+                self._cv.notify_all()
+                started = prompts is not None and self._start_or_park(prompts, version)
+        if prompts is None:
             with self._cv:  # gated by the staleness bound: wake up early on a weight update
                 self._cv.wait(_ADMIT_POLL_S)
-            return None
-        prompts = self._next_prompts()
-        with self._cv:
-            if self._hold or self._stop.is_set() or self.worker.version != version:
-                # a weight update or pause arrived meanwhile: these prompts were admitted for
-                # ``version``; park them (counted in flight) and generate them next, on fresh weights
-                self._parked = prompts
-                return None
-            self._busy[threading.get_ident()] = time.monotonic()
-        return "generate", prompts
+        return ("generate", prompts) if started else None
+
+    def _start_or_park(self, prompts: list[Prompt], version: int) -> bool:
+        """(Lock held.) Mark this thread busy with ``prompts`` (True), or park them (False) when a
+        weight update or pause arrived since they were admitted for ``version``: they stay counted in
+        flight and are generated next, on the fresh weights."""
+        if self._hold or self._stop.is_set() or self.worker.version != version:
+            self._parked.append(prompts)
+            return False
+        self._busy[threading.get_ident()] = time.monotonic()
+        return True
 
     def _next_prompts(self) -> list[Any]:
         """This rollouter's slice: unit j of the shared stream goes to rollouter ``j % count``."""
         mine: list[Any] = []
-        for j in range(self.count):
-            batch = self.prompts.next_batch(self.knobs.prompts_per_call)
-            if j == self.index:
-                mine = batch
+        with self._draw_lock:
+            for j in range(self.count):
+                batch = self.prompts.next_batch(self.knobs.prompts_per_call)
+                if j == self.index:
+                    mine = batch
         return mine
 
     def _take_resumable(self) -> list[list[Sample]]:
@@ -166,28 +183,31 @@ class Rollouter:
 
     def _dispatch(self, groups: list[list[Sample]]) -> None:
         """Score finished groups and queue them; keep groups with unfinished samples for resume."""
-        done = []
+        done, unfinished = [], []
         for g in groups:
             if any(s.finish_reason == "abort" for s in g):
-                self._pending.append(g)
+                unfinished.append(g)
                 continue
             for s in g:
                 s.reward = float(self.reward_fn(s))
             done.append(g)
+        with self._cv:  # another loop thread may be taking the pending list right now
+            self._pending.extend(unfinished)
         if done:  # one call for all finished groups of this generate call
             ray.get(self.queue.put_many.remote(done))
-        for g in done:
-            self._samples_out += len(g)
-            self._tokens_out += sum(s.response_length for s in g)
+        with self._cv:
+            self._samples_out += sum(len(g) for g in done)
+            self._tokens_out += sum(s.response_length for g in done for s in g)
 
     # --- control calls (other threads) --------------------------------------------------------------
     def _acquire_worker(self, interrupt: bool) -> None:
-        """Stop the loop from starting calls; interrupt the running one if allowed; wait for it."""
+        """Stop the loop from starting calls; interrupt the running ones if allowed; wait for them and
+        for threads between admission and parking (their slots must be recorded before we return)."""
         with self._cv:
             self._hold += 1
             if interrupt and self._busy:
                 self.worker.interrupt()
-            while self._busy:
+            while self._busy or self._admitting:
                 self._cv.wait(0.5)
 
     def _release_worker(self) -> None:
@@ -223,10 +243,9 @@ class Rollouter:
         """Hold the loop (in-flight calls interrupted with partial rollout) and return the state."""
         self._acquire_worker(interrupt=self.knobs.partial_rollout)
         with self._cv:
-            parked = self._parked
             return {
                 "pending": [[sample_to_dict(s) for s in g] for g in self._pending],
-                "parked_prompts": [asdict(p) for p in parked] if parked else None,
+                "parked": [[asdict(p) for p in unit] for unit in self._parked],
                 "prompts": self.prompts.state_dict(),
                 "in_flight": self.in_flight(),
             }
@@ -235,18 +254,19 @@ class Rollouter:
         self._release_worker()
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Before ``start``: pending groups and the stream position from a checkpoint."""
-        from rl_engine.types import Prompt
-
+        """Before ``start``: pending groups, parked prompts and the stream position from a checkpoint."""
         self.prompts.load_state_dict(state["prompts"])
         self._pending = [[sample_from_dict(d) for d in g] for g in state["pending"]]
-        parked = state.get("parked_prompts")
-        self._parked = [Prompt(**p) for p in parked] if parked else None
+        units = state.get("parked")
+        if units is None:  # written before parking kept one unit per thread: at most one unit
+            units = [state["parked_prompts"]] if state.get("parked_prompts") else []
+        self._parked = [[Prompt(**p) for p in unit] for unit in units]
 
     def in_flight(self) -> int:
         """Admitted samples not yet on the queue (pending groups + parked prompts)."""
-        parked = self._parked
-        return sum(len(g) for g in self._pending) + (len(parked) * self.knobs.group_size if parked else 0)
+        with self._cv:
+            parked = sum(len(unit) for unit in self._parked) * self.knobs.group_size
+            return sum(len(g) for g in self._pending) + parked
 
     def health(self) -> dict[str, Any]:
         """Raise the loop's error, if any; else progress figures for metrics and the watchdog."""

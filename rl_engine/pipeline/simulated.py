@@ -215,6 +215,9 @@ class SimTrainer:
         self.params = {"w": np.zeros(size, dtype=np.float32), "b": np.zeros(8, dtype=np.float32)}
         self.version = 0
         self.synced_version = 0
+        # uids of every sample trained on so far (what a real model would have learned from); saved
+        # with the checkpoint, so tests can tell which samples a resumed run had already trained
+        self.trained_uids: list[str] = []
 
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         if len(samples) != self.cfg.trainer.batch_size:
@@ -226,6 +229,8 @@ class SimTrainer:
         mean_r = float(np.mean([s.reward for s in samples]))
         self.params["b"] += np.float32(mean_r)
         self.params["w"][self.version % self.params["w"].size] += 1.0
+        n = self.cfg.rollout.n
+        self.trained_uids.extend(f"{s.group_id}/{i % n}" for i, s in enumerate(samples))
         self.version += 1
         lag = self.version - 1 - self.synced_version
         return {"actor/pg_loss": -mean_r, "off_policy/is_ratio_mean": 1.0, "off_policy/is_ratio_max": 1.0,
@@ -243,7 +248,7 @@ class SimTrainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         np.savez(tmp / "params.npz", **self.params)
-        (tmp / "state.json").write_text(json.dumps({"version": self.version, "extra": extra}))
+        (tmp / "state.json").write_text(json.dumps({"version": self.version, "trained_uids": self.trained_uids, "extra": extra}))
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
 
@@ -253,11 +258,15 @@ class SimTrainer:
             self.params = {k: z[k].copy() for k in z.files}
         state = json.loads((path / "state.json").read_text())
         self.version = self.synced_version = int(state["version"])
+        self.trained_uids = list(state.get("trained_uids", []))
         return state["extra"]
 
 
-def sim_worker(cfg: ExperimentConfig, index: int = 0, **kw: Any) -> SimRolloutWorker:
-    return SimRolloutWorker(cfg, index, **kw)
+def sim_worker(
+    cfg: ExperimentConfig, index: int = 0, per_index: dict[int, dict[str, Any]] | None = None, **kw: Any
+) -> SimRolloutWorker:
+    """``per_index``: overrides for one rollouter (e.g. a straggler: ``{1: {"decode_step_s": 30}}``)."""
+    return SimRolloutWorker(cfg, index, **{**kw, **(per_index or {}).get(index, {})})
 
 
 def sim_trainer(cfg: ExperimentConfig, **kw: Any) -> SimTrainer:

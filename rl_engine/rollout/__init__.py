@@ -9,22 +9,31 @@ from rl_engine.config import ExperimentConfig
 from rl_engine.rollout.base import RolloutWorker
 
 
-def build_rollout_worker(cfg: ExperimentConfig) -> RolloutWorker:
-    """The worker for ``cfg.rollout.backend``, built from (rollout config, model config) alone."""
+def rollout_seed(seed: int, index: int) -> int:
+    """Sampling seed of rollouter ``index``: ``seed`` itself for rollouter 0 (a one-rollouter run
+    samples as before), a distinct one for every other rollouter, so that several rollouters do not
+    draw the same random numbers. Kept below 2**31 (engines take a 32-bit seed)."""
+    return (seed + index * 1_000_003) % 2**31
+
+
+def build_rollout_worker(cfg: ExperimentConfig, index: int = 0) -> RolloutWorker:
+    """The worker for ``cfg.rollout.backend``, built from (rollout config, model config) alone;
+    ``index`` (the rollouter's) only picks the sampling seed (``rollout_seed``)."""
     backend = cfg.rollout.backend
+    seed = rollout_seed(cfg.seed, index)
     if backend == "hf":
         from rl_engine.rollout.hf import HFRolloutWorker
 
-        return HFRolloutWorker(cfg.rollout, cfg.model, seed=cfg.seed)
+        return HFRolloutWorker(cfg.rollout, cfg.model, seed=seed)
     if backend == "vllm":
         from rl_engine.rollout.vllm import VLLMRolloutWorker
 
-        return VLLMRolloutWorker(cfg.rollout, cfg.model, seed=cfg.seed)
+        return VLLMRolloutWorker(cfg.rollout, cfg.model, seed=seed)
     if backend == "sglang":
         from rl_engine.rollout.sglang import SGLangRolloutWorker
 
-        return SGLangRolloutWorker(cfg.rollout, cfg.model, seed=cfg.seed)
+        return SGLangRolloutWorker(cfg.rollout, cfg.model, seed=seed)
     raise ValueError(f"unknown rollout backend {backend!r}")
 
 
-__all__ = ["RolloutWorker", "build_rollout_worker"]
+__all__ = ["RolloutWorker", "build_rollout_worker", "rollout_seed"]

@@ -11,12 +11,14 @@ import os
 import shutil
 import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rl_engine.config import ExperimentConfig, parse_config
+from rl_engine.config import ExperimentConfig, TinyModelSpec, parse_config
 from rl_engine.pipeline.components import Components, Factory
+from rl_engine.types import Sample
 
 
 class RecordingSink:
@@ -63,6 +65,31 @@ def ray_session():
 @pytest.fixture
 def sink() -> RecordingSink:
     return RecordingSink()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny HF model (random weights), built once per session."""
+    from rl_engine.models.tiny import save_tiny_model
+
+    return save_tiny_model(TinyModelSpec(seed=0), tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def group(uid: str, version: int, n: int = 4) -> list[Sample]:
+    """One finished group of ``n`` samples of prompt ``uid`` generated from weights ``version``."""
+    return [
+        Sample(
+            prompt_uid=uid,
+            group_id=uid,
+            prompt_ids=[1],
+            response_ids=[2, 3],
+            logprobs=[-1.0, -1.0],
+            finish_reason="stop",
+            param_version_start=version,
+            param_version_end=version,
+        )
+        for _ in range(n)
+    ]
 
 
 def sim_config(**overrides: Any) -> ExperimentConfig:

@@ -6,16 +6,7 @@ import pytest
 
 from rl_engine.pipeline.knobs import knobs_from_config
 from rl_engine.pipeline.queue import MessageQueue, PipelineFailure
-from rl_engine.types import Sample
-from tests.pipeline.conftest import sim_config
-
-
-def _group(uid: str, version: int, n: int = 4) -> list[Sample]:
-    return [
-        Sample(prompt_uid=uid, group_id=uid, prompt_ids=[1], response_ids=[2, 3], logprobs=[-1.0, -1.0],
-               finish_reason="stop", param_version_start=version, param_version_end=version)
-        for _ in range(n)
-    ]
+from tests.pipeline.conftest import group, sim_config
 
 
 @pytest.mark.smoke
@@ -43,8 +34,8 @@ def test_queue_admits_within_bound_drops_stale_and_counts(ray_session):
     assert ray.get(q.try_admit.remote(4, 0)) is False
     assert ray.get(q.try_admit.remote(4, 1)) is True  # a newer rollout version opens a new batch
     for i in range(4):
-        ray.get(q.put.remote(_group(f"g{i}", 0)))
-    ray.get(q.put.remote(_group("g4", 1)))
+        ray.get(q.put.remote(group(f"g{i}", 0)))
+    ray.get(q.put.remote(group("g4", 1)))
     # trainer at version 2: the four version-0 groups (staleness 2 > 1) are dropped, never trained
     out = ray.get(q.get.remote(4, 2, 1.0))
     assert [s.group_id for s in out["samples"]] == ["g4"] * 4
@@ -74,7 +65,7 @@ def test_unget_returns_samples_to_the_front_uncounted(ray_session):
     knobs = knobs_from_config(sim_config())
     q = ray.remote(MessageQueue).remote(knobs, 0)
     for i in range(3):
-        ray.get(q.put.remote(_group(f"g{i}", 0)))
+        ray.get(q.put.remote(group(f"g{i}", 0)))
     taken = ray.get(q.get.remote(8, 0, 1.0))["samples"]
     ray.get(q.unget.remote(taken))
     again = ray.get(q.get.remote(12, 0, 1.0))["samples"]
