@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rl_engine.config import ConfigError
 from rl_engine.pipeline.knobs import knobs_from_config
 from rl_engine.pipeline.queue import MessageQueue, PipelineFailure
 from tests.pipeline.conftest import group, sim_config
@@ -71,3 +72,26 @@ def test_unget_returns_samples_to_the_front_uncounted(ray_session):
     again = ray.get(q.get.remote(12, 0, 1.0))["samples"]
     assert [s.group_id for s in again][::4] == ["g0", "g1", "g2"]
     assert ray.get(q.stats.remote())["consumed"] == 12
+
+
+def test_queue_max_size_bounds_queued_plus_in_flight(ray_session):
+    ray = ray_session
+    q = ray.remote(MessageQueue).remote(knobs_from_config(sim_config()), 8)
+    # two producers each admitted 4 samples: nothing is queued yet, but 8 will be: a third must wait
+    assert ray.get([q.try_admit.remote(4, 0), q.try_admit.remote(4, 0)]) == [True, True]
+    assert ray.get(q.try_admit.remote(4, 0)) is False
+    ray.get(q.put.remote(group("g0", 0)))
+    ray.get(q.put.remote(group("g1", 0)))
+    assert ray.get(q.stats.remote())["max_depth"] == 8
+    assert ray.get(q.try_admit.remote(4, 0)) is False
+    ray.get(q.get.remote(4, 0, 1.0))  # consuming frees room
+    assert ray.get(q.try_admit.remote(4, 0)) is True
+
+
+@pytest.mark.smoke
+def test_a_queue_bound_that_can_never_fill_a_pull_is_a_config_error():
+    cfg = sim_config(**{"pipeline.queue_max_size": 8})  # one generate call is 4 prompts x 4 = 16 samples
+    with pytest.raises(ConfigError, match=r"pipeline.queue_max_size: must be 0 or at least 16 samples"):
+        knobs_from_config(cfg)
+    ok = sim_config(**{"pipeline.queue_max_size": 8, "pipeline.prompts_per_call": 1, "trainer.mini_batch_size": 8})
+    assert knobs_from_config(ok).prompts_per_call == 1

@@ -41,10 +41,11 @@ def test_stop_event_checkpoints_announces_and_returns(ray_session, tmp_path):
     assert sink.kinds("status")[-1][1] == f"stopped at step {summary.steps_done}"
 
 
-def _checkpoint_samples(path: Path) -> tuple[set[str], int]:
-    """uids of the queued and in-flight samples a (simulated trainer's) checkpoint holds, and how many
-    of them were unfinished (interrupted partial rollouts)."""
-    extra = json.loads((path / "state.json").read_text())["extra"]["pipeline"]
+def _checkpoint_samples(path: Path) -> tuple[set[str], int, set[str]]:
+    """uids of the queued and in-flight samples a (simulated trainer's) checkpoint holds, how many of
+    them were unfinished (interrupted partial rollouts), and the uids trained before it was written."""
+    state = json.loads((path / "state.json").read_text())
+    extra = state["extra"]["pipeline"]
     uids, unfinished = set(), 0
     for g in extra["queue"]["groups"]:
         uids.update(f"{s['group_id']}/{i}" for i, s in enumerate(g))
@@ -52,7 +53,9 @@ def _checkpoint_samples(path: Path) -> tuple[set[str], int]:
         for g in r["pending"]:
             uids.update(f"{s['group_id']}/{i}" for i, s in enumerate(g))
             unfinished += sum(s["finish_reason"] == "abort" for s in g)
-    return uids, unfinished
+        for unit in r["parked"]:
+            uids.update(f"{p['uid']}/{j}" for p in unit for j in range(4))  # rollout.n = 4
+    return uids, unfinished, set(state["trained_uids"])
 
 
 def test_crash_then_resume_is_lossless(ray_session, tmp_path):
@@ -67,8 +70,9 @@ def test_crash_then_resume_is_lossless(ray_session, tmp_path):
                        components=sim_components(worker=_SLOW_WORKER, trainer={"fail_at_step": 5}))
     (step, path), = list_checkpoints(tmp_path)
     assert step == 3
-    restored, unfinished = _checkpoint_samples(path)
+    restored, unfinished, trained_before = _checkpoint_samples(path)
     assert restored and unfinished > 0, "the checkpoint should hold interrupted in-flight samples"
+    assert len(trained_before) == 3 * bs
 
     sink = RecordingSink()
     resumed = run_experiment(sim_config(**{**_BASE, "trainer.resume_from": str(path)}), sink,
@@ -76,7 +80,10 @@ def test_crash_then_resume_is_lossless(ray_session, tmp_path):
     assert [s for s, _ in sink.metrics] == [4, 5, 6, 7, 8]  # the step counter continues, no jump
     assert resumed.start_step == 3 and resumed.steps_done == 8
     assert resumed.samples_trained == reference.samples_trained
-    # every queued / in-flight sample of the checkpoint was trained on after the resume, or counted dropped
-    assert restored <= set(resumed.trained_uids) | set(resumed.dropped_uids)
+    # no sample trained before the checkpoint is trained again (the prompt stream resumed where it was)
+    assert len(resumed.trained_uids) == 5 * bs and not set(resumed.trained_uids) & trained_before
+    # one rollouter, whole batches per call: nothing can be dropped, so every queued / in-flight
+    # sample of the checkpoint was trained on after the resume
+    assert resumed.dropped_stale == 0 and restored <= set(resumed.trained_uids)
     assert resumed.admitted == resumed.samples_trained + resumed.queued + resumed.in_flight + resumed.dropped_stale
     assert any("resumed from" in e[1] for e in sink.kinds("status"))
