@@ -56,7 +56,9 @@ class RunSummary:
     def to_dict(self) -> dict[str, Any]:
         """Plain figures for a one-line JSON report (uid lists left out)."""
         out = {k: v for k, v in self.__dict__.items() if not k.endswith("_uids")}
-        out["sync_s_median"] = sorted(self.sync_times_s)[len(self.sync_times_s) // 2] if self.sync_times_s else None
+        out["sync_s_median"] = (
+            sorted(self.sync_times_s)[len(self.sync_times_s) // 2] if self.sync_times_s else None
+        )
         del out["sync_times_s"]
         return out
 
@@ -118,7 +120,9 @@ def _ray_session(cfg: ExperimentConfig) -> Iterator[None]:
             num_cpus=max(os.cpu_count() or 1, int(need * cfg.resources.cpus_per_actor + 0.999)),
             include_dashboard=False,
             _temp_dir=tmp,
-            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}},
+            runtime_env={
+                "env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+            },
         )
     try:
         yield
@@ -149,7 +153,9 @@ class _Run:
     # --- build ------------------------------------------------------------------------------------------
     def _build(self) -> None:
         cfg, res = self.cfg, self.cfg.resources
-        self.queue = ray.remote(MessageQueue).options(num_cpus=0).remote(self.knobs, cfg.pipeline.queue_max_size)
+        self.queue = (
+            ray.remote(MessageQueue).options(num_cpus=0).remote(self.knobs, cfg.pipeline.queue_max_size)
+        )
         self.trainer = (
             ray.remote(TrainerActor)
             .options(num_cpus=res.cpus_per_actor, num_gpus=res.trainer_gpus, max_concurrency=2)
@@ -165,8 +171,11 @@ class _Run:
         self.actors = [self.queue, self.trainer, *self.rollouters]
         self.waiter = Waiter(self)
         # constructors run asynchronously: surface their errors (model load, bad data) now
-        self.waiter.wait_all([self.trainer.get_version.remote()] + [r.in_flight.remote() for r in self.rollouters],
-                             "build", check_health=False)
+        self.waiter.wait_all(
+            [self.trainer.get_version.remote()] + [r.in_flight.remote() for r in self.rollouters],
+            "build",
+            check_health=False,
+        )
         self.syncer = build_sync(cfg.pipeline.sync_backend, self.trainer, self.rollouters)
         self.object_store = cfg.pipeline.sync_backend == "object_store"
         self._pending_sync: tuple | None = None
@@ -175,9 +184,11 @@ class _Run:
     def execute(self) -> RunSummary:
         self._build()
         self._maybe_resume()
-        self.sink.log_event("status", f"pipeline running ({self.knobs.mode}) from step {self.start_step}",
-                            {"step": self.start_step, "mode": self.knobs.mode,
-                             "max_staleness": self.knobs.max_staleness})
+        self.sink.log_event(
+            "status",
+            f"pipeline running ({self.knobs.mode}) from step {self.start_step}",
+            {"step": self.start_step, "mode": self.knobs.mode, "max_staleness": self.knobs.max_staleness},
+        )
         ray.get([r.start.remote() for r in self.rollouters])
         total, every = self.cfg.trainer.total_steps, self.cfg.trainer.checkpoint_every
         pending_log = None
@@ -200,7 +211,9 @@ class _Run:
                 elif not self.object_store and self.step % self.knobs.trigger == 0 and self.step < total:
                     self._sync(self.step)
             except StopWaitAbandoned as exc:
-                self.sink.log_event("alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step})
+                self.sink.log_event(
+                    "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
+                )
                 self.trained_uids.extend(result["uids"])
                 break
             now = time.monotonic()
@@ -218,7 +231,8 @@ class _Run:
         if self.cfg.trainer.checkpoint_dir and self.last_ckpt_step != self.step:
             self._checkpoint(self.step)
         self.sink.log_event(
-            "status", ("stopped" if self.stopped else "finished") + f" at step {self.step}",
+            "status",
+            ("stopped" if self.stopped else "finished") + f" at step {self.step}",
             {"step": self.step, "stopped": self.stopped, "checkpoint": self.last_ckpt},
         )
         return self._summary()
@@ -248,7 +262,9 @@ class _Run:
             return self._finish_sync()
         except StopWaitAbandoned as exc:
             self._pending_sync = None
-            self.sink.log_event("alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step})
+            self.sink.log_event(
+                "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
+            )
             return None
 
     def _sync(self, version: int) -> float:
@@ -267,8 +283,14 @@ class _Run:
         busy = [h["busy_s"] for h in health]
         deltas = [b - p for b, p in zip(busy, prev, strict=True)] if prev else busy
         self._prev_busy = busy
-        metrics = step_metrics(result, step_wall_s=wall, sync_s=sync_s, queue_stats=qstats,
-                               rollout_busy_delta_s=deltas, gen_window_s=wall)
+        metrics = step_metrics(
+            result,
+            step_wall_s=wall,
+            sync_s=sync_s,
+            queue_stats=qstats,
+            rollout_busy_delta_s=deltas,
+            gen_window_s=wall,
+        )
         self.rewards.append(metrics["reward/mean"])
         self.trained_uids.extend(result["uids"])
         if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
@@ -296,8 +318,11 @@ class _Run:
             ray.get([r.unpause.remote() for r in self.rollouters])
         self.last_ckpt, self.last_ckpt_step = str(path), step
         ckpt.prune(directory, self.cfg.trainer.keep_checkpoints)
-        self.sink.log_event("checkpoint", f"checkpoint at step {step}",
-                            {"step": step, "path": str(path), "size_bytes": int(size)})
+        self.sink.log_event(
+            "checkpoint",
+            f"checkpoint at step {step}",
+            {"step": step, "path": str(path), "size_bytes": int(size)},
+        )
 
     def _maybe_resume(self) -> None:
         src = self.cfg.trainer.resume_from
@@ -305,12 +330,18 @@ class _Run:
             return
         extra = self.waiter.wait_one(self.trainer.load_checkpoint.remote(src), "resume")
         qstate, rstates = ckpt.restore_parts(extra, len(self.rollouters))
-        self.waiter.wait_all([self.queue.restore.remote(qstate)]
-                             + [r.restore.remote(s) for r, s in zip(self.rollouters, rstates, strict=True)], "resume")
+        self.waiter.wait_all(
+            [self.queue.restore.remote(qstate)]
+            + [r.restore.remote(s) for r, s in zip(self.rollouters, rstates, strict=True)],
+            "resume",
+        )
         self.start_step = self.step = ray.get(self.trainer.get_version.remote())
         self._sync(self.step)  # rollouters start from the checkpointed weights
-        self.sink.log_event("status", f"resumed from {src} at step {self.step}",
-                            {"step": self.step, "path": src, "queued": len(qstate["groups"])})
+        self.sink.log_event(
+            "status",
+            f"resumed from {src} at step {self.step}",
+            {"step": self.step, "path": src, "queued": len(qstate["groups"])},
+        )
 
     # --- teardown --------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -318,8 +349,9 @@ class _Run:
         if not self.actors:
             return
         with contextlib.suppress(Exception):
-            ready, _ = ray.wait([r.stop.remote(2.0) for r in self.rollouters], num_returns=len(self.rollouters),
-                                timeout=5.0)
+            ready, _ = ray.wait(
+                [r.stop.remote(2.0) for r in self.rollouters], num_returns=len(self.rollouters), timeout=5.0
+            )
             stops = [ray.get(x) for x in ready]
             self.final["in_flight"] = sum(s["in_flight"] for s in stops)
         with contextlib.suppress(Exception):

@@ -6,7 +6,9 @@ Threads inside the actor (created with ``max_concurrency`` >= 4):
   queue to admit one unit (``prompts_per_call * n`` samples) for the current weights version, draw
   the prompts of this rollouter's slice of the stream, generate, score finished groups and put them
   on the queue. It never waits on the driver: weight updates come to it, not the other way round
-  (a driver that handed out fixed chunks could deadlock, see NOTES.md).
+  (a driver that handed out fixed chunks could deadlock). Prompts admitted while a control call
+  arrives are *parked* (one unit per thread) and generated next; control calls wait for threads
+  between admission and parking, so a checkpoint sees every admitted slot.
 * **control calls** (``update_weights``, ``pause``/``unpause``, ``health``, ``stop``) run on the
   actor's other threads. ``update_weights`` with partial rollout interrupts the running call at the
   next chunk boundary: unfinished responses keep their prefix and behaviour log-probs and are
@@ -298,4 +300,3 @@ class Rollouter:
         with contextlib.suppress(Exception):
             self.worker.close()
         return {"in_flight": self.in_flight(), "alive": any(t.is_alive() for t in self._threads)}
-

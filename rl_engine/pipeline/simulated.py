@@ -117,9 +117,16 @@ class SimRolloutWorker(RolloutWorker):
         self._fault_points()
         samples = [
             Sample(
-                prompt_uid=p.uid, group_id=p.uid, prompt_ids=list(p.token_ids), response_ids=[], logprobs=[],
-                finish_reason="abort", param_version_start=self.version, param_version_end=self.version,
-                prompt_text=p.text, answer=p.answer,
+                prompt_uid=p.uid,
+                group_id=p.uid,
+                prompt_ids=list(p.token_ids),
+                response_ids=[],
+                logprobs=[],
+                finish_reason="abort",
+                param_version_start=self.version,
+                param_version_end=self.version,
+                prompt_text=p.text,
+                answer=p.answer,
                 extra={"target_len": float(response_length(self.seed, p.index, j, *self.len_args))},
             )
             for p in prompts
@@ -210,7 +217,12 @@ class SimTrainer:
         weight_mb: float = 1.0,
         fail_at_step: int | None = None,
     ) -> None:
-        self.cfg, self.train_token_s, self.devices, self.fail_at_step = cfg, train_token_s, devices, fail_at_step
+        self.cfg, self.train_token_s, self.devices, self.fail_at_step = (
+            cfg,
+            train_token_s,
+            devices,
+            fail_at_step,
+        )
         size = max(1, int(weight_mb * 2**20 / 4))
         self.params = {"w": np.zeros(size, dtype=np.float32), "b": np.zeros(8, dtype=np.float32)}
         self.version = 0
@@ -233,8 +245,14 @@ class SimTrainer:
         self.trained_uids.extend(f"{s.group_id}/{i % n}" for i, s in enumerate(samples))
         self.version += 1
         lag = self.version - 1 - self.synced_version
-        return {"actor/pg_loss": -mean_r, "off_policy/is_ratio_mean": 1.0, "off_policy/is_ratio_max": 1.0,
-                "off_policy/tis_clipfrac": 0.0, "actor/clipfrac": 0.0, "sim/proximal_lag": float(lag)}
+        return {
+            "actor/pg_loss": -mean_r,
+            "off_policy/is_ratio_mean": 1.0,
+            "off_policy/is_ratio_max": 1.0,
+            "off_policy/tis_clipfrac": 0.0,
+            "actor/clipfrac": 0.0,
+            "sim/proximal_lag": float(lag),
+        }
 
     def weights_numpy(self) -> dict[str, np.ndarray]:
         return {k: np.ascontiguousarray(v) for k, v in self.params.items()}
@@ -248,7 +266,9 @@ class SimTrainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         np.savez(tmp / "params.npz", **self.params)
-        (tmp / "state.json").write_text(json.dumps({"version": self.version, "trained_uids": self.trained_uids, "extra": extra}))
+        (tmp / "state.json").write_text(
+            json.dumps({"version": self.version, "trained_uids": self.trained_uids, "extra": extra})
+        )
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
 

@@ -114,11 +114,21 @@ def sim_config(**overrides: Any) -> ExperimentConfig:
 
 def sim_components(worker: dict | None = None, trainer: dict | None = None) -> Components:
     return Components(
-        worker=Factory("rl_engine.pipeline.simulated:sim_worker",
-                       {"slots": 8, "decode_step_s": 0.0005, "chunk_steps": 4, "len_median": 8, "len_cap": 64,
-                        **(worker or {})}),
+        worker=Factory(
+            "rl_engine.pipeline.simulated:sim_worker",
+            {
+                "slots": 8,
+                "decode_step_s": 0.0005,
+                "chunk_steps": 4,
+                "len_median": 8,
+                "len_cap": 64,
+                **(worker or {}),
+            },
+        ),
         prompts=Factory("rl_engine.pipeline.simulated:sim_prompts"),
         reward=Factory("rl_engine.pipeline.simulated:sim_reward"),
-        trainer=Factory("rl_engine.pipeline.simulated:sim_trainer", {"train_token_s": 0.0001, **(trainer or {})}),
+        trainer=Factory(
+            "rl_engine.pipeline.simulated:sim_trainer", {"train_token_s": 0.0001, **(trainer or {})}
+        ),
         prepare=None,
     )

@@ -132,11 +132,15 @@ def test_the_trainer_refuses_a_too_stale_batch_before_training_on_it(ray_session
     ray = ray_session
     cfg = sim_config(**{"pipeline.mode": "sync"})  # max staleness 0
     # a queue with a looser bound stands in for a queue bug that lets stale samples through
-    loose_queue = ray.remote(MessageQueue).remote(knobs_from_config(sim_config(**{"pipeline.staleness_threshold": 3})), 0)
+    loose_queue = ray.remote(MessageQueue).remote(
+        knobs_from_config(sim_config(**{"pipeline.staleness_threshold": 3})), 0
+    )
     trainer = TrainerActor(cfg, knobs_from_config(cfg), loose_queue, sim_components())
     trainer.trainer.version = 2
     for i in range(4):
         ray.get(loose_queue.put.remote(group(f"g{i}", 2 if i else 1)))
-    with pytest.raises(StalenessViolation, match=r"sample g0/0 .* staleness 1 > max_staleness 0 \(sync\); not trained"):
+    with pytest.raises(
+        StalenessViolation, match=r"sample g0/0 .* staleness 1 > max_staleness 0 \(sync\); not trained"
+    ):
         trainer.train_step(publish=True)
     assert trainer.version == 2 and trainer.trainer.trained_uids == []  # nothing trained

@@ -17,9 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cmd(tmp: Path, *sets: str) -> list[str]:
-    base = [f"model.path={tmp / 'model'}", "logging.sinks=[jsonl]", f"logging.jsonl_path={tmp / 'run.jsonl'}",
-            "logging.progress_bar=false", "logging.log_every=1", "rollout.n=4", "trainer.batch_size=16",
-            "trainer.mini_batch_size=16"]
+    base = [
+        f"model.path={tmp / 'model'}",
+        "logging.sinks=[jsonl]",
+        f"logging.jsonl_path={tmp / 'run.jsonl'}",
+        "logging.progress_bar=false",
+        "logging.log_every=1",
+        "rollout.n=4",
+        "trainer.batch_size=16",
+        "trainer.mini_batch_size=16",
+    ]
     out = [sys.executable, "-m", "rl_engine", "train", "--config", "preset:demo-cpu"]
     for s in [*base, *sets]:
         out += ["--set", s]
@@ -39,8 +46,14 @@ def _records(path: Path) -> list[dict]:
 
 
 def test_cli_train_runs_the_pipeline_and_exits_zero(tmp_path):
-    proc = subprocess.run(_cmd(tmp_path, "trainer.total_steps=3", f"trainer.checkpoint_dir={tmp_path / 'ck'}"),
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        _cmd(tmp_path, "trainer.total_steps=3", f"trainer.checkpoint_dir={tmp_path / 'ck'}"),
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps_done"] == 3 and summary["samples_trained"] == 48
@@ -52,19 +65,33 @@ def test_cli_train_runs_the_pipeline_and_exits_zero(tmp_path):
 def test_cli_train_with_a_crashing_actor_exits_nonzero_with_one_line(tmp_path):
     not_a_checkpoint = tmp_path / "empty"
     not_a_checkpoint.mkdir()
-    proc = subprocess.run(_cmd(tmp_path, "trainer.total_steps=3", f"trainer.resume_from={not_a_checkpoint}"),
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        _cmd(tmp_path, "trainer.total_steps=3", f"trainer.resume_from={not_a_checkpoint}"),
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 1
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert errors == [f"error: resume failed: FileNotFoundError: {not_a_checkpoint} is not a checkpoint "
-                      "(no trainer_state.json)"]
+    assert errors == [
+        f"error: resume failed: FileNotFoundError: {not_a_checkpoint} is not a checkpoint "
+        "(no trainer_state.json)"
+    ]
     assert "Traceback" not in proc.stderr.split(errors[0])[0].splitlines()[-1]
 
 
 @pytest.mark.timeout(300)
 def test_cli_sigterm_stops_gracefully_with_a_checkpoint(tmp_path):
-    proc = subprocess.Popen(_cmd(tmp_path, "trainer.total_steps=100000", f"trainer.checkpoint_dir={tmp_path / 'ck'}"),
-                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cmd(tmp_path, "trainer.total_steps=100000", f"trainer.checkpoint_dir={tmp_path / 'ck'}"),
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 200
         while not any(r.get("type") == "metrics" or "step" in r for r in _records(tmp_path / "run.jsonl")):
@@ -79,4 +106,7 @@ def test_cli_sigterm_stops_gracefully_with_a_checkpoint(tmp_path):
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["stopped"] is True and summary["steps_done"] >= 1
     assert Path(summary["last_checkpoint"]).is_dir()
-    assert any("checkpoint" in json.dumps(r) and "size_bytes" in json.dumps(r) for r in _records(tmp_path / "run.jsonl"))
+    assert any(
+        "checkpoint" in json.dumps(r) and "size_bytes" in json.dumps(r)
+        for r in _records(tmp_path / "run.jsonl")
+    )

@@ -12,16 +12,31 @@ from rl_engine.pipeline.knobs import knobs_from_config
 from tests.pipeline.conftest import RecordingSink, sim_components, sim_config
 
 REQUIRED_METRICS = {
-    "reward/mean", "reward/std", "response_length/mean", "timing/gen_s", "timing/train_s",
-    "async/staleness_mean", "async/staleness_max", "async/queue_size", "async/partial_ratio",
-    "async/dropped_stale", "async/param_version", "trainer/idle_ratio", "rollouter/idle_ratio",
-    "throughput/tokens_per_s", "off_policy/is_ratio_mean", "actor/clipfrac",
+    "reward/mean",
+    "reward/std",
+    "response_length/mean",
+    "timing/gen_s",
+    "timing/train_s",
+    "async/staleness_mean",
+    "async/staleness_max",
+    "async/queue_size",
+    "async/partial_ratio",
+    "async/dropped_stale",
+    "async/param_version",
+    "trainer/idle_ratio",
+    "rollouter/idle_ratio",
+    "throughput/tokens_per_s",
+    "off_policy/is_ratio_mean",
+    "actor/clipfrac",
 }
 
 
 def _assert_conserved(summary) -> None:
     """Every admitted sample is trained on, still queued, in flight at a rollouter, or counted dropped."""
-    assert summary.admitted == summary.samples_trained + summary.queued + summary.in_flight + summary.dropped_stale
+    assert (
+        summary.admitted
+        == summary.samples_trained + summary.queued + summary.in_flight + summary.dropped_stale
+    )
 
 
 def _admission_bound(cfg, steps: int) -> int:
@@ -32,9 +47,9 @@ def _admission_bound(cfg, steps: int) -> int:
     return knobs.admission_capacity(last_sync)
 
 
-# rollouter 1 decodes so slowly (2 minutes a chunk) that none of its groups ever finishes: each is
+# rollouter 1 decodes so slowly (20 minutes a chunk) that none of its groups ever finishes: each is
 # interrupted by the syncs and dropped once it can no longer meet the bound (a forced drop)
-_STRAGGLER = {1: {"decode_step_s": 30.0}}
+_STRAGGLER = {1: {"decode_step_s": 300.0}}
 
 
 @pytest.mark.parametrize(
@@ -43,17 +58,36 @@ _STRAGGLER = {1: {"decode_step_s": 30.0}}
         # pulls of 8 samples (require_batches x mini_batch_size), two per step
         ("sync", {"pipeline.require_batches": 2, "trainer.mini_batch_size": 4}),
         ("one_step_off", {}),
-        ("fully_async", {"pipeline.staleness_threshold": 1, "pipeline.partial_rollout": True,
-                         "pipeline.num_rollouters": 2, "pipeline.prompts_per_call": 1}),
+        (
+            "fully_async",
+            {
+                "pipeline.staleness_threshold": 1,
+                "pipeline.partial_rollout": True,
+                "pipeline.num_rollouters": 2,
+                "pipeline.prompts_per_call": 1,
+            },
+        ),
         # two rollouters with two concurrent calls each, and a queue bound (8) tighter than the
         # staleness bound: several producers must not overfill it
-        ("fully_async", {"pipeline.staleness_threshold": 0, "pipeline.trigger_parameter_sync_step": 2,
-                         "pipeline.num_rollouters": 2, "pipeline.prompts_per_call": 1,
-                         "pipeline.rollout_concurrency": 2, "pipeline.queue_max_size": 8,
-                         "trainer.mini_batch_size": 4}),
+        (
+            "fully_async",
+            {
+                "pipeline.staleness_threshold": 0,
+                "pipeline.trigger_parameter_sync_step": 2,
+                "pipeline.num_rollouters": 2,
+                "pipeline.prompts_per_call": 1,
+                "pipeline.rollout_concurrency": 2,
+                "pipeline.queue_max_size": 8,
+                "trainer.mini_batch_size": 4,
+            },
+        ),
     ],
-    ids=["sync_require_batches", "one_step_off", "fully_async_partial_straggler_drops",
-         "fully_async_trigger2_concurrent_bounded_queue"],
+    ids=[
+        "sync_require_batches",
+        "one_step_off",
+        "fully_async_partial_straggler_drops",
+        "fully_async_trigger2_concurrent_bounded_queue",
+    ],
 )
 def test_no_sample_exceeds_the_staleness_bound_and_samples_are_conserved(ray_session, mode, extra):
     cfg = sim_config(**{"pipeline.mode": mode, "trainer.total_steps": 6, **extra})
@@ -61,8 +95,15 @@ def test_no_sample_exceeds_the_staleness_bound_and_samples_are_conserved(ray_ses
     sink = RecordingSink()
     straggler = extra.get("pipeline.num_rollouters") == 2 and extra.get("pipeline.partial_rollout")
     # long tails and slow-ish decoding so that rollouts really overlap training and get interrupted
-    worker = {"len_median": 12, "len_cap": 64, "decode_step_s": 0.001, **({"per_index": _STRAGGLER} if straggler else {})}
-    summary = run_experiment(cfg, sink, components=sim_components(worker=worker, trainer={"train_token_s": 0.0002}))
+    worker = {
+        "len_median": 12,
+        "len_cap": 64,
+        "decode_step_s": 0.001,
+        **({"per_index": _STRAGGLER} if straggler else {}),
+    }
+    summary = run_experiment(
+        cfg, sink, components=sim_components(worker=worker, trainer={"train_token_s": 0.0002})
+    )
     assert summary.steps_done == 6 and summary.samples_trained == 6 * 16
     steps = [s for s, _ in sink.metrics]
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -94,11 +135,22 @@ def test_no_sample_exceeds_the_staleness_bound_and_samples_are_conserved(ray_ses
 
 
 def test_partial_rollout_interrupts_and_records_the_version_span(ray_session):
-    cfg = sim_config(**{"pipeline.staleness_threshold": 2, "trainer.total_steps": 6,
-                        "pipeline.prompts_per_call": 4, "logging.samples_per_step": 16})
+    cfg = sim_config(
+        **{
+            "pipeline.staleness_threshold": 2,
+            "trainer.total_steps": 6,
+            "pipeline.prompts_per_call": 4,
+            "logging.samples_per_step": 16,
+        }
+    )
     sink = RecordingSink()
-    summary = run_experiment(cfg, sink, components=sim_components(
-        worker={"len_median": 24, "len_cap": 200, "decode_step_s": 0.002, "slots": 4}))
+    summary = run_experiment(
+        cfg,
+        sink,
+        components=sim_components(
+            worker={"len_median": 24, "len_cap": 200, "decode_step_s": 0.002, "slots": 4}
+        ),
+    )
     assert summary.steps_done == 6
     trained = [ex for _, exs in sink.samples for ex in exs]  # every trained sample (16 per step)
     assert len(trained) == 6 * 16
@@ -117,7 +169,9 @@ def test_a_failing_rollouter_fails_the_run_with_its_error(ray_session):
 
 def test_a_failing_trainer_fails_the_run_with_its_error(ray_session):
     cfg = sim_config(**{"trainer.total_steps": 50})
-    with pytest.raises(PipelineError, match=r"train failed: RuntimeError: simulated trainer failure at step 3"):
+    with pytest.raises(
+        PipelineError, match=r"train failed: RuntimeError: simulated trainer failure at step 3"
+    ):
         run_experiment(cfg, RecordingSink(), components=sim_components(trainer={"fail_at_step": 3}))
 
 
@@ -142,8 +196,9 @@ def test_watchdog_reports_a_stuck_rollout_and_the_run_still_stops(ray_session):
     backstop.start()
     cfg = sim_config(**{"trainer.total_steps": 50, "pipeline.watchdog_timeout_s": 1.0})
     try:
-        summary = run_experiment(cfg, sink, stop_event=stop,
-                                 components=sim_components(worker={"hang_at_call": 4}))
+        summary = run_experiment(
+            cfg, sink, stop_event=stop, components=sim_components(worker={"hang_at_call": 4})
+        )
     finally:
         backstop.cancel()
     alerts = [a for a in sink.kinds("alert") if a[2].get("stage") == "rollout 0"]

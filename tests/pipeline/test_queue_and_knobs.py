@@ -16,7 +16,9 @@ def test_modes_map_to_knobs_of_one_schedule():
     assert (sync.max_staleness, sync.partial_rollout) == (0, False)
     off = knobs_from_config(sim_config(**{"pipeline.mode": "one_step_off"}))
     assert (off.max_staleness, off.trigger) == (1, 1)
-    fa = knobs_from_config(sim_config(**{"pipeline.staleness_threshold": 1, "pipeline.trigger_parameter_sync_step": 4}))
+    fa = knobs_from_config(
+        sim_config(**{"pipeline.staleness_threshold": 1, "pipeline.trigger_parameter_sync_step": 4})
+    )
     # rollouters hold versions 0, 4, 8...: 3 versions of lag are unavoidable, B=1 adds one window of 4
     assert fa.max_staleness == 7
     assert fa.admission_capacity(4) == (4 + 7 + 1) * 16
@@ -27,8 +29,11 @@ def test_modes_map_to_knobs_of_one_schedule():
 @pytest.mark.smoke
 def test_queue_admits_within_bound_drops_stale_and_counts(ray_session):
     ray = ray_session
-    knobs = knobs_from_config(sim_config(**{"pipeline.staleness_threshold": 1, "trainer.batch_size": 8,
-                                            "trainer.mini_batch_size": 8}))
+    knobs = knobs_from_config(
+        sim_config(
+            **{"pipeline.staleness_threshold": 1, "trainer.batch_size": 8, "trainer.mini_batch_size": 8}
+        )
+    )
     q = ray.remote(MessageQueue).remote(knobs, 0)
     # version 0, max staleness 1: (0 + 1 + 1) * 8 = 16 samples may be admitted, not 20
     assert ray.get([q.try_admit.remote(4, 0) for _ in range(4)]) == [True] * 4
@@ -93,5 +98,7 @@ def test_a_queue_bound_that_can_never_fill_a_pull_is_a_config_error():
     cfg = sim_config(**{"pipeline.queue_max_size": 8})  # one generate call is 4 prompts x 4 = 16 samples
     with pytest.raises(ConfigError, match=r"pipeline.queue_max_size: must be 0 or at least 16 samples"):
         knobs_from_config(cfg)
-    ok = sim_config(**{"pipeline.queue_max_size": 8, "pipeline.prompts_per_call": 1, "trainer.mini_batch_size": 8})
+    ok = sim_config(
+        **{"pipeline.queue_max_size": 8, "pipeline.prompts_per_call": 1, "trainer.mini_batch_size": 8}
+    )
     assert knobs_from_config(ok).prompts_per_call == 1

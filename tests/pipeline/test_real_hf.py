@@ -27,11 +27,24 @@ def _cfg(model_dir: Path, ckpt_dir: Path, *overrides: str):
     # a dense reward (a letter a-m anywhere in the 2-token response: ~40% of random-init samples), so
     # groups have unequal rewards from the first step; exact_match almost never pays at init
     data["reward"] = {"name": "format", "kwargs": {"pattern": "[a-m]", "full": False}}
-    return parse_config(apply_overrides(data, [
-        f"model.path={model_dir}", "rollout.n=4", "trainer.batch_size=16", "trainer.mini_batch_size=8",
-        "trainer.total_steps=3", f"trainer.checkpoint_dir={ckpt_dir}", "logging.sinks=[]", "logging.log_every=1",
-        "algorithm.entropy_coef=0", "logging.samples_per_step=16", *overrides,
-    ]))
+    return parse_config(
+        apply_overrides(
+            data,
+            [
+                f"model.path={model_dir}",
+                "rollout.n=4",
+                "trainer.batch_size=16",
+                "trainer.mini_batch_size=8",
+                "trainer.total_steps=3",
+                f"trainer.checkpoint_dir={ckpt_dir}",
+                "logging.sinks=[]",
+                "logging.log_every=1",
+                "algorithm.entropy_coef=0",
+                "logging.samples_per_step=16",
+                *overrides,
+            ],
+        )
+    )
 
 
 def _final_params(summary) -> dict[str, torch.Tensor]:
@@ -47,9 +60,18 @@ def _check_rewards(cfg, sink: RecordingSink) -> None:
         assert len(examples) == 16
         groups: dict[str, list[float]] = {}
         for ex in examples:
-            scored = Sample(prompt_uid="", group_id="", prompt_ids=[], response_ids=[], logprobs=[],
-                            finish_reason="stop", param_version_start=0, param_version_end=0,
-                            response_text=ex["response"], answer=ex["answer"])
+            scored = Sample(
+                prompt_uid="",
+                group_id="",
+                prompt_ids=[],
+                response_ids=[],
+                logprobs=[],
+                finish_reason="stop",
+                param_version_start=0,
+                param_version_end=0,
+                response_text=ex["response"],
+                answer=ex["answer"],
+            )
             assert ex["reward"] == reward_fn(scored), ex
             groups.setdefault(ex["prompt"], []).append(ex["reward"])
         mixed += sum(len(set(r)) > 1 for r in groups.values())
@@ -60,11 +82,19 @@ def test_fully_async_on_policy_reproduces_sync_parameters(ray_session, tiny_dir,
     runs = {}
     for name, extra in {
         "sync": ["pipeline.mode=sync"],
-        "async_on_policy": ["pipeline.mode=fully_async", "pipeline.staleness_threshold=0",
-                            "pipeline.trigger_parameter_sync_step=1", "pipeline.partial_rollout=true"],
+        "async_on_policy": [
+            "pipeline.mode=fully_async",
+            "pipeline.staleness_threshold=0",
+            "pipeline.trigger_parameter_sync_step=1",
+            "pipeline.partial_rollout=true",
+        ],
         # the control: one step of staleness allowed (and TIS on, to see its importance ratios)
-        "async_stale_tis": ["pipeline.mode=fully_async", "pipeline.staleness_threshold=1",
-                            "pipeline.trigger_parameter_sync_step=1", "algorithm.off_policy=tis"],
+        "async_stale_tis": [
+            "pipeline.mode=fully_async",
+            "pipeline.staleness_threshold=1",
+            "pipeline.trigger_parameter_sync_step=1",
+            "algorithm.off_policy=tis",
+        ],
     }.items():
         sink = RecordingSink()
         cfg = _cfg(tiny_dir, tmp_path / name, *extra)

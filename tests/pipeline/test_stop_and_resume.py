@@ -14,8 +14,13 @@ from tests.pipeline.conftest import RecordingSink, sim_components, sim_config
 
 # long responses, few slots: a generate call is always running when the checkpoint pauses rollouters
 _SLOW_WORKER = {"len_median": 24, "len_cap": 160, "decode_step_s": 0.001, "slots": 4}
-_BASE = {"pipeline.mode": "fully_async", "pipeline.partial_rollout": True, "pipeline.staleness_threshold": 1,
-         "pipeline.prompts_per_call": 2, "trainer.total_steps": 8}
+_BASE = {
+    "pipeline.mode": "fully_async",
+    "pipeline.partial_rollout": True,
+    "pipeline.staleness_threshold": 1,
+    "pipeline.prompts_per_call": 2,
+    "trainer.total_steps": 8,
+}
 
 
 class _StopAfter(RecordingSink):
@@ -60,23 +65,33 @@ def _checkpoint_samples(path: Path) -> tuple[set[str], int, set[str]]:
 
 def test_crash_then_resume_is_lossless(ray_session, tmp_path):
     bs = 16
-    reference = run_experiment(sim_config(**_BASE), RecordingSink(), components=sim_components(worker=_SLOW_WORKER))
+    reference = run_experiment(
+        sim_config(**_BASE), RecordingSink(), components=sim_components(worker=_SLOW_WORKER)
+    )
     assert reference.samples_trained == 8 * bs
 
     # the same run, checkpointing every 3 steps, dies at step 5 (its trainer raises: process state is lost)
-    crash_cfg = sim_config(**{**_BASE, "trainer.checkpoint_dir": str(tmp_path), "trainer.checkpoint_every": 3})
+    crash_cfg = sim_config(
+        **{**_BASE, "trainer.checkpoint_dir": str(tmp_path), "trainer.checkpoint_every": 3}
+    )
     with pytest.raises(PipelineError, match="simulated trainer failure"):
-        run_experiment(crash_cfg, RecordingSink(),
-                       components=sim_components(worker=_SLOW_WORKER, trainer={"fail_at_step": 5}))
-    (step, path), = list_checkpoints(tmp_path)
+        run_experiment(
+            crash_cfg,
+            RecordingSink(),
+            components=sim_components(worker=_SLOW_WORKER, trainer={"fail_at_step": 5}),
+        )
+    ((step, path),) = list_checkpoints(tmp_path)
     assert step == 3
     restored, unfinished, trained_before = _checkpoint_samples(path)
     assert restored and unfinished > 0, "the checkpoint should hold interrupted in-flight samples"
     assert len(trained_before) == 3 * bs
 
     sink = RecordingSink()
-    resumed = run_experiment(sim_config(**{**_BASE, "trainer.resume_from": str(path)}), sink,
-                             components=sim_components(worker=_SLOW_WORKER))
+    resumed = run_experiment(
+        sim_config(**{**_BASE, "trainer.resume_from": str(path)}),
+        sink,
+        components=sim_components(worker=_SLOW_WORKER),
+    )
     assert [s for s, _ in sink.metrics] == [4, 5, 6, 7, 8]  # the step counter continues, no jump
     assert resumed.start_step == 3 and resumed.steps_done == 8
     assert resumed.samples_trained == reference.samples_trained
@@ -85,5 +100,8 @@ def test_crash_then_resume_is_lossless(ray_session, tmp_path):
     # one rollouter, whole batches per call: nothing can be dropped, so every queued / in-flight
     # sample of the checkpoint was trained on after the resume
     assert resumed.dropped_stale == 0 and restored <= set(resumed.trained_uids)
-    assert resumed.admitted == resumed.samples_trained + resumed.queued + resumed.in_flight + resumed.dropped_stale
+    assert (
+        resumed.admitted
+        == resumed.samples_trained + resumed.queued + resumed.in_flight + resumed.dropped_stale
+    )
     assert any("resumed from" in e[1] for e in sink.kinds("status"))
