@@ -217,12 +217,8 @@ class SimTrainer:
         weight_mb: float = 1.0,
         fail_at_step: int | None = None,
     ) -> None:
-        self.cfg, self.train_token_s, self.devices, self.fail_at_step = (
-            cfg,
-            train_token_s,
-            devices,
-            fail_at_step,
-        )
+        self.cfg, self.train_token_s = cfg, train_token_s
+        self.devices, self.fail_at_step = devices, fail_at_step
         size = max(1, int(weight_mb * 2**20 / 4))
         self.params = {"w": np.zeros(size, dtype=np.float32), "b": np.zeros(8, dtype=np.float32)}
         self.version = 0
