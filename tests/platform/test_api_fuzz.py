@@ -15,7 +15,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 from accounts.models import Membership
 from accounts.services import ingest_token_issue, token_create
 from experiments.services import run_create, run_transition
-from tests.factories import ExperimentFactory
+from tests.factories import ExperimentFactory, checkpoint_path
 from tracking.services import Point, checkpoint_record, metrics_ingest
 
 # Loaded at collection from the running code (no database needed to render the document).
@@ -40,7 +40,7 @@ def fuzz_world(team, keep_db_connection):
     metrics_ingest(run_id=run.pk, points=[Point("k", s, float(s), 0.0) for s in range(50)])
     done = run_create(experiment=exp, user=team["owner"])
     run_transition(run_id=done.pk, to="failed", error="x")
-    checkpoint_record(run_id=done.pk, step=1, path="/ck/1")
+    checkpoint_record(run_id=done.pk, step=1, path=checkpoint_path(done, 1))
     token = token_create(user=team["owner"], name="fuzz")
     ids = {
         "project": team["project"].pk,
