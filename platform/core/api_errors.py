@@ -28,7 +28,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response = drf_exception_handler(exc, context)
     if response is None:
         view = context.get("view")
-        logging.getLogger("api").exception("unhandled error in %s", type(view).__name__ if view else "API view")
+        logging.getLogger("api").exception(
+            "unhandled error in %s", type(view).__name__ if view else "API view"
+        )
         return Response({"detail": "Internal server error."}, status=status.HTTP_500_INTERNAL_SERVER_ERROR)
     data = response.data
     if isinstance(data, dict) and "detail" in data and len(data) == 1:

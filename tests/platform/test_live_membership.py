@@ -66,7 +66,9 @@ async def test_a_removed_member_is_disconnected_at_the_next_poll(world, settings
     await comm.disconnect()
 
 
-async def test_a_deactivated_user_is_disconnected_also_with_database_polling_off(world, settings, monkeypatch):
+async def test_a_deactivated_user_is_disconnected_also_with_database_polling_off(
+    world, settings, monkeypatch
+):
     settings.LIVE_POLL_INTERVAL_S = 0
     monkeypatch.setattr(consumers, "MEMBERSHIP_RECHECK_S", 0.2)
     comm = await connected(world)

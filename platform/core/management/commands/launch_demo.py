@@ -38,12 +38,17 @@ class Command(BaseCommand):
             raise CommandError(f"no user named {user!r} (create one with `python manage.py createsuperuser`)")
         project = Project.objects.filter(name=DEMO_PROJECT, memberships__user=owner).first()
         if project is None:
-            project = project_create(name=DEMO_PROJECT, description="The demo experiment of `make demo`.",
-                                     user=owner)
+            project = project_create(
+                name=DEMO_PROJECT, description="The demo experiment of `make demo`.", user=owner
+            )
         experiment = Experiment.objects.filter(project=project, name=DEMO_EXPERIMENT).first()
         if experiment is None:
             experiment = experiment_create(
-                project=project, user=owner, name=DEMO_EXPERIMENT, config=demo_config(), tags=["demo"],
+                project=project,
+                user=owner,
+                name=DEMO_EXPERIMENT,
+                config=demo_config(),
+                tags=["demo"],
                 description="A tiny Llama learns to copy a character with GRPO, fully asynchronous, on CPU.",
             )
         run = run_create(experiment=experiment, user=owner)
