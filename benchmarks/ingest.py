@@ -78,15 +78,15 @@ def make_runs(n: int) -> list:
     from django.contrib.auth import get_user_model
 
     from accounts.services import project_create
+    from experiments.config_policy import platform_preset
     from experiments.models import Experiment, Run
     from experiments.services import experiment_create
-    from rl_engine.presets import get_preset
 
     exp = Experiment.objects.filter(name="bench").first()
     if exp is None:
         user = get_user_model().objects.create_user("bench", password="bench-password")
         project = project_create(name="bench", user=user)
-        exp = experiment_create(project=project, user=user, name="bench", config=get_preset("demo-cpu"))
+        exp = experiment_create(project=project, user=user, name="bench", config=platform_preset("demo-cpu"))
     first = Run.objects.filter(experiment=exp).count() + 1
     return [
         Run.objects.create(
@@ -188,11 +188,17 @@ def run_clients(port: int, runs: list, secrets: list[str], batches: int) -> tupl
 
 
 def bench_ingest(args: argparse.Namespace) -> dict:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
     from accounts.services import ingest_token_issue
     from tracking.models import MetricPoint
 
     runs = make_runs(args.clients)
-    secrets = [ingest_token_issue(run=r).secret for r in runs]
+    # No heartbeats here to renew them: tokens that outlive the whole benchmark.
+    until = timezone.now() + timedelta(hours=6)
+    secrets = [ingest_token_issue(run=r, expires_at=until).secret for r in runs]
     env = {
         **os.environ,
         "DATABASE_URL": args.database_url,

@@ -116,9 +116,9 @@ def api_post(stack: Stack, token: str, path: str, body: dict) -> dict:
 
 
 def tiny_config(steps: int) -> dict:
-    from rl_engine.presets import get_preset
+    from experiments.config_policy import platform_preset
 
-    cfg = get_preset("demo-cpu")
+    cfg = platform_preset("demo-cpu")  # its tiny model under a model root of the scratch VAR_DIR
     cfg["rollout"]["n"] = 4
     cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16)
     cfg["logging"] = {"sinks": ["stdout"], "progress_bar": False}

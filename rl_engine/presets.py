@@ -53,7 +53,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "mini_batch_size": 128,
             "lr": 1e-6,
             "lr_schedule": "constant",
-            "checkpoint_dir": "checkpoints/gsm8k",
+            # No shared folder: runs would prune and resume each other's checkpoints. The platform gives
+            # every run its own folder; on the CLI pass one per run: --set trainer.checkpoint_dir=...
+            "checkpoint_dir": None,
             "checkpoint_every": 50,
         },
         "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "off_policy": "tis", "kl_coef": 0.0},

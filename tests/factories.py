@@ -8,14 +8,23 @@ from django.contrib.auth import get_user_model
 from accounts.models import Membership, Project, Role
 from experiments.models import Experiment, Run, RunState
 from experiments.services import normalise_config
-from rl_engine.presets import get_preset
 
 
 def demo_config() -> dict:
-    """A small valid config (the CPU demo preset, shortened)."""
-    cfg = get_preset("demo-cpu")
+    """A small valid config (the CPU demo preset as the platform serves it: its tiny model under the
+    first model root; shortened)."""
+    from experiments.config_policy import platform_preset
+
+    cfg = platform_preset("demo-cpu")
     cfg["trainer"]["total_steps"] = 3
     return cfg
+
+
+def checkpoint_path(run, step: int) -> str:
+    """Where the engine saves ``run``'s checkpoint of ``step`` (the only place resume accepts)."""
+    from experiments.run_files import checkpoint_folder
+
+    return str(checkpoint_folder(run) / f"step-{step}")
 
 
 class UserFactory(factory.django.DjangoModelFactory):

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from accounts.models import ApiToken, Membership, Project
+from accounts.services import token_revoke
 
 
 class MembershipInline(admin.TabularInline):
@@ -11,7 +12,8 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("name", "created_by", "created_at")
+    list_display = ("name", "created_by", "created_at", "allow_trust_remote_code")
+    list_filter = ("allow_trust_remote_code",)
     search_fields = ("name",)
     inlines = [MembershipInline]
 
@@ -40,7 +42,17 @@ class ApiTokenAdmin(admin.ModelAdmin):
     )
     list_filter = ("kind",)
     search_fields = ("name", "prefix", "user__username")
-    readonly_fields = ("kind", "prefix", "key_hash", "user", "project", "run", "created_at", "last_used_at")
+    # Revocation goes through the service (it revokes the tokens created with this one too).
+    readonly_fields = (
+        "kind", "prefix", "key_hash", "user", "project", "run", "parent", "created_at", "last_used_at",
+        "revoked_at",
+    )  # fmt: skip
+    actions = ["revoke"]
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    @admin.action(description="Revoke the selected tokens (and the tokens created with them)")
+    def revoke(self, request, queryset) -> None:
+        for token in queryset:
+            token_revoke(token=token)

@@ -26,6 +26,7 @@ from accounts.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
+from accounts.throttles import TokenCreateThrottle
 
 
 class MeView(JsonOnly, APIView):
@@ -137,12 +138,23 @@ class MembershipDetailView(JsonOnly, APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+def _request_token(request: Request) -> ApiToken | None:
+    return request.auth if isinstance(request.auth, ApiToken) else None
+
+
 def _own_tokens(request: Request):
-    return ApiToken.objects.filter(user=request.user, kind=TokenKind.USER)
+    """The user's tokens; through a token limited to a project, only the tokens limited to it."""
+    qs = ApiToken.objects.filter(user=request.user, kind=TokenKind.USER)
+    used = _request_token(request)
+    if used is not None and used.project_id is not None:
+        qs = qs.filter(project_id=used.project_id)
+    return qs
 
 
 class TokenListView(JsonOnly, APIView):
     """Your own user tokens. The secret of a new token is in the create response only."""
+
+    throttle_classes = [TokenCreateThrottle]  # counts POSTs only
 
     @extend_schema(responses=TokenSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -150,8 +162,6 @@ class TokenListView(JsonOnly, APIView):
 
     @extend_schema(request=TokenCreateSerializer, responses={201: TokenCreatedSerializer})
     def post(self, request: Request) -> Response:
-        if isinstance(request.auth, ApiToken) and request.auth.project_id:
-            raise exceptions.PermissionDenied("A token limited to one project cannot create tokens.")
         ser = TokenCreateSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         data = ser.validated_data
@@ -161,9 +171,16 @@ class TokenListView(JsonOnly, APIView):
             project = Project.objects.get(pk=data["project"])
         if data.get("expires_at") and data["expires_at"] <= timezone.now():
             raise exceptions.ValidationError({"expires_at": ["must be in the future"]})
-        issued = services.token_create(
-            user=request.user, name=data["name"], project=project, expires_at=data.get("expires_at")
-        )
+        try:
+            issued = services.token_create(
+                user=request.user,
+                name=data["name"],
+                project=project,
+                expires_at=data.get("expires_at"),
+                parent=_request_token(request),
+            )
+        except services.TokenRuleError as exc:
+            raise exceptions.ValidationError({exc.field: [str(exc)]}) from None
         out = TokenSerializer(issued.token).data | {"secret": issued.secret}
         return Response(out, status=status.HTTP_201_CREATED)
 

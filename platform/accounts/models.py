@@ -29,6 +29,13 @@ class Project(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="projects")
+    # Set by an administrator only (the admin); the API shows it but never changes it.
+    allow_trust_remote_code = models.BooleanField(
+        "allow trust_remote_code",
+        default=False,
+        help_text="Configs of this project may set model.trust_remote_code (run Python code shipped with "
+        "a model) on the cluster.",
+    )
 
     class Meta:
         ordering = ["name", "id"]
@@ -73,6 +80,11 @@ class ApiToken(models.Model):
     )
     run = models.ForeignKey(
         "experiments.Run", null=True, blank=True, on_delete=models.CASCADE, related_name="ingest_tokens"
+    )
+    # The token whose request created this one (None: created in a browser session or the admin). A
+    # child is never broader nor longer-lived than its parent, and revoking a parent revokes it.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
     )
     prefix = models.CharField(max_length=16, help_text="First characters of the secret, to recognise it.")
     key_hash = models.CharField(max_length=64, unique=True)

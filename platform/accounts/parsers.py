@@ -6,31 +6,46 @@ from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 
+MAX_JSON_DEPTH = 64  # a config is ~4 levels deep; deeper bodies would only feed recursive code
+
 
 class NulSafeJSONParser(JSONParser):
-    """JSON, minus strings holding U+0000: PostgreSQL text and jsonb cannot store that character, and a
-    request must get a 400, not a database error. JSON can only carry it escaped, so the check is cheap."""
+    """JSON, minus strings holding U+0000 (PostgreSQL text and jsonb cannot store that character) and
+    minus nesting deeper than MAX_JSON_DEPTH (recursive code downstream -- validation, serialisation --
+    must never hit Python's recursion limit): both are a 400, never a database error or a 500."""
 
     def parse(self, stream, media_type=None, parser_context=None):
-        data = super().parse(stream, media_type, parser_context)
-        if _has_nul(data):
-            raise exceptions.ParseError("Strings must not contain the NUL character (\\u0000).")
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:  # json's C decoder gives up on very deep nesting
+            raise exceptions.ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels.") from None
+        problem = _body_problem(data)
+        if problem:
+            raise exceptions.ParseError(problem)
         return data
 
 
-def _has_nul(obj: object) -> bool:
-    stack = [obj]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
+def _body_problem(obj: object) -> str | None:
+    """Why the parsed body is refused (NUL in a string, too deep), or None. Level by level: no recursion,
+    and ~2 ms on a 5000-point batch (exact type checks: parsed JSON holds only the basic types)."""
+    level, depth = [obj], 0
+    while level:
+        depth += 1
+        below: list[object] = []
+        extend = below.extend
+        for item in level:
+            kind = type(item)
+            if kind is str:
+                if "\x00" in item:
+                    return "Strings must not contain the NUL character (\\u0000)."
+            elif kind is dict or kind is list:
+                if depth > MAX_JSON_DEPTH:
+                    return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
+                extend(item)
+                if kind is dict:
+                    extend(item.values())
+        level = below
+    return None
 
 
 API_PARSERS = [NulSafeJSONParser]  # the API speaks JSON only

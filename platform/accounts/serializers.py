@@ -10,11 +10,15 @@ from accounts.models import ApiToken, Membership, Project, Role
 
 class ProjectSerializer(serializers.ModelSerializer):
     role = serializers.SerializerMethodField(help_text="Your role in the project.")
+    allow_trust_remote_code = serializers.BooleanField(
+        read_only=True,
+        help_text="Configs may set model.trust_remote_code (set by an administrator, in the admin).",
+    )
 
     class Meta:
         model = Project
-        fields = ["id", "name", "description", "created_at", "role"]
-        read_only_fields = ["id", "created_at", "role"]
+        fields = ["id", "name", "description", "created_at", "role", "allow_trust_remote_code"]
+        read_only_fields = ["id", "created_at", "role", "allow_trust_remote_code"]
 
     def get_role(self, obj: Project) -> str | None:
         roles = self.context.get("roles") or {}
@@ -62,6 +66,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "username",
             "project",
             "run",
+            "parent",
             "created_at",
             "expires_at",
             "revoked_at",

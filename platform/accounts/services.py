@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
@@ -22,6 +23,14 @@ TOKEN_PREFIX = "rlp_"
 
 class PermissionProblem(Exception):
     """A business rule forbids this change (e.g. removing a project's last owner)."""
+
+
+class TokenRuleError(Exception):
+    """A token created with a token would be broader or longer-lived than it (``field`` says where)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
 
 
 def hash_secret(secret: str) -> str:
@@ -80,20 +89,53 @@ def _ensure_other_owner(project: Project, membership: Membership) -> None:
         raise PermissionProblem("a project needs at least one owner: make someone else owner first")
 
 
+def _bounded_by_parent(
+    parent: ApiToken, project: Project | None, expires_at: datetime | None
+) -> tuple[Project | None, datetime | None]:
+    """(project, expiry) of a token created with ``parent``: its scope and lifetime unless narrower."""
+    if parent.project_id is not None:
+        if project is None:
+            project = parent.project
+        elif project.pk != parent.project_id:
+            raise TokenRuleError(
+                "project",
+                f"a token limited to project {parent.project_id} can only create tokens limited to it",
+            )
+    if parent.expires_at is not None:
+        if expires_at is None:
+            expires_at = parent.expires_at
+        elif expires_at > parent.expires_at:
+            raise TokenRuleError(
+                "expires_at",
+                f"must not be later than the expiry of the token used ({parent.expires_at.isoformat()})",
+            )
+    return project, expires_at
+
+
 def token_create(
     *,
     user: AbstractBaseUser,
     name: str,
     project: Project | None = None,
     expires_at: datetime | None = None,
+    parent: ApiToken | None = None,
 ) -> IssuedToken:
-    """A user token (all the user's projects, or only ``project``). The secret is returned once."""
+    """A user token (all the user's projects, or only ``project``). The secret is returned once.
+
+    ``parent``: the token the request was authenticated with. The new token is then no broader (same
+    project limit) and lives no longer than it, and is revoked with it; TokenRuleError otherwise.
+    """
+    if parent is not None:
+        if parent.kind != TokenKind.USER or parent.user_id != user.pk:
+            raise TokenRuleError("token", "only a user token can create tokens, for its own user")
+        project, expires_at = _bounded_by_parent(parent, project, expires_at)
     secret, prefix = _new_secret()
     token = ApiToken.objects.create(
         kind=TokenKind.USER,
         name=name,
         user=user,
         project=project,
+        parent=parent,
         prefix=prefix,
         key_hash=hash_secret(secret),
         expires_at=expires_at,
@@ -101,11 +143,20 @@ def token_create(
     return IssuedToken(token=token, secret=secret)
 
 
+def ingest_token_lifetime() -> timedelta:
+    """An ingest token lives as long as the reaper lets a silent run live; heartbeats renew it."""
+    return timedelta(seconds=int(getattr(settings, "RUN_HEARTBEAT_TIMEOUT_S", 120)))
+
+
 def ingest_token_issue(*, run: Run, expires_at: datetime | None = None) -> IssuedToken:
     """A token that may only report metrics/events/samples/heartbeats of ``run`` (for the engine).
 
     Earlier ingest tokens of the run are revoked, so only the latest launch of the run can report.
+    It expires after the heartbeat timeout unless the run's heartbeats renew it
+    (:func:`ingest_tokens_renew`), and is revoked when the run ends.
     """
+    if expires_at is None:
+        expires_at = timezone.now() + ingest_token_lifetime()
     secret, prefix = _new_secret()
     with transaction.atomic():
         ApiToken.objects.filter(run=run, kind=TokenKind.INGEST, revoked_at__isnull=True).update(
@@ -124,10 +175,25 @@ def ingest_token_issue(*, run: Run, expires_at: datetime | None = None) -> Issue
 
 
 def token_revoke(*, token: ApiToken) -> ApiToken:
-    """Idempotent: revoking a revoked token keeps its first revocation time."""
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    """Revoke ``token`` and every token created with it (recursively). Idempotent: a revoked token
+    keeps its first revocation time."""
+    ids, frontier = {token.pk}, [token.pk]
+    while frontier:  # one query per generation; chains are short
+        frontier = [pk for pk in ApiToken.objects.filter(parent_id__in=frontier).values_list("pk", flat=True)
+                    if pk not in ids]  # fmt: skip
+        ids.update(frontier)
+    ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
     token.refresh_from_db()
     return token
+
+
+def ingest_tokens_renew(*, run_id: int) -> int:
+    """Push back the expiry of the run's live ingest tokens by the heartbeat timeout (a heartbeat).
+    An expired token stays expired."""
+    now = timezone.now()
+    return ApiToken.objects.filter(
+        run_id=run_id, kind=TokenKind.INGEST, revoked_at__isnull=True, expires_at__gt=now
+    ).update(expires_at=now + ingest_token_lifetime())
 
 
 def ingest_tokens_revoke_for_run(*, run_id: int) -> int:

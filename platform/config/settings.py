@@ -225,6 +225,44 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# --- Trust boundary: path policy, throttles, request limits (docs/api.md: "Trust boundary") -----------
+# A config that comes through the platform may only name models under MODEL_ROOTS (or one of
+# ALLOWED_MODELS, taken verbatim) and datasets under DATA_ROOTS; checkpoints and JSONL logs always go to
+# the run's own folder (VAR_DIR/runs/<run>). The engine's own CLI is not bound by any of this.
+MODEL_ROOTS = [Path(p).resolve() for p in env_list("MODEL_ROOTS", [str(VAR_DIR / "models")])]
+DATA_ROOTS = [Path(p).resolve() for p in env_list("DATA_ROOTS", [str(VAR_DIR / "data")])]
+ALLOWED_MODELS = env_list("ALLOWED_MODELS", [])
+# YAML import: documents larger than this are refused before parsing (a config is a few KB).
+YAML_IMPORT_MAX_BYTES = env_int("YAML_IMPORT_MAX_BYTES", 200_000)
+# Request bodies above this are a 413 (Django's default, 2.5 MB, would refuse a batch of 1000 samples
+# with long responses; a 5000-point metrics batch is ~0.5 MB).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_BYTES", 10 * 1024 * 1024)
+# Rates "<n>/<second|minute|hour|day>" of the throttled endpoints (429 with Retry-After beyond them).
+# Ingestion is per run (its ingest token) or per user: an engine posts about 10 requests a second, and
+# after an outage drains its spool back-to-back, so the default is far above what one engine can send.
+THROTTLE_RATES = {
+    "login": env_str("THROTTLE_LOGIN", "10/minute"),  # per client address and username
+    "login_address": env_str("THROTTLE_LOGIN_ADDRESS", "60/minute"),  # per client address
+    "token_create": env_str("THROTTLE_TOKEN_CREATE", "60/hour"),  # per user
+    "ingest": env_str("THROTTLE_INGEST", "30000/minute"),  # per ingest token (run) or user
+}
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = THROTTLE_RATES
+# Reverse proxies in front of the web server: the client address is taken that many hops back in
+# X-Forwarded-For. 0 (default): the socket's peer address; a client-set header is ignored.
+REST_FRAMEWORK["NUM_PROXIES"] = env_int("NUM_PROXIES", 0)
+# Throttle counters live in the cache: Redis when there is one (shared by every web process), else
+# process memory. Deployments that share one Redis are told apart by their queue name.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"rlp:{CELERY_TASK_DEFAULT_QUEUE}",
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "rlp"}}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

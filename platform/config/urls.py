@@ -6,7 +6,10 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from accounts.views_web import login_throttled
+
 urlpatterns = [
+    path("admin/login/", login_throttled(admin.site.login)),  # the login rates apply to the admin too
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="api-docs"),

@@ -17,6 +17,7 @@ from accounts.access import Conflict, require_role, visible_project_ids
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
 from experiments import services
+from experiments.config_policy import platform_preset, platform_presets
 from experiments.models import Experiment, Run
 from experiments.serializers import (
     RUN_STATES,
@@ -32,6 +33,11 @@ from experiments.serializers import (
 )
 from rl_engine import presets
 from rl_engine.config import ConfigError, experiment_json_schema
+
+
+def _config_refused(exc: ConfigError, prefix: str = "config") -> exceptions.ValidationError:
+    """A config the engine's schema or the platform's policy refuses: a 400 naming the fields."""
+    return exceptions.ValidationError(config_error_dict(exc, prefix=prefix))
 
 
 def _int_param(request: Request, name: str) -> int | None:
@@ -87,14 +93,17 @@ class ExperimentListView(JsonOnly, generics.ListCreateAPIView):
     def perform_create(self, serializer: ExperimentSerializer) -> None:
         data = serializer.validated_data
         require_role(self.request, data["project_id"], Role.MEMBER)
-        serializer.instance = services.experiment_create(
-            project=Project.objects.get(pk=data["project_id"]),
-            user=self.request.user,
-            name=data["name"],
-            description=data.get("description", ""),
-            tags=data.get("tags", []),
-            config=data["config"],
-        )
+        try:
+            serializer.instance = services.experiment_create(
+                project=Project.objects.get(pk=data["project_id"]),
+                user=self.request.user,
+                name=data["name"],
+                description=data.get("description", ""),
+                tags=data.get("tags", []),
+                config=data["config"],
+            )
+        except ConfigError as exc:
+            raise _config_refused(exc) from None
 
 
 class ExperimentDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
@@ -112,7 +121,10 @@ class ExperimentDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
 
     def perform_update(self, serializer: ExperimentSerializer) -> None:
         fields = {k: v for k, v in serializer.validated_data.items() if k != "project_id"}
-        serializer.instance = services.experiment_update(experiment=serializer.instance, **fields)
+        try:
+            serializer.instance = services.experiment_update(experiment=serializer.instance, **fields)
+        except ConfigError as exc:
+            raise _config_refused(exc) from None
 
     def perform_destroy(self, instance: Experiment) -> None:
         try:
@@ -157,17 +169,16 @@ class ExperimentImportView(JsonOnly, APIView):
         data = ser.validated_data
         require_role(request, data["project"], Role.MEMBER)
         try:
-            config = services.config_from_yaml(data["yaml"])
+            exp = services.experiment_create(
+                project=Project.objects.get(pk=data["project"]),
+                user=request.user,
+                name=data["name"],
+                config=services.config_from_yaml(data["yaml"]),
+                description=data["description"],
+                tags=data["tags"],
+            )
         except ConfigError as exc:
-            raise exceptions.ValidationError(config_error_dict(exc, prefix="yaml")) from None
-        exp = services.experiment_create(
-            project=Project.objects.get(pk=data["project"]),
-            user=request.user,
-            name=data["name"],
-            config=config,
-            description=data["description"],
-            tags=data["tags"],
-        )
+            raise _config_refused(exc, prefix="yaml") from None
         return Response(ExperimentSerializer(exp).data, status=status.HTTP_201_CREATED)
 
 
@@ -187,10 +198,11 @@ class PresetListView(JsonOnly, APIView):
     @extend_schema(
         responses={200: OpenApiTypes.OBJECT},
         operation_id="presets_list",
-        description="{name: config} for every preset the engine ships.",
+        description="{name: config} for every preset the engine ships, as this platform accepts it "
+        "(a tiny model is built under the first model root).",
     )
     def get(self, request: Request) -> Response:
-        return Response({name: presets.get_preset(name) for name in presets.preset_names()})
+        return Response(platform_presets())
 
 
 class PresetDetailView(JsonOnly, APIView):
@@ -202,7 +214,7 @@ class PresetDetailView(JsonOnly, APIView):
             raise exceptions.NotFound(
                 f"no preset {name!r}; choose one of {', '.join(presets.preset_names())}"
             )
-        return Response(presets.get_preset(name))
+        return Response(platform_preset(name))
 
 
 STATE_Q = OpenApiParameter("state", str, description=f"Comma-separated states among {', '.join(RUN_STATES)}.")
@@ -250,8 +262,8 @@ class RunListView(JsonOnly, generics.ListAPIView):
             run = services.run_create(
                 experiment=exp, user=request.user, priority=ser.validated_data["priority"]
             )
-        except ConfigError as exc:  # the stored config no longer validates (the engine schema changed)
-            raise exceptions.ValidationError(config_error_dict(exc)) from None
+        except ConfigError as exc:  # no longer valid (engine schema) or allowed (policy, project rights)
+            raise _config_refused(exc) from None
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
@@ -286,6 +298,7 @@ class RunResumeView(JsonOnly, APIView):
         request=ResumeSerializer,
         responses={
             201: RunSerializer,
+            400: OpenApiResponse(description="The platform's policy refuses the run's config."),
             409: OpenApiResponse(description="The run is still active or has no checkpoint."),
         },
     )
@@ -297,6 +310,8 @@ class RunResumeView(JsonOnly, APIView):
             new = services.run_resume(run=run, user=request.user, priority=ser.validated_data.get("priority"))
         except services.InvalidTransition as exc:
             raise Conflict(f"run {run.pk} is {exc.current}: only a finished run can be resumed") from None
-        except ConfigError as exc:
+        except services.NoCheckpoint as exc:
             raise Conflict(str(exc)) from None
+        except ConfigError as exc:
+            raise _config_refused(exc) from None
         return Response(RunSerializer(new).data, status=status.HTTP_201_CREATED)

@@ -14,8 +14,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import Project
+from experiments.config_policy import check_config, without_platform_fields
 from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, RunState
-from rl_engine.config import ConfigError, parse_config
+from experiments.yaml_io import load_yaml_text
+from rl_engine.config import parse_config
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,10 @@ class InvalidTransition(Exception):
 
 class ExperimentInUse(Exception):
     """The experiment still has active runs."""
+
+
+class NoCheckpoint(Exception):
+    """The run has no checkpoint to resume from."""
 
 
 # to-state -> states it may be entered from. Anything else is an illegal transition.
@@ -77,12 +83,15 @@ def experiment_create(
     description: str = "",
     tags: list[str] | None = None,
 ) -> Experiment:
+    """Raises ConfigError for an invalid config or one the platform's policy refuses."""
+    normalised = normalise_config(config)
+    check_config(normalised, project=project)
     return Experiment.objects.create(
         project=project,
         name=name,
         description=description,
         tags=clean_tags(tags or []),
-        config=normalise_config(config),
+        config=normalised,
         created_by=user,
     )
 
@@ -91,6 +100,7 @@ def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
     """Change name/description/tags/config. Runs keep the config they were launched with."""
     if "config" in fields:
         fields["config"] = normalise_config(fields["config"])
+        check_config(fields["config"], project=experiment.project)
     if "tags" in fields:
         fields["tags"] = clean_tags(fields["tags"])
     unknown = set(fields) - {"name", "description", "tags", "config"}
@@ -123,14 +133,9 @@ def experiment_delete(*, experiment: Experiment) -> None:
 
 
 def config_from_yaml(text: str) -> dict[str, Any]:
-    """Parse YAML text into a config dict (validated). Raises ConfigError with a line number."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError([("", f"not valid YAML{where}")]) from None
-    return normalise_config(data)
+    """Parse YAML text into a config dict (validated). Raises ConfigError with a line number; anchors,
+    aliases, deep nesting and oversize documents are refused (experiments.yaml_io)."""
+    return normalise_config(load_yaml_text(text))
 
 
 def config_to_yaml(config: dict[str, Any]) -> str:
@@ -164,10 +169,13 @@ def run_create(
     config: dict[str, Any] | None = None,
     provider: str = "",
 ) -> Run:
-    """Launch: freeze the (validated) config into a queued run; the start task is enqueued on commit."""
+    """Launch: freeze the (validated) config into a queued run; the start task is enqueued on commit.
+    The platform's policy is checked again (the experiment may predate it, or its project's rights
+    changed); ConfigError when it refuses."""
     from django.conf import settings
 
     frozen = normalise_config(config if config is not None else experiment.config)
+    check_config(frozen, project=experiment.project, resume_checkpoint=resumed_from_checkpoint)
     with transaction.atomic():
         Experiment.objects.filter(pk=experiment.pk).update(run_counter=F("run_counter") + 1)
         number = Experiment.objects.filter(pk=experiment.pk).values_list("run_counter", flat=True).get()
@@ -291,21 +299,30 @@ def run_request_cancel(*, run: Run, user: AbstractBaseUser | None) -> Run:
 
 
 def run_heartbeat(*, run_id: int) -> bool:
-    """Record that the run is alive. False when the run is not active (the caller should stop)."""
-    return bool(Run.objects.filter(pk=run_id, state__in=ACTIVE_STATES).update(heartbeat_at=timezone.now()))
+    """Record that the run is alive (and extend its ingest token's life by the heartbeat timeout).
+    False when the run is not active (the caller should stop)."""
+    from accounts.services import ingest_tokens_renew
+
+    alive = bool(Run.objects.filter(pk=run_id, state__in=ACTIVE_STATES).update(heartbeat_at=timezone.now()))
+    if alive:
+        ingest_tokens_renew(run_id=run_id)
+    return alive
 
 
 def run_resume(*, run: Run, user: AbstractBaseUser | None, priority: int | None = None) -> Run:
-    """A new run of the same experiment continuing from ``run``'s latest checkpoint."""
+    """A new run of the same experiment continuing from ``run``'s latest checkpoint.
+
+    Raises InvalidTransition (the run is active), NoCheckpoint, or ConfigError (the frozen config is
+    refused by the platform's policy, e.g. the checkpoint lies outside the run's folder)."""
     from tracking.models import Checkpoint
 
     if run.state not in TERMINAL_STATES:
         raise InvalidTransition(run.pk, run.state, "resumed")
-    ckpt = Checkpoint.objects.filter(run=run).order_by("-step").first()
+    ckpt = Checkpoint.objects.select_related("run").filter(run=run).order_by("-step").first()
     if ckpt is None:
-        raise ConfigError([("", f"run {run.pk} has no checkpoint to resume from")])
-    config = copy.deepcopy(run.config)
-    config.setdefault("trainer", {})["resume_from"] = ckpt.path
+        raise NoCheckpoint(f"run {run.pk} has no checkpoint to resume from")
+    config = without_platform_fields(run.config)  # the new run gets its own folder
+    config["trainer"]["resume_from"] = ckpt.path
     return run_create(
         experiment=run.experiment,
         user=user,

@@ -17,11 +17,12 @@ from django.shortcuts import render
 from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
 from experiments.api import visible_experiments, visible_runs
+from experiments.config_policy import platform_presets
 from experiments.models import ACTIVE_STATES, Experiment, Run
 from experiments.services import config_to_yaml
 from experiments.summary import run_summary
 from rl_engine.config import experiment_json_schema
-from rl_engine.presets import get_preset, preset_names
+from rl_engine.presets import preset_names
 from tracking.models import Checkpoint
 
 RUN_STATES_ORDER = ["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled"]
@@ -107,7 +108,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
             "projects": writable,
             "page_data": {
                 "schema": experiment_json_schema(),
-                "presets": {name: get_preset(name) for name in preset_names()},
+                "presets": platform_presets(),
                 "projects": [{"id": p.pk, "name": p.name} for p in writable],
                 "start": start,
             },

@@ -23,6 +23,8 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from experiments import run_files
+from experiments.config_policy import launch_config
 from experiments.models import Run, RunState
 from experiments.services import InvalidTransition, run_transition
 from launcher import jobs
@@ -156,35 +158,31 @@ def cluster_for(run: Run) -> Cluster:
 
 
 def submission_id_for(run: Run) -> str:
-    """Deterministic per run *row*: a re-attempted start finds its job instead of starting a second one.
-    The creation time keeps ids unique if the database is reset while a cluster keeps old jobs."""
-    return f"rlp-run-{run.pk}-{int(run.created_at.timestamp() * 1000)}"
+    """Deterministic per run *row* (see experiments.run_files.submission_id)."""
+    return run_files.submission_id(run)
 
 
 def run_dir(run: Run) -> Path:
-    """The run's files (frozen config, checkpoints, the sink's spool), named by its submission id: a
-    run id alone repeats after a database reset, and a new run must not inherit an old run's files."""
-    path = Path(settings.VAR_DIR) / "runs" / submission_id_for(run)
-    path.mkdir(parents=True, exist_ok=True)
+    """The run's files (frozen config, checkpoints, the sink's spool, the ingest token), named by its
+    submission id: a run id alone repeats after a database reset, and a new run must not inherit an
+    old run's files. Readable by the job's user only."""
+    path = run_files.run_folder(run)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
 def frozen_config_file(run: Run) -> Path:
-    """Write the config the job runs with: the run's frozen config plus what the platform needs."""
-    cfg: dict[str, Any] = yaml.safe_load(yaml.safe_dump(run.config))  # deep copy of plain data
+    """Write the config the job runs with: the run's frozen config plus what the platform needs. The
+    platform's own fields (checkpoint folder, resume source, cluster, JSONL log) are set here whatever
+    the stored config says (experiments.config_policy)."""
+    ckpt = getattr(run, "resumed_from_checkpoint", None)
+    cfg = launch_config(run.config, folder=run_dir(run), resume_from=ckpt.path if ckpt is not None else None)
     logging_cfg = cfg.setdefault("logging", {})
     sinks = list(logging_cfg.get("sinks") or ["stdout"])
     if "http" not in sinks:
         sinks.append("http")
     logging_cfg["sinks"] = sinks
     logging_cfg["progress_bar"] = False  # carriage-return bars make unreadable run events
-    trainer = cfg.setdefault("trainer", {})
-    if not trainer.get("checkpoint_dir"):
-        # Cancel and resume rely on checkpoints: give every run its own directory.
-        trainer["checkpoint_dir"] = str(run_dir(run) / "checkpoints")
-    ckpt = getattr(run, "resumed_from_checkpoint", None)
-    if ckpt is not None and not trainer.get("resume_from"):
-        trainer["resume_from"] = ckpt.path
     path = run_dir(run) / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -199,12 +197,24 @@ def engine_entrypoint(config_path: Path) -> str:
     )
 
 
+def ingest_token_file(run: Run, token_secret: str) -> Path:
+    """The ingest token for the engine, in a file only the job's user can read: the job's environment
+    is shown by the Ray dashboard to anyone who can open it, so the secret must not travel there."""
+    path = run_dir(run) / "ingest-token"
+    tmp = path.with_name(f".ingest-token.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token_secret)
+    tmp.replace(path)  # atomic: a re-issued token never leaves a half-written file
+    return path
+
+
 def engine_env(run: Run, token_secret: str) -> dict[str, str]:
     workdir = str(setting("ENGINE_WORKDIR", "") or settings.BASE_DIR)
     return {
         "PYTHONPATH": workdir,  # the engine's Ray actors import rl_engine from the working dir too
         "RL_ENGINE_INGEST_URL": setting("PLATFORM_URL", "http://127.0.0.1:8000"),
-        "RL_ENGINE_INGEST_TOKEN": token_secret,
+        "RL_ENGINE_INGEST_TOKEN_FILE": str(ingest_token_file(run, token_secret)),
         "RL_ENGINE_RUN_ID": str(run.pk),
         "RL_ENGINE_SPOOL_DIR": str(run_dir(run) / "spool"),
         # Several heartbeats per reaper timeout, so one late post never gets a healthy run reaped.

@@ -20,7 +20,9 @@ from rest_framework.views import APIView
 from accounts.access import IngestOrMember, require_ingest, require_role
 from accounts.models import Role
 from accounts.parsers import JsonOnly, query_int, query_str
+from accounts.throttles import IngestThrottle
 from experiments.models import Run
+from experiments.run_files import checkpoint_folder, is_inside
 from experiments.services import run_heartbeat
 from tracking import selectors, services, wire
 from tracking.models import Checkpoint, EventKind, Sample
@@ -53,7 +55,7 @@ def _readable_run(request: Request, run_id: int) -> Run:
 
 
 def _ingest_run(request: Request, run_id: int) -> Run:
-    run = Run.objects.only("id", "project_id", "state").filter(pk=run_id).first()
+    run = Run.objects.only("id", "project_id", "state", "created_at").filter(pk=run_id).first()
     if run is None:
         raise exceptions.NotFound("Not found.")
     require_ingest(request, run.pk, run.project_id)
@@ -74,6 +76,20 @@ def _parse(model, request: Request, field: str, limit: int):
 
 class IngestView(JsonOnly, APIView):
     permission_classes = [IngestOrMember]
+    throttle_classes = [IngestThrottle]  # counts POSTs (ingestion) only
+
+
+def _events_refused(run: Run, events: list[wire.EventIn]) -> dict[str, list[str]]:
+    """Event data the platform refuses: malformed checkpoints, reserved status keys, and a checkpoint
+    outside the run's own checkpoint folder (resume loads it: it must be this run's own file)."""
+    errors = wire.event_data_errors(events)
+    folder = checkpoint_folder(run)
+    for i, event in enumerate(events):
+        path = event.data.get("path") if event.kind == EventKind.CHECKPOINT else None
+        key = f"events[{i}].data.path"
+        if isinstance(path, str) and key not in errors and not is_inside(path, folder):
+            errors[key] = [f"must be inside the run's checkpoint folder {folder}"]
+    return errors
 
 
 class RunMetricsView(IngestView):
@@ -156,6 +172,9 @@ class RunEventsView(IngestView):
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         body = _parse(wire.EventsBody, request, "events", services.MAX_EVENTS_PER_BATCH)
+        refused = _events_refused(run, body.events)
+        if refused:
+            raise exceptions.ValidationError(refused)
         new = [services.NewEvent(kind=e.kind.value, message=e.message, data=e.data) for e in body.events]
         rows = services.events_ingest(run_id=run.pk, events=new)
         return Response(
@@ -239,12 +258,21 @@ class RunCheckpointsView(JsonOnly, APIView):
         return Response(CheckpointSerializer(Checkpoint.objects.filter(run_id=run.pk), many=True).data)
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(cell: str) -> str:
+    """A text cell a spreadsheet shows as text: one starting like a formula gets a leading quote."""
+    return f"'{cell}" if cell.startswith(FORMULA_START) else cell
+
+
 def _csv_lines(run_id: int, keys: list[str]) -> Iterator[str]:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["key", "step", "value", "wall_time"])
     for i, row in enumerate(selectors.metric_rows(run_id=run_id, keys=keys)):
-        writer.writerow([row[0], row[1], repr(row[2]), repr(row[3])])
+        # Only the key is text (from the engine); step and the numbers are written by us.
+        writer.writerow([csv_text(row[0]), row[1], repr(row[2]), repr(row[3])])
         if i % 1000 == 999:
             yield buf.getvalue()
             buf.seek(0)

@@ -15,6 +15,8 @@ Protocol (docs/dashboard.md has the full picture):
   worker (status changes) to the web process, so every ``LIVE_POLL_INTERVAL_S`` (default 1.5 s) the
   consumer also reads new events and metric points from the database. With Redis the poll finds nothing
   new most of the time; set the interval to 0 to turn it off.
+- Membership is re-checked on every poll (every MEMBERSHIP_RECHECK_S when polling is off) and on every
+  client message: a user removed from the project (or deactivated) is disconnected with code 4403.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 CATCH_UP_BATCH = 500  # events per database read while catching up
 POLL_METRIC_ROWS = 5000  # metric points per poll (the rest comes on the next poll)
 CLOSE_FORBIDDEN = 4403
+MEMBERSHIP_RECHECK_S = 1.5  # how often membership is re-checked when the database poll is off
 
 
 def poll_interval_s() -> float:
@@ -53,7 +56,10 @@ def _run_for_member(user: Any, run_id: int) -> Run | None:
     """The run if ``user`` belongs to its project, else None (unknown run and foreign run look alike)."""
     if not getattr(user, "is_authenticated", False):
         return None
-    return Run.objects.filter(pk=run_id, project__memberships__user=user).first()
+    # The user row is re-read too: a deactivated user is gone as much as a removed member.
+    return Run.objects.filter(
+        pk=run_id, project__memberships__user=user, project__memberships__user__is_active=True
+    ).first()
 
 
 def _run_summary(run_id: int) -> dict[str, Any]:
@@ -116,8 +122,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.metric_cursor = await last_metric_id(self.run_id)
         await self.send_json({"kind": "hello", "run": await summary_of(self.run_id)})
         await self.catch_up(_query_int(self.scope, "last_seq"))
-        if poll_interval_s() > 0:
-            self.poller = asyncio.create_task(self.poll_forever())
+        # Always: besides polling the database (when on) it re-checks the membership.
+        self.poller = asyncio.create_task(self.poll_forever())
 
     async def disconnect(self, code: int) -> None:
         if self.poller is not None:
@@ -142,6 +148,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """``{"type": "resume", "last_seq": N}``: send again every event after N (e.g. after a gap)."""
+        if not await self.still_member():
+            return
         if not isinstance(content, dict) or content.get("type") != "resume":
             await self.send_json(
                 {"kind": "error", "message": 'expected {"type": "resume", "last_seq": <int>}'}
@@ -209,11 +217,23 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 count = sum(len(s["steps"]) for s in fresh.values())
                 await self.send_json({"kind": "metrics", "count": count, "series": fresh, "source": "poll"})
 
+    async def still_member(self) -> bool:
+        """Re-check that the user may still see the run; if not, close the socket with 4403."""
+        if await run_for_member(self.scope.get("user"), self.run_id) is not None:
+            return True
+        log.info("closing the live stream of run %s: the user is no longer a member", self.run_id)
+        await self.close(code=CLOSE_FORBIDDEN)
+        return False
+
     async def poll_forever(self) -> None:
         interval = poll_interval_s()
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(interval if interval > 0 else MEMBERSHIP_RECHECK_S)
             try:
+                if not await self.still_member():
+                    return
+                if interval <= 0:
+                    continue
                 await self.poll_once()
             except asyncio.CancelledError:
                 raise

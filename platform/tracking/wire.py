@@ -73,6 +73,42 @@ class SampleIn(_Wire):
         return v
 
 
+class CheckpointData(BaseModel):
+    """What a ``checkpoint`` event's data must hold for the platform to record the checkpoint (other
+    keys are kept as they are). Strict integers: ``"12"`` or ``12.5`` is a mistake, not a step."""
+
+    model_config = ConfigDict(extra="allow")
+    step: Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)]
+    path: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+    size_bytes: Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)] | None = None
+
+
+CHECKPOINT_KEYS = frozenset({"step", "path", "size_bytes"})
+# Only the platform's own status events (experiments.services.run_transition) say which state a run
+# entered; the dashboard's state badge follows them. Reported status events are informational.
+RESERVED_STATUS_KEYS = ("from", "to")
+
+
+def event_data_errors(events: list[EventIn]) -> dict[str, list[str]]:
+    """Errors in the ``data`` of reported events, by field path (``events[2].data.step``)."""
+    out: dict[str, list[str]] = {}
+    for i, event in enumerate(events):
+        if event.kind == EventKind.CHECKPOINT and CHECKPOINT_KEYS & event.data.keys():
+            try:
+                CheckpointData.model_validate(event.data)
+            except ValidationError as exc:
+                for path, msg in validation_errors(exc):
+                    out.setdefault(f"events[{i}].data.{path}", []).append(msg)
+        elif event.kind == EventKind.STATUS:
+            for key in RESERVED_STATUS_KEYS:
+                if key in event.data:
+                    out.setdefault(f"events[{i}].data.{key}", []).append(
+                        "is reserved for the platform's own state changes: reported status events are "
+                        "informational (rename the key)"
+                    )
+    return out
+
+
 class MetricsBody(_Wire):
     points: list[PointIn] = Field(max_length=MAX_POINTS_PER_BATCH)
 

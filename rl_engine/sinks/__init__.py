@@ -20,10 +20,26 @@ def build_sinks(logging_cfg: LoggingConfig, *, total_steps: int | None = None) -
         elif name == "http":
             from rl_engine.sinks.http import HttpSink  # the platform client, only when asked for
 
+            _token_from_file()
             sinks.append(HttpSink.from_env())
     if logging_cfg.progress_bar and total_steps:
         sinks.append(ProgressSink(total_steps))
     return sinks[0] if len(sinks) == 1 else MultiSink(sinks)
+
+
+def _token_from_file() -> None:
+    """RL_ENGINE_INGEST_TOKEN_FILE (what the platform's launcher sets: the token must not travel in the
+    Ray job's environment, which the dashboard shows) -> RL_ENGINE_INGEST_TOKEN of this process only.
+    To be folded into HttpSink.from_env."""
+    import os
+
+    path = os.environ.get("RL_ENGINE_INGEST_TOKEN_FILE")
+    if path and not os.environ.get("RL_ENGINE_INGEST_TOKEN"):
+        try:
+            with open(path, encoding="ascii") as fh:
+                os.environ["RL_ENGINE_INGEST_TOKEN"] = fh.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read the ingest token file {path}: {exc.strerror}") from None
 
 
 __all__ = ["JsonlSink", "MetricsSink", "MultiSink", "ProgressSink", "StdoutSink", "build_sinks"]

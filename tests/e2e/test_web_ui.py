@@ -16,7 +16,7 @@ from accounts.services import ingest_token_issue, project_create
 from experiments.models import Experiment, Run
 from experiments.services import run_transition
 from tests.e2e.conftest import login, screenshot_dir
-from tests.factories import ExperimentFactory, RunFactory, UserFactory
+from tests.factories import ExperimentFactory, RunFactory, UserFactory, checkpoint_path
 from tracking.services import events_append
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -223,7 +223,8 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
     )
     login(page, "erin")
     page.goto(f"/runs/{first.pk}/")
-    expect(page.get_by_test_id("checkpoints")).not_to_contain_text("/ckpt/")
+    ckpt = checkpoint_path(first, 10)  # where the engine saves it: the only place resume accepts
+    expect(page.get_by_test_id("checkpoints")).not_to_contain_text("step-10")
     # A checkpoint reported by the engine appears in the list as it happens.
     post_json(
         asgi_server.url,
@@ -234,12 +235,12 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
                 {
                     "kind": "checkpoint",
                     "message": "checkpoint at step 10",
-                    "data": {"step": 10, "path": "/ckpt/step-10"},
+                    "data": {"step": 10, "path": ckpt},
                 }
             ]
         },
     )
-    expect(page.get_by_test_id("checkpoints")).to_contain_text("/ckpt/step-10")
+    expect(page.get_by_test_id("checkpoints")).to_contain_text(ckpt)
     expect(page.get_by_test_id("resume")).to_be_hidden()
     as_worker(run_transition, run_id=first.pk, to="succeeded")
     expect(page.get_by_test_id("run-state")).to_have_text("succeeded")
@@ -253,7 +254,7 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
     assert (
         second.number == 2
         and second.resumed_from_id == first.pk
-        and second.config["trainer"]["resume_from"] == "/ckpt/step-10"
+        and second.config["trainer"]["resume_from"] == ckpt
     )
     expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
 

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
+from django.conf import settings
 
 from experiments.models import Run
 from launcher import jobs
@@ -23,14 +24,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def tiny_config(tmp: Path, *, steps: int, **trainer: Any) -> dict:
     """demo-cpu made small (16 samples a step) so a step takes a fraction of a second; every metric is
-    also written to a local JSONL file, the ground truth the platform's copy is compared with."""
+    also written to a local JSONL file (in the run's folder: the platform puts it there), the ground truth
+    the platform's copy is compared with."""
     from tests.factories import demo_config
 
     cfg = demo_config()
     cfg["rollout"]["n"] = 4
     cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16, **trainer)
-    cfg["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": str(tmp / f"metrics-{time.time_ns()}.jsonl"),
-                      "log_every": 1, "progress_bar": False}  # fmt: skip
+    cfg["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": "metrics.jsonl", "log_every": 1,
+                      "progress_bar": False}  # fmt: skip
     return cfg
 
 
@@ -100,7 +102,9 @@ def wait_reporting(run_id: int, min_points: int = 1, timeout_s: float = 120) -> 
 def jsonl_points(run: Run) -> set[tuple[str, int, float]]:
     """Every (key, step, value) the engine logged, from its local JSONL file."""
     out = set()
-    for line in Path(run.config["logging"]["jsonl_path"]).read_text().splitlines():
+    from experiments.run_files import run_folder
+
+    for line in (run_folder(run) / run.config["logging"]["jsonl_path"]).read_text().splitlines():
         rec = json.loads(line)
         if rec.get("type") == "metrics":  # non-finite values are not sent (JSON has no NaN)
             out |= {
@@ -147,11 +151,19 @@ def test_launch_through_the_api_runs_to_success_with_metrics_and_logs(api, tmp_p
     assert tailed_lines(run) == job_log_lines(run)  # the whole job log, in order, once
     states = [e.data["to"] for e in run.events.filter(kind="status").order_by("seq") if "to" in e.data]
     assert states == ["queued", "starting", "running", "succeeded"]
+    # The ingest token reached the engine through a file: the job's environment (shown by the Ray
+    # dashboard) holds only its path.
+    from ray.job_submission import JobSubmissionClient
+
+    env = JobSubmissionClient(run.cluster_address).get_job_info(run.ray_job_id).runtime_env["env_vars"]
+    assert "RL_ENGINE_INGEST_TOKEN" not in env and not any(v.startswith("rlp_") for v in env.values())
+    assert env["RL_ENGINE_INGEST_TOKEN_FILE"].endswith("/ingest-token")
 
 
 def test_engine_failure_marks_the_run_failed_with_the_engines_error(api, tmp_path):
     cfg = tiny_config(tmp_path, steps=3)
-    cfg["model"] = {"path": str(tmp_path / "no-such-model")}  # no `tiny`: nothing builds it
+    missing = Path(settings.MODEL_ROOTS[0]) / f"no-such-model-{time.time_ns()}"
+    cfg["model"] = {"path": str(missing)}  # no `tiny`: nothing builds it
     run = wait_state(api.launch(cfg), "failed")
     assert "no-such-model" in run.error and "config.json" in run.error
     assert jobs.state(run.cluster_address, run.ray_job_id).status == "FAILED"

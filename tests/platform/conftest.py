@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import uuid
+
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -16,6 +19,15 @@ from tests.factories import ExperimentFactory, MembershipFactory, UserFactory
 def _fast_password_hashing(settings):
     # PBKDF2's deliberate slowness would dominate these tests; hashing strength is not what they test.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _own_throttle_counters(settings):
+    """Throttle counters live in the cache: every test counts in its own key namespace (never a flush:
+    the cache may be a Redis shared with other suites)."""
+    caches = copy.deepcopy(settings.CACHES)
+    caches["default"]["KEY_PREFIX"] = f"{caches['default'].get('KEY_PREFIX', '')}:{uuid.uuid4().hex}"
+    settings.CACHES = caches
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import yaml
 
 from experiments.models import Experiment, Run, RunState
 from experiments.services import run_transition
-from tests.factories import ExperimentFactory, demo_config
+from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tests.platform.conftest import client_for
 from tracking.services import checkpoint_record
 
@@ -186,9 +186,10 @@ def test_resume_creates_a_linked_run_from_the_latest_checkpoint(team, member, ex
     assert member.post(f"/api/runs/{run['id']}/resume", {}, format="json").status_code == 409  # still queued
     run_transition(run_id=run["id"], to=RunState.FAILED, error="oom")
     assert member.post(f"/api/runs/{run['id']}/resume", {}, format="json").status_code == 409  # no checkpoint
-    ckpt = checkpoint_record(run_id=run["id"], step=4, path="/ck/4")
+    path = checkpoint_path(Run.objects.get(pk=run["id"]), 4)
+    ckpt = checkpoint_record(run_id=run["id"], step=4, path=path)
     resp = member.post(f"/api/runs/{run['id']}/resume", {"priority": 9}, format="json")
     assert resp.status_code == 201
     new = resp.json()
     assert new["resumed_from"] == run["id"] and new["resumed_from_checkpoint"] == ckpt.pk
-    assert new["config"]["trainer"]["resume_from"] == "/ck/4" and new["priority"] == 9 and new["number"] == 2
+    assert new["config"]["trainer"]["resume_from"] == path and new["priority"] == 9 and new["number"] == 2

@@ -11,6 +11,7 @@ import pytest
 from accounts.services import ingest_token_issue
 from experiments.models import RunState
 from experiments.services import run_create, run_transition
+from tests.factories import checkpoint_path
 from tests.platform.conftest import client_for
 from tracking.models import Checkpoint, MetricPoint
 from tracking.selectors import bucket_width, metric_series
@@ -178,14 +179,16 @@ def test_events_are_numbered_and_readable_since_a_sequence_number(team, run, eng
                 {
                     "kind": "checkpoint",
                     "message": "saved",
-                    "data": {"step": 10, "path": "/ck/10", "size_bytes": 5},
+                    "data": {"step": 10, "path": checkpoint_path(run, 10), "size_bytes": 5},
                 },
             ]
         },
         format="json",
     )
     assert resp.status_code == 201 and resp.json() == {"received": 3, "last_seq": 4}  # seq 1: queued
-    assert list(Checkpoint.objects.filter(run=run).values_list("path", flat=True)) == ["/ck/10"]
+    assert list(Checkpoint.objects.filter(run=run).values_list("path", flat=True)) == [
+        checkpoint_path(run, 10)
+    ]
     viewer = client_for(team["viewer"])
     page = viewer.get(f"/api/runs/{run.pk}/events?after=2").json()
     assert [e["seq"] for e in page["events"]] == [3, 4] and page["last_seq"] == 4
@@ -194,7 +197,7 @@ def test_events_are_numbered_and_readable_since_a_sequence_number(team, run, eng
     ]
     assert viewer.get(f"/api/runs/{run.pk}/events?after=4").json() == {"events": [], "last_seq": 4}
     ckpts = viewer.get(f"/api/runs/{run.pk}/checkpoints").json()
-    assert [(c["step"], c["path"]) for c in ckpts] == [(10, "/ck/10")]
+    assert [(c["step"], c["path"]) for c in ckpts] == [(10, checkpoint_path(run, 10))]
     bad = engine.post(f"/api/runs/{run.pk}/events", {"events": [{"kind": "gossip"}]}, format="json")
     assert bad.status_code == 400 and "events[0].kind" in bad.json()["errors"]
 

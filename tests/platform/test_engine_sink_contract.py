@@ -8,7 +8,7 @@ import pytest
 from accounts.services import ingest_token_issue
 from experiments.models import Run
 from rl_engine.sinks.http import HttpSink
-from tests.factories import ExperimentFactory, RunFactory, UserFactory
+from tests.factories import ExperimentFactory, RunFactory, UserFactory, checkpoint_path
 from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
 
 
@@ -30,7 +30,9 @@ def test_the_engine_http_sink_reports_into_the_platform(live_server, tmp_path):
     for step in range(1, 4):
         sink.log_metrics(step, {"reward/mean": step / 10, "actor/pg_loss": -step / 100})
     sink.log_metrics(3, {"reward/mean": 99.0})  # a repeated step: the platform keeps the first value
-    sink.log_event("checkpoint", "checkpoint at step 3", {"step": 3, "path": "/ck/3", "size_bytes": 10})
+    sink.log_event(
+        "checkpoint", "checkpoint at step 3", {"step": 3, "path": checkpoint_path(run, 3), "size_bytes": 10}
+    )
     sink.log_event("log", "hello")
     sink.log_samples(
         3,
@@ -53,7 +55,9 @@ def test_the_engine_http_sink_reports_into_the_platform(live_server, tmp_path):
         "checkpoint",
         "log",
     ]
-    assert list(Checkpoint.objects.filter(run=run).values_list("step", "path")) == [(3, "/ck/3")]
+    assert list(Checkpoint.objects.filter(run=run).values_list("step", "path")) == [
+        (3, checkpoint_path(run, 3))
+    ]
     sample = Sample.objects.get(run=run)
     assert (sample.step, sample.answer, sample.version_start, sample.version_end) == (3, "ab", 2, 3)
     assert Run.objects.get(pk=run.pk).heartbeat_at is not None

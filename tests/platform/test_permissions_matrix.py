@@ -18,7 +18,7 @@ from accounts.models import ApiToken, Membership, Project
 from accounts.services import ingest_token_issue, token_create
 from experiments.models import Experiment, Run, RunState
 from experiments.services import config_to_yaml, run_create, run_transition
-from tests.factories import ExperimentFactory, UserFactory, demo_config
+from tests.factories import ExperimentFactory, UserFactory, checkpoint_path, demo_config
 from tests.platform.conftest import client_for
 from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
 from tracking.services import Point, checkpoint_record, events_append, metrics_ingest
@@ -106,7 +106,7 @@ def world(team):
     events_append(run_id=run.pk, kind="log", message="hello")
     done = run_create(experiment=exp, user=team["member"])
     run_transition(run_id=done.pk, to=RunState.FAILED, error="x")
-    checkpoint_record(run_id=done.pk, step=3, path="/ck/3")
+    checkpoint_record(run_id=done.pk, step=3, path=checkpoint_path(done, 3))
     UserFactory(username="newbie")
     owner_token = token_create(user=team["owner"], name="owner's").token
     ids = {

@@ -11,6 +11,7 @@ from experiments import services
 from experiments.models import Run, RunState
 from experiments.services import (
     InvalidTransition,
+    NoCheckpoint,
     experiment_update,
     run_create,
     run_heartbeat,
@@ -18,8 +19,7 @@ from experiments.services import (
     run_resume,
     run_transition,
 )
-from rl_engine.config import ConfigError
-from tests.factories import RunFactory
+from tests.factories import RunFactory, checkpoint_path
 from tracking.models import RunEvent
 from tracking.services import checkpoint_record
 
@@ -110,13 +110,13 @@ def test_resume_links_the_new_run_to_the_latest_checkpoint(team, experiment):
         run_resume(run=old, user=None)  # still running
     run_transition(run_id=old.pk, to=RunState.FAILED, error="preempted")
     old.refresh_from_db()
-    with pytest.raises(ConfigError, match="no checkpoint"):
+    with pytest.raises(NoCheckpoint, match="no checkpoint"):
         run_resume(run=old, user=None)
-    checkpoint_record(run_id=old.pk, step=10, path="/ckpt/10")
-    latest = checkpoint_record(run_id=old.pk, step=20, path="/ckpt/20", size_bytes=123)
+    checkpoint_record(run_id=old.pk, step=10, path=checkpoint_path(old, 10))
+    latest = checkpoint_record(run_id=old.pk, step=20, path=checkpoint_path(old, 20), size_bytes=123)
     new = run_resume(run=old, user=team["member"])
     assert new.resumed_from_id == old.pk and new.resumed_from_checkpoint_id == latest.pk
-    assert new.config["trainer"]["resume_from"] == "/ckpt/20"
+    assert new.config["trainer"]["resume_from"] == latest.path
     assert old.config["trainer"]["resume_from"] is None  # the old run's frozen config is untouched
 
 

@@ -1,31 +1,29 @@
 """``python manage.py launch_demo``: the demo experiment, launched as a run; prints its dashboard path.
 
 Creates (once) the project "Demo" owned by the demo user and the experiment "demo-cpu" from the engine's
-preset, with the tiny model kept under VAR_DIR; then launches a new run through the same service the API
-uses. ``make demo`` calls it after the web server and the worker are up.
+preset, with the tiny model kept under the first model root (VAR_DIR/models by default); then launches a
+new run through the same service the API uses. ``make demo`` calls it after the web server and the
+worker are up.
 """
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.models import Project
 from accounts.services import project_create
+from experiments.config_policy import platform_preset
 from experiments.models import Experiment
 from experiments.services import experiment_create, run_create
-from rl_engine.presets import get_preset
 
 DEMO_PROJECT = "Demo"
 DEMO_EXPERIMENT = "demo-cpu"
 
 
 def demo_config() -> dict:
-    config = get_preset("demo-cpu")
-    # Absolute, under VAR_DIR: the engine runs as a Ray job whose working directory may differ.
-    config["model"]["path"] = str(settings.VAR_DIR / "models" / "tiny-llama-demo")
-    return config
+    # The tiny model is built under the first model root (absolute: the job's working dir may differ).
+    return platform_preset("demo-cpu")
 
 
 class Command(BaseCommand):
@@ -40,12 +38,17 @@ class Command(BaseCommand):
             raise CommandError(f"no user named {user!r} (create one with `python manage.py createsuperuser`)")
         project = Project.objects.filter(name=DEMO_PROJECT, memberships__user=owner).first()
         if project is None:
-            project = project_create(name=DEMO_PROJECT, description="The demo experiment of `make demo`.",
-                                     user=owner)
+            project = project_create(
+                name=DEMO_PROJECT, description="The demo experiment of `make demo`.", user=owner
+            )
         experiment = Experiment.objects.filter(project=project, name=DEMO_EXPERIMENT).first()
         if experiment is None:
             experiment = experiment_create(
-                project=project, user=owner, name=DEMO_EXPERIMENT, config=demo_config(), tags=["demo"],
+                project=project,
+                user=owner,
+                name=DEMO_EXPERIMENT,
+                config=demo_config(),
+                tags=["demo"],
                 description="A tiny Llama learns to copy a character with GRPO, fully asynchronous, on CPU.",
             )
         run = run_create(experiment=experiment, user=owner)

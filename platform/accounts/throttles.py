@@ -1,0 +1,108 @@
+"""Rate limits (DRF throttles) on login, token creation and ingestion: 429 with ``Retry-After`` beyond them.
+
+Rates are ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` (settings ``THROTTLE_*``), read on every request.
+Counting is a fixed window per key in the cache (one atomic increment: O(1) per request, unlike DRF's
+default sliding log, which stores one timestamp per request and would cost a large cache value on every
+ingestion call at the ingest rate). A window allows at most ``n`` requests; up to ``2n`` can pass around
+a window boundary, which is fine for abuse limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+from rest_framework.settings import api_settings
+from rest_framework.throttling import SimpleRateThrottle
+
+from accounts.access import ingest_token_run_id
+
+
+class FixedWindowThrottle(SimpleRateThrottle):
+    """SimpleRateThrottle with an O(1) counter per (key, window)."""
+
+    def get_rate(self) -> str | None:
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # read per request: settings may change
+
+    def allow_request(self, request, view) -> bool:
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        now = self.timer()
+        window = math.floor(now / self.duration)
+        key = f"{self.key}:{window}"
+        self.cache.add(key, 0, self.duration + 1)
+        try:
+            count = self.cache.incr(key)
+        except ValueError:  # the entry expired between add and incr
+            self.cache.set(key, 1, self.duration + 1)
+            count = 1
+        self._wait = (window + 1) * self.duration - now
+        return count <= self.num_requests
+
+    def wait(self) -> float:
+        return max(self._wait, 1.0)
+
+
+class TokenCreateThrottle(FixedWindowThrottle):
+    """``POST /api/tokens``, per user."""
+
+    scope = "token_create"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if request.method != "POST" or not request.user.is_authenticated:
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": f"user{request.user.pk}"}
+
+
+class IngestThrottle(FixedWindowThrottle):
+    """Ingestion endpoints, per ingest token (one run's engine) or per user."""
+
+    scope = "ingest"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if request.method != "POST":
+            return None
+        if ingest_token_run_id(request) is not None:
+            ident = f"token{request.auth.pk}"
+        elif request.user.is_authenticated:
+            ident = f"user{request.user.pk}"
+        else:
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class LoginAddressThrottle(FixedWindowThrottle):
+    """Login attempts (POSTs) per client address: caps password spraying over many usernames."""
+
+    scope = "login_address"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if request.method != "POST":
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class LoginThrottle(LoginAddressThrottle):
+    """Login attempts per client address and username: caps guessing one account's password."""
+
+    scope = "login"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if request.method != "POST":
+            return None
+        username = str(request.POST.get("username", ""))[:150].lower()
+        digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+        return self.cache_format % {"scope": self.scope, "ident": f"{self.get_ident(request)}:{digest}"}
+
+
+def login_wait_s(request) -> int | None:
+    """Seconds the client must wait before another login attempt, or None when it may try now.
+    Counts this attempt (a refused attempt counts too: hammering does not shorten the wait)."""
+    waits = []
+    for throttle in (LoginAddressThrottle(), LoginThrottle()):
+        if not throttle.allow_request(request, None):
+            waits.append(throttle.wait())
+    return math.ceil(max(waits)) if waits else None

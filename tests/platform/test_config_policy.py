@@ -1,0 +1,228 @@
+"""The path policy for configs that come through the platform (docs/api.md, "Trust boundary"): models and
+data only under the configured roots (or an allowed model name), checkpoints / JSONL logs / the Ray
+address / resume set by the platform, trust_remote_code only where an administrator allowed it."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+
+from accounts.services import project_create
+from experiments.config_policy import check_config, launch_config, platform_preset
+from experiments.models import Experiment, Run, RunState
+from experiments.run_files import checkpoint_folder, run_folder
+from experiments.services import normalise_config, run_create, run_transition
+from rl_engine.config import ConfigError, parse_config
+from tests.factories import ExperimentFactory, checkpoint_path, demo_config
+from tests.platform.conftest import client_for
+from tracking.services import checkpoint_record
+
+MODEL_ROOT = Path(django_settings.MODEL_ROOTS[0])
+
+
+def body(team, config) -> dict:
+    return {"project": team["project"].pk, "name": "e", "config": config}
+
+
+def with_(path: str, value) -> dict:
+    cfg = demo_config()
+    node = cfg
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return cfg
+
+
+REFUSED = [
+    ("model.path", "/etc"),
+    ("model.path", str(MODEL_ROOT / ".." / ".." / "etc")),
+    ("model.path", "../../../../../../etc"),
+    ("model.tokenizer_path", "/root/.ssh"),
+    ("trainer.checkpoint_dir", "/tmp/shared-checkpoints"),
+    ("trainer.checkpoint_dir", "checkpoints/gsm8k"),
+    ("trainer.resume_from", "/etc/passwd"),
+    ("logging.jsonl_path", "/work/platform/settings.py"),
+    ("logging.jsonl_path", "../escape.jsonl"),
+    ("pipeline.ray_address", "ray://attacker:10001"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), REFUSED)
+def test_a_config_naming_a_path_outside_its_roots_is_a_400_naming_the_field(team, field, value):
+    resp = client_for(team["member"]).post("/api/experiments", body(team, with_(field, value)), format="json")
+    assert resp.status_code == 400, resp.json()
+    messages = resp.json()["errors"][f"config.{field}"]
+    if field.startswith("model."):
+        assert str(MODEL_ROOT) in messages[0] and "MODEL_ROOTS" in messages[0]
+    assert not Experiment.objects.exists()
+
+
+def test_data_must_come_from_the_data_roots(team):
+    outside = with_("data", {"source": "jsonl", "path": "/etc/shadow"})
+    resp = client_for(team["member"]).post("/api/experiments", body(team, outside), format="json")
+    assert resp.status_code == 400
+    assert str(django_settings.DATA_ROOTS[0]) in resp.json()["errors"]["config.data.path"][0]
+    inside = with_(
+        "data", {"source": "jsonl", "path": str(Path(django_settings.DATA_ROOTS[0]) / "train.jsonl")}
+    )
+    assert (
+        client_for(team["member"]).post("/api/experiments", body(team, inside), format="json").status_code
+        == 201
+    )
+
+
+def test_paths_under_the_roots_and_allowed_model_names_are_accepted(team, settings):
+    member = client_for(team["member"])
+    assert member.post("/api/experiments", body(team, demo_config()), format="json").status_code == 201
+    cfg = with_("logging", {"sinks": ["stdout", "jsonl"], "jsonl_path": "metrics.jsonl"})
+    assert member.post("/api/experiments", body(team, cfg), format="json").status_code == 201
+    named = with_("model", {"path": "/models/Qwen2.5-1.5B-Instruct"})
+    assert member.post("/api/experiments", body(team, named), format="json").status_code == 400
+    settings.ALLOWED_MODELS = ["/models/Qwen2.5-1.5B-Instruct"]
+    assert member.post("/api/experiments", body(team, named), format="json").status_code == 201
+
+
+def test_relative_paths_count_from_the_engines_working_directory(team, settings):
+    settings.ENGINE_WORKDIR = str(MODEL_ROOT.parent)
+    member = client_for(team["member"])
+    inside = with_("model.path", f"{MODEL_ROOT.name}/tiny")
+    assert member.post("/api/experiments", body(team, inside), format="json").status_code == 201
+    outside = with_("model.path", "tiny")  # the working directory itself is not a model root
+    assert member.post("/api/experiments", body(team, outside), format="json").status_code == 400
+
+
+def test_a_symlink_under_a_root_that_leads_outside_is_refused(team, tmp_path):
+    MODEL_ROOT.mkdir(parents=True, exist_ok=True)
+    link = MODEL_ROOT / f"escape-{os.getpid()}"
+    link.symlink_to(tmp_path)
+    try:
+        resp = client_for(team["member"]).post(
+            "/api/experiments", body(team, with_("model.path", str(link / "m"))), format="json"
+        )
+        assert resp.status_code == 400 and "config.model.path" in resp.json()["errors"]
+    finally:
+        link.unlink()
+
+
+def test_update_and_yaml_import_are_held_to_the_same_policy(team):
+    member = client_for(team["member"])
+    exp = member.post("/api/experiments", body(team, demo_config()), format="json").json()
+    resp = member.patch(
+        f"/api/experiments/{exp['id']}", {"config": with_("model.path", "/etc")}, format="json"
+    )
+    assert resp.status_code == 400 and "config.model.path" in resp.json()["errors"]
+    assert Experiment.objects.get(pk=exp["id"]).config["model"]["path"] != "/etc"
+    yaml_text = "model:\n  path: /etc\n  tiny: {}\n"
+    imported = member.post(
+        "/api/experiments/import",
+        {"project": team["project"].pk, "name": "y", "yaml": yaml_text},
+        format="json",
+    )
+    assert imported.status_code == 400 and "yaml.model.path" in imported.json()["errors"]
+
+
+def test_launch_checks_a_config_stored_before_the_policy(team):
+    cfg = normalise_config(with_("trainer.checkpoint_dir", "/tmp/anywhere"))
+    old = ExperimentFactory(project=team["project"], config=cfg)  # written directly, as an old row would be
+    resp = client_for(team["member"]).post("/api/runs", {"experiment": old.pk}, format="json")
+    assert resp.status_code == 400 and "config.trainer.checkpoint_dir" in resp.json()["errors"]
+    assert not Run.objects.exists()
+
+
+def test_trust_remote_code_needs_the_projects_permission_set_by_an_administrator(team):
+    owner = client_for(team["owner"])
+    cfg = with_("model.trust_remote_code", True)
+    resp = owner.post("/api/experiments", body(team, cfg), format="json")
+    assert (
+        resp.status_code == 400
+        and "administrator" in resp.json()["errors"]["config.model.trust_remote_code"][0]
+    )
+    project_url = f"/api/projects/{team['project'].pk}"
+    assert owner.get(project_url).json()["allow_trust_remote_code"] is False
+    owner.patch(project_url, {"allow_trust_remote_code": True}, format="json")  # an owner cannot grant it
+    assert owner.get(project_url).json()["allow_trust_remote_code"] is False
+    team["project"].allow_trust_remote_code = True  # what the admin does
+    team["project"].save()
+    assert owner.get(project_url).json()["allow_trust_remote_code"] is True
+    assert owner.post("/api/experiments", body(team, cfg), format="json").status_code == 201
+
+
+def test_the_admin_sets_the_trust_remote_code_flag(team, admin_client):
+    project = team["project"]
+    form = {"name": project.name, "description": "", "allow_trust_remote_code": "on"}
+    inline = {"memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"}
+    resp = admin_client.post(f"/admin/accounts/project/{project.pk}/change/", {**form, **inline})
+    assert resp.status_code == 302, resp.content[:500]
+    project.refresh_from_db()
+    assert project.allow_trust_remote_code is True
+
+
+def test_resume_only_from_a_checkpoint_in_the_runs_own_folder(team, experiment):
+    member = client_for(team["member"])
+    run = run_create(experiment=experiment, user=team["member"])
+    run_transition(run_id=run.pk, to=RunState.FAILED, error="x")
+    checkpoint_record(run_id=run.pk, step=5, path="/etc/cron.d/evil")  # e.g. a member posting events
+    resp = member.post(f"/api/runs/{run.pk}/resume", {}, format="json")
+    assert resp.status_code == 400 and "config.trainer.resume_from" in resp.json()["errors"]
+    good = checkpoint_record(run_id=run.pk, step=6, path=checkpoint_path(run, 6))
+    resp = member.post(f"/api/runs/{run.pk}/resume", {}, format="json")
+    assert resp.status_code == 201 and resp.json()["config"]["trainer"]["resume_from"] == good.path
+
+
+def test_a_checkpoint_of_another_projects_run_is_refused(team):
+    foreign = ExperimentFactory(project=project_create(name="gamma", user=team["stranger"]))
+    foreign_run = run_create(experiment=foreign, user=team["stranger"])
+    ckpt = checkpoint_record(run_id=foreign_run.pk, step=1, path=checkpoint_path(foreign_run, 1))
+    cfg = normalise_config(with_("trainer.resume_from", ckpt.path))
+    with pytest.raises(ConfigError, match="of this project"):
+        check_config(cfg, project=team["project"], resume_checkpoint=ckpt)
+    check_config(cfg, project=foreign.project, resume_checkpoint=ckpt)  # its own project: fine
+
+
+def test_the_launcher_sets_the_platforms_fields_whatever_the_stored_config_says(team, experiment):
+    run = run_create(experiment=experiment, user=None)
+    stored = copy.deepcopy(run.config)
+    stored["trainer"].update(checkpoint_dir="/shared", resume_from="/etc/passwd")
+    stored["pipeline"]["ray_address"] = "ray://elsewhere:10001"
+    stored["logging"]["jsonl_path"] = "/etc/x.jsonl"
+    out = launch_config(stored, folder=run_folder(run), resume_from=None)
+    assert out["trainer"]["checkpoint_dir"] == str(checkpoint_folder(run))
+    assert out["trainer"]["resume_from"] is None and out["pipeline"]["ray_address"] is None
+    assert out["logging"]["jsonl_path"] == str(run_folder(run) / "x.jsonl")
+
+
+def test_two_runs_of_the_gsm8k_preset_checkpoint_into_different_folders(team, settings):
+    settings.MODEL_ROOTS = ["/models"]
+    settings.DATA_ROOTS = ["/data"]
+    preset = platform_preset("gsm8k-qwen2.5-1.5b-vllm")
+    assert preset["trainer"]["checkpoint_dir"] is None  # the engine preset no longer names a shared folder
+    exp = client_for(team["member"]).post("/api/experiments", body(team, preset), format="json")
+    assert exp.status_code == 201, exp.json()
+    runs = [run_create(experiment=Experiment.objects.get(pk=exp.json()["id"]), user=None) for _ in range(2)]
+    folders = {
+        launch_config(r.config, folder=run_folder(r), resume_from=None)["trainer"]["checkpoint_dir"]
+        for r in runs
+    }
+    assert len(folders) == 2
+
+
+def test_the_served_presets_build_their_tiny_model_under_a_model_root(team):
+    preset = client_for(team["member"]).get("/api/presets/demo-cpu").json()
+    assert Path(preset["model"]["path"]).parent == MODEL_ROOT
+    assert client_for(team["member"]).get("/api/presets").json()["demo-cpu"] == preset
+    assert (
+        client_for(team["member"]).post("/api/experiments", body(team, preset), format="json").status_code
+        == 201
+    )
+
+
+def test_the_engines_own_cli_is_not_bound_by_the_platforms_policy():
+    cfg = with_("model", {"path": "/anywhere/model", "trust_remote_code": True})
+    cfg["trainer"]["checkpoint_dir"] = "/tmp/ck"
+    cfg["pipeline"]["ray_address"] = "auto"
+    assert parse_config(cfg).trainer.checkpoint_dir == "/tmp/ck"

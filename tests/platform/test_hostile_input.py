@@ -1,0 +1,150 @@
+"""Input meant to hurt the web process: alias bombs, deep nesting, oversize bodies, malformed checkpoint
+events, engine events posing as state changes, spreadsheet formulas in exports. Each is a 400/413 with the
+field path (never a 500), and nothing is stored."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from accounts.services import ingest_token_issue
+from experiments.models import Experiment
+from experiments.services import run_create
+from tests.factories import checkpoint_path, demo_config
+from tests.platform.conftest import client_for
+from tracking.models import Checkpoint, RunEvent
+from tracking.services import Point, metrics_ingest
+
+
+def billion_laughs(levels: int = 7) -> str:
+    """The classic alias bomb inside a config: 9**levels strings from ~450 bytes."""
+    lines = [
+        "model: {path: m}",
+        "reward:",
+        "  kwargs:",
+        '    l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+    ]
+    for i in range(1, levels):
+        lines.append(f"    l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def import_yaml(team, text: str):
+    body = {"project": team["project"].pk, "name": "imported", "yaml": text}
+    return client_for(team["member"]).post("/api/experiments/import", body, format="json")
+
+
+def test_the_billion_laughs_document_is_refused_at_its_first_anchor(team):
+    text = billion_laughs()
+    assert len(text.encode()) <= 448
+    resp = import_yaml(team, text)
+    assert resp.status_code == 400
+    (message,) = resp.json()["errors"]["yaml"]
+    # Refused where the first anchor stands (line 4): nothing after it was parsed, let alone expanded.
+    assert "anchors (&l0) are not allowed" in message and "line 4" in message
+    assert not Experiment.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("model: {path: m}\nreward: {kwargs: {x: *nowhere}}\n", "aliases"),
+        ("model: {path: m}\nreward: {kwargs: {x: " + "[" * 200 + "]" * 200 + "}}\n", "nesting deeper"),
+        ("model:\n  path: [unclosed\n", "not valid YAML (line"),
+    ],
+)
+def test_aliases_deep_nesting_and_bad_yaml_are_a_400_saying_why(team, text, why):
+    resp = import_yaml(team, text)
+    assert resp.status_code == 400 and why in resp.json()["errors"]["yaml"][0]
+
+
+def test_a_yaml_document_over_the_size_limit_is_refused_before_parsing(team, settings):
+    settings.YAML_IMPORT_MAX_BYTES = 1000
+    resp = import_yaml(team, "model: {path: m}\n" + "# padding\n" * 200)
+    assert resp.status_code == 400 and "the limit is 1000 bytes" in resp.json()["errors"]["yaml"][0]
+
+
+@pytest.fixture
+def run(team, experiment):
+    return run_create(experiment=experiment, user=team["member"])
+
+
+@pytest.fixture
+def engine(run):
+    return client_for(token=ingest_token_issue(run=run).secret)
+
+
+def post_events(client, run, events):
+    return client.post(f"/api/runs/{run.pk}/events", {"events": events}, format="json")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"step": "abc", "path": "P"}, "events[1].data.step"),
+        ({"step": 2**70, "path": "P"}, "events[1].data.step"),
+        ({"step": -1, "path": "P"}, "events[1].data.step"),
+        ({"step": 12.5, "path": "P"}, "events[1].data.step"),
+        ({"step": 3, "path": 7}, "events[1].data.path"),
+        ({"step": 3}, "events[1].data.path"),
+        ({"step": 3, "path": "P", "size_bytes": "big"}, "events[1].data.size_bytes"),
+        ({"step": 3, "path": "/etc/cron.d/evil"}, "events[1].data.path"),
+    ],
+)
+def test_a_malformed_checkpoint_event_is_a_400_naming_the_field(run, engine, data, field):
+    data = {k: (checkpoint_path(run, 3) if v == "P" else v) for k, v in data.items()}
+    before = RunEvent.objects.filter(run=run).count()
+    resp = post_events(engine, run, [{"kind": "log", "message": "ok"}, {"kind": "checkpoint", "data": data}])
+    assert resp.status_code == 400, resp.content
+    assert field in resp.json()["errors"], resp.json()
+    assert RunEvent.objects.filter(run=run).count() == before and not Checkpoint.objects.exists()
+
+
+def test_a_well_formed_checkpoint_event_is_recorded(run, engine):
+    data = {"step": 3, "path": checkpoint_path(run, 3), "size_bytes": 10, "extra": "kept"}
+    assert post_events(engine, run, [{"kind": "checkpoint", "data": data}]).status_code == 201
+    assert list(Checkpoint.objects.filter(run=run).values_list("step", "path")) == [(3, data["path"])]
+
+
+def test_engine_status_events_cannot_say_which_state_the_run_entered(run, engine):
+    forged = [{"kind": "status", "message": "done", "data": {"from": "running", "to": "succeeded"}}]
+    resp = post_events(engine, run, forged)
+    assert resp.status_code == 400
+    assert {"events[0].data.from", "events[0].data.to"} <= set(resp.json()["errors"])
+    assert not RunEvent.objects.filter(run=run, kind="status", data__to="succeeded").exists()
+    # What the engine really sends (informational) is accepted.
+    note = [{"kind": "status", "message": "pipeline running", "data": {"step": 0, "mode": "fully_async"}}]
+    assert post_events(engine, run, note).status_code == 201
+
+
+def test_deeply_nested_json_is_a_400_not_a_recursion_error(team, run, engine):
+    deep = '{"events": [{"kind": "log", "data": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}]}"
+    resp = engine.generic("POST", f"/api/runs/{run.pk}/events", deep, content_type="application/json")
+    assert resp.status_code == 400 and "nested deeper" in resp.json()["detail"]
+    cfg = demo_config()
+    cfg["reward"]["kwargs"] = json.loads("[" * 70 + "]" * 70)  # fine for json, too deep for the platform
+    body = {"project": team["project"].pk, "name": "deep", "config": cfg}
+    resp = client_for(team["member"]).post("/api/experiments", body, format="json")
+    assert resp.status_code == 400 and "nested deeper than 64" in resp.json()["detail"]
+
+
+def test_a_body_over_the_upload_limit_is_a_413(run, engine, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 50_000
+    big = [{"kind": "log", "message": "x" * 1000} for _ in range(100)]
+    resp = post_events(engine, run, big)
+    assert resp.status_code == 413 and "50000 bytes" in resp.json()["detail"]
+    assert not RunEvent.objects.filter(run=run, kind="log").exists()
+
+
+def test_csv_export_escapes_cells_a_spreadsheet_would_run_as_formulas(team, run):
+    keys = ['=HYPERLINK("http://evil")', "+1", "@SUM(A1)", "-2", "reward/mean"]
+    metrics_ingest(run_id=run.pk, points=[Point(k, 1, -0.5, 1.0) for k in keys])
+    text = b"".join(
+        client_for(team["viewer"]).get(f"/api/runs/{run.pk}/metrics/export/csv").streaming_content
+    )
+    rows = list(csv.reader(io.StringIO(text.decode())))[1:]
+    assert sorted(r[0] for r in rows) == sorted(["'" + k for k in keys[:4]] + ["reward/mean"])
+    assert {r[2] for r in rows} == {"-0.5"}  # numbers are ours, never escaped

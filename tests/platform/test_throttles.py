@@ -1,0 +1,98 @@
+"""Rate limits on login, token creation and ingestion: beyond the configured rate a 429 with Retry-After;
+counted per client (address and username, user, run's ingest token), so one client never throttles
+another. Rates are settings; the tests lower them."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from accounts.services import ingest_token_issue
+from accounts.throttles import IngestThrottle
+from experiments.services import run_create
+from tests.platform.conftest import client_for
+
+
+@pytest.fixture
+def rates(settings):
+    def set_rates(**rates: str) -> None:
+        current = dict(settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"])
+        settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**current, **rates}}
+
+    return set_rates
+
+
+def assert_throttled(resp) -> None:
+    assert resp.status_code == 429, resp.content[:300]
+    assert int(resp["Retry-After"]) >= 1
+
+
+def login(client: Client, username: str, password: str = "wrong", url: str = "/accounts/login/", **extra):
+    return client.post(url, {"username": username, "password": password}, **extra)
+
+
+def test_login_attempts_beyond_the_rate_are_429_with_retry_after(team, rates):
+    rates(login="3/minute", login_address="100/minute")
+    browser = Client()
+    assert [login(browser, "member").status_code for _ in range(3)] == [200, 200, 200]  # wrong password
+    refused = login(browser, "member", password="pw-for-tests")  # even the right one, now
+    assert_throttled(refused)
+    assert b"Too many login attempts" in refused.content
+    assert login(browser, "viewer", password="pw-for-tests").status_code == 302  # another account: fine
+    other_address = login(Client(), "member", password="pw-for-tests", REMOTE_ADDR="10.0.0.7")
+    assert other_address.status_code == 302
+
+
+def test_one_address_trying_many_usernames_is_throttled_too(team, rates):
+    rates(login="100/minute", login_address="3/minute")
+    browser = Client()
+    for name in ("a", "b", "c"):
+        assert login(browser, name).status_code == 200
+    assert_throttled(login(browser, "d"))
+
+
+def test_a_spoofed_forwarded_for_header_does_not_reset_the_count(team, rates):
+    rates(login="2/minute", login_address="100/minute")
+    browser = Client()
+    for i in range(2):
+        login(browser, "member", HTTP_X_FORWARDED_FOR=f"192.0.2.{i}")
+    assert_throttled(login(browser, "member", HTTP_X_FORWARDED_FOR="192.0.2.99"))
+
+
+def test_the_admin_login_is_throttled_too(team, rates):
+    rates(login="2/minute", login_address="100/minute")
+    browser = Client()
+    for _ in range(2):
+        assert login(browser, "member", url="/admin/login/").status_code == 200
+    assert_throttled(login(browser, "member", url="/admin/login/"))
+
+
+def test_token_creation_beyond_the_rate_is_429_per_user(team, rates):
+    rates(token_create="2/hour")
+    member = client_for(team["member"])
+    for i in range(2):
+        assert member.post("/api/tokens", {"name": f"t{i}"}, format="json").status_code == 201
+    assert_throttled(member.post("/api/tokens", {"name": "t3"}, format="json"))
+    assert member.get("/api/tokens").status_code == 200  # listing is not creating
+    assert client_for(team["owner"]).post("/api/tokens", {"name": "o"}, format="json").status_code == 201
+
+
+def test_ingestion_beyond_the_rate_is_429_per_run_token(team, experiment, rates):
+    rates(ingest="3/minute")
+    runs = [run_create(experiment=experiment, user=None) for _ in range(2)]
+    engines = [client_for(token=ingest_token_issue(run=r).secret) for r in runs]
+    point = {"points": [{"key": "k", "step": 1, "value": 1.0, "wall_time": 0.0}]}
+    first = f"/api/runs/{runs[0].pk}"
+    assert engines[0].post(f"{first}/metrics", point, format="json").status_code == 200
+    assert engines[0].post(f"{first}/events", {"events": []}, format="json").status_code == 201
+    assert engines[0].post(f"{first}/heartbeat").status_code == 200
+    assert_throttled(engines[0].post(f"{first}/metrics", point, format="json"))
+    assert engines[1].post(f"/api/runs/{runs[1].pk}/metrics", point, format="json").status_code == 200
+    assert client_for(team["viewer"]).get(f"{first}/metrics").status_code == 200  # reads are not ingestion
+
+
+def test_the_default_ingest_rate_leaves_ample_room_for_a_real_engine():
+    """An engine posts a batch about every 100 ms (metrics, events, samples, heartbeat: ~10-20 requests a
+    second) and drains its spool back-to-back after an outage; the default must never throttle that."""
+    throttle = IngestThrottle()
+    assert throttle.num_requests / throttle.duration >= 200
