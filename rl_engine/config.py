@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -80,21 +80,64 @@ class HFRolloutConfig(_RolloutBase):
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the rollout process.")
 
 
-class VLLMRolloutConfig(_RolloutBase):
+LOGPROB_CONVENTION = (
+    "behaviour log-probs are log softmax(logits / temperature)[token] over the whole vocabulary, "
+    "before any top-p/top-k cut: the distribution the trainer recomputes"
+)
+
+
+class _EngineRolloutBase(_RolloutBase):
+    """GPU engines (vLLM, SGLang): bounds on every wait on the engine, weight bucket size."""
+
+    request_timeout_s: float = Field(
+        3600.0, gt=0.0, description="Longest one generate/resume call may take before the run fails."
+    )
+    control_timeout_s: float = Field(
+        300.0, gt=0.0, description="Longest an abort, resume or one weight-bucket load may take."
+    )
+    startup_timeout_s: float = Field(1800.0, gt=0.0, description="Longest the engine may take to start.")
+    weight_bucket_mb: float = Field(
+        512.0, gt=0.0, description="Weight update bucket size (MiB) when named tensors are given."
+    )
+
+
+class VLLMRolloutConfig(_EngineRolloutBase):
     backend: Literal["vllm"] = "vllm"
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     max_num_seqs: int = Field(256, ge=1)
-    weight_transfer: Literal["nccl", "ipc"] = "nccl"
+    weight_transfer: Literal["nccl"] = Field(
+        "nccl", description="vLLM weight-transfer backend the engine is built with (NCCL broadcast)."
+    )
+
+    @field_validator("weight_transfer", mode="before")
+    @classmethod
+    def _refuse_ipc(cls, value: Any) -> Any:
+        if value == "ipc":
+            raise ValueError(
+                "'ipc' is not supported: the pipeline sends no CUDA IPC handles; use 'nccl' "
+                "(pipeline.sync_backend nccl) or the object store (weights by collective_rpc)"
+            )
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _exact_logprobs(cls, top_p: float) -> float:
+        if top_p < 1.0:
+            raise ValueError(
+                f"{top_p} is refused with backend vllm: vLLM's log-probs are renormalised over the nucleus, "
+                f"but {LOGPROB_CONVENTION}; set top_p: 1, or use backend sglang or hf, whose log-probs "
+                "follow the convention with any top_p"
+            )
+        return top_p
 
 
-class SGLangRolloutConfig(_RolloutBase):
+class SGLangRolloutConfig(_EngineRolloutBase):
     backend: Literal["sglang"] = "sglang"
     tp_size: int = Field(1, ge=1)
     mem_fraction_static: float = Field(0.5, gt=0.0, le=1.0)
-    weight_transfer: Literal["distributed", "tensor"] = "distributed"
 
 
 RolloutConfig = Annotated[
@@ -106,7 +149,9 @@ RolloutConfig = Annotated[
 
 
 class TrainerConfig(_Strict):
-    total_steps: int = Field(100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run.")
+    total_steps: int = Field(
+        100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run."
+    )
     batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
     mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
     micro_batch_size: int | None = Field(
@@ -122,7 +167,9 @@ class TrainerConfig(_Strict):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of the decayed LR, as a ratio of lr.")
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the trainer process.")
     checkpoint_dir: str | None = Field(None, description="Where checkpoints go; None disables them.")
-    checkpoint_every: int = Field(0, ge=0, description="Trainer steps between checkpoints; 0: only at the end.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Trainer steps between checkpoints; 0: only at the end."
+    )
     keep_checkpoints: int = Field(2, ge=1)
     resume_from: str | None = Field(None, description="A checkpoint directory to resume from.")
 
@@ -169,20 +216,26 @@ class AlgorithmConfig(_Strict):
 class PipelineConfig(_Strict):
     mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
     staleness_threshold: int = Field(
-        1, ge=0, description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md."
+        1,
+        ge=0,
+        description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md.",
     )
     trigger_parameter_sync_step: int = Field(1, ge=1, description="Trainer steps between weight syncs.")
     require_batches: int = Field(1, ge=1, description="Mini-batches the trainer gathers before a step.")
     partial_rollout: bool = True
     num_rollouters: int = Field(1, ge=1, le=64)
     queue_max_size: int = Field(0, ge=0, description="Queue bound in samples; 0: derived from the staleness.")
-    watchdog_timeout_s: float = Field(300.0, gt=0.0, description="Report a stage with no progress for this long.")
+    watchdog_timeout_s: float = Field(
+        300.0, gt=0.0, description="Report a stage with no progress for this long."
+    )
     ray_address: str | None = Field(None, description="Ray cluster to join; None: start a local one.")
     prompts_per_call: int = Field(
         0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
     )
     rollout_concurrency: int = Field(
-        1, ge=1, le=256,
+        1,
+        ge=1,
+        le=256,
         description="Concurrent generate calls per rollouter (engines with continuous batching); hf: 1.",
     )
     sync_backend: Literal["object_store", "nccl"] = Field(
@@ -350,7 +403,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError([(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")])
+                raise ConfigError(
+                    [(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")]
+                )
             node = child
         node[path[-1]] = value
     return out
