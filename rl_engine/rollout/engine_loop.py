@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
@@ -68,14 +69,28 @@ class EngineLoop:
             raise EngineTimeout(
                 f"{self.name}: {what} did not finish within {timeout:g} s (engine unresponsive?)"
             ) from None
+        except EngineError:
+            raise
+        except Exception as exc:  # one line naming the engine call; the cause stays chained
+            raise EngineError(f"{self.name}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
     def call(self, coro: Coroutine[Any, Any, T], *, timeout: float, what: str) -> T:
         """Run ``coro`` on the loop and wait for it, bounded by ``timeout`` seconds."""
         return self.wait(self.submit(coro), timeout=timeout, what=what)
 
     def close(self, timeout: float = 10.0) -> None:
+        """Cancel what still runs on the loop (bounded), then stop it."""
         if self.loop.is_closed():
             return
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(EngineError):
+            self.call(cancel_all(), timeout=timeout, what="cancelling pending calls at close")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
         if not self._thread.is_alive():
