@@ -15,6 +15,7 @@ Metadata (:class:`BucketMeta`) travels on the control plane (an actor call), dat
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -80,11 +81,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def bucket_bytes(bucket: BucketLike) -> torch.Tensor:
     """The wire bytes of ``bucket`` as a 1-D ``uint8`` view of its flat buffer (checked against the metadata)."""
-    flat = (
-        bucket.flat
-        if isinstance(bucket.flat, torch.Tensor)
-        else torch.from_numpy(np.ascontiguousarray(bucket.flat))
-    )
+    flat = bucket.flat if isinstance(bucket.flat, torch.Tensor) else _from_numpy(bucket.flat)
     raw = flat.contiguous().reshape(-1).view(torch.uint8)
     want = BucketMeta.of(bucket).nbytes
     if raw.numel() != want:
@@ -113,7 +110,7 @@ def buckets_from_named(
     batch: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, value in items:
-        t = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
+        t = value if isinstance(value, torch.Tensor) else _from_numpy(value)
         t = t.detach().to(dtype) if dtype is not None else t.detach()
         nbytes = t.numel() * t.element_size()
         if batch and (size + nbytes > limit or t.dtype != batch[0][1].dtype):
@@ -123,6 +120,13 @@ def buckets_from_named(
         size += nbytes
     if batch:
         yield _pack(batch)
+
+
+def _from_numpy(value: Any) -> torch.Tensor:
+    with warnings.catch_warnings():
+        # Arrays from the Ray object store are read-only views; they are only read here.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(value))
 
 
 def _pack(batch: list[tuple[str, torch.Tensor]]) -> WeightBucket:
