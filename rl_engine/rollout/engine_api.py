@@ -33,7 +33,7 @@ def _model() -> ModelConfig:
 def vllm_api() -> list[ApiUse]:
     from rl_engine.rollout.vllm import engine_kwargs, sampling_kwargs
 
-    engine = tuple(engine_kwargs(VLLMRolloutConfig(), _model(), "/m", 0)) + ("weight_transfer_config",)
+    engine = (*engine_kwargs(VLLMRolloutConfig(), _model(), "/m", 0), "weight_transfer_config")
     llm = "vllm.v1.engine.async_llm:AsyncLLM."
     return [
         ApiUse("vllm:AsyncEngineArgs", keywords=engine, kind="class"),
