@@ -114,3 +114,16 @@ def test_normalise_finish():
     assert normalise_finish("length", 2, EOS) == "stop"  # ended on eos: a real stop
     assert normalise_finish("length", 5, EOS) == "length"
     assert normalise_finish(None, None, EOS) == "abort"
+
+
+def test_gpu_backend_check_skips_cleanly_without_an_engine(capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_backends.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_backends", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([]) == 0
+    assert "neither vllm nor sglang" in json.loads(capsys.readouterr().out)["skipped"]
