@@ -80,6 +80,7 @@ def vllm_api() -> list[ApiUse]:
             keywords=("names", "dtype_names", "shapes"),
             kind="class",
         ),
+        ApiUse("vllm.v1.worker.gpu_worker:Worker.get_model", method=True),  # the extension's host
         ApiUse(
             "vllm.model_executor.models.qwen2:Qwen2ForCausalLM.load_weights",
             keywords=("weights",),

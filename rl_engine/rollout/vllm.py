@@ -108,11 +108,11 @@ class VLLMWorkerExtension:
     ) -> int:
         import torch
 
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        device = next(model.parameters()).device
-        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-        named = unpack(flat, BucketMeta(list(names), list(dtypes), [list(s) for s in shapes]))
-        model.load_weights(weights=named)
+        # The worker's device, not a parameter's: inside a weight-update session vLLM's layerwise
+        # reload keeps parameters on the meta device until their layer is complete.
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)  # type: ignore[attr-defined]
+        named = unpack(raw, BucketMeta(list(names), list(dtypes), [list(s) for s in shapes]))
+        self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
         return len(named)
 
 

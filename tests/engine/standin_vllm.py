@@ -106,7 +106,11 @@ class _GpuWorker:
     """The vLLM GPU worker process; the configured ``worker_extension_cls`` is mixed in."""
 
     def __init__(self, model: StandInModel) -> None:
-        self.model_runner = types.SimpleNamespace(model=model)
+        self.device = torch.device("cpu")
+        self._model = model
+
+    def get_model(self) -> StandInModel:
+        return self._model
 
 
 class AsyncLLM:
