@@ -227,10 +227,18 @@ class SGLangRolloutWorker(RolloutWorker):
         self._session(buckets, request, version)
 
     def init_weight_transfer(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, backend: str = "nccl"
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        max_bucket_bytes: int = 0,
+        backend: str = "nccl",
     ) -> None:
-        """Join the trainer's group (rank 0 = trainer, concurrently); set NCCL_CUMEM_ENABLE=0 and
-        NCCL_NVLS_ENABLE=0 on the trainer side as SGLang does on its own."""
+        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently); each bucket
+        arrives as one broadcast whatever its size (``max_bucket_bytes`` is vLLM's concern). Set
+        NCCL_CUMEM_ENABLE=0 and NCCL_NVLS_ENABLE=0 on the trainer side, as SGLang does on its own."""
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         obj = InitWeightsUpdateGroupReqInput(

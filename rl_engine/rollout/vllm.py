@@ -233,12 +233,32 @@ class VLLMRolloutWorker(RolloutWorker):
 
         self._session(buckets, load, version)
 
-    def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
-        """Join the trainer's NCCL group: ``master_address``, ``master_port``, ``rank_offset``,
-        ``world_size``, and ``packed_buffer_size_bytes`` >= the largest bucket (one broadcast each)."""
+    def init_weight_transfer(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        max_bucket_bytes: int,
+        backend: str = "nccl",
+    ) -> None:
+        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently). Packed mode
+        with a buffer of ``max_bucket_bytes``: every bucket then arrives as exactly one broadcast."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        info = {"packed": True, **init_info}
+        if backend != self.cfg.weight_transfer:
+            raise EngineError(
+                f"vllm: the engine was built for {self.cfg.weight_transfer!r} transfer, not {backend!r}"
+            )
+        info = {
+            "master_address": master_address,
+            "master_port": int(master_port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+            "packed": True,
+            "packed_buffer_size_bytes": int(max_bucket_bytes),
+        }
         self._control(
             "init_weight_transfer_engine",
             self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),

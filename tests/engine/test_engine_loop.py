@@ -56,7 +56,7 @@ def test_engine_failures_become_one_line_engine_errors(loop):
     async def boom() -> None:
         raise KeyError("layer.w")
 
-    with pytest.raises(EngineError, match="test: load failed: KeyError: 'layer.w'"):
+    with pytest.raises(EngineError, match=r"test: load failed: KeyError: 'layer\.w'"):
         loop.call(boom(), timeout=5, what="load")
 
 

@@ -19,6 +19,7 @@ import torch
 from rl_engine.data import PromptStream
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError, EngineTimeout
+from rl_engine.rollout.weight_buckets import BucketMeta
 from tests.engine import standin_sglang, standin_vllm
 
 pytestmark = pytest.mark.timeout(60)  # a deadlock fails here instead of hanging the suite
@@ -207,3 +208,26 @@ def test_sglang_refuses_unscaled_logprobs(monkeypatch, make_cfg):
     monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
     with pytest.raises(EngineError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         _worker(make_cfg, "sglang")
+
+
+def test_vllm_broadcast_path_sends_request_objects_and_keeps_the_version_on_failure(monkeypatch, make_cfg):
+    standin_vllm.install(monkeypatch)
+    _, worker = _worker(make_cfg, "vllm")
+    try:
+        meta = BucketMeta(["l0.w"], ["bfloat16"], [[4, 4]])
+        with pytest.raises(EngineError, match="before init_weight_transfer"):
+            worker.receive_weights([meta], 2)
+        worker.init_weight_transfer("10.0.0.1", 29500, 1, 2, max_bucket_bytes=1 << 20)
+        assert worker.engine.transfer_init == {
+            "master_address": "10.0.0.1",
+            "master_port": 29500,
+            "rank_offset": 1,
+            "world_size": 2,
+            "packed": True,
+            "packed_buffer_size_bytes": 1 << 20,
+        }
+        with pytest.raises(EngineError, match="no NCCL group"):  # the stand-in cannot receive
+            worker.receive_weights([meta], 2)
+        assert worker.version == 0 and not worker.engine.paused  # resumed after the failed session
+    finally:
+        worker.close()

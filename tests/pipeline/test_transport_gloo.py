@@ -89,7 +89,7 @@ def test_sglang_worker_receives_a_broadcast_as_one_checked_session(model_dir, mo
         metas = [BucketMeta.of(b) for b in buckets_from_named(named, bucket_mb)]
         port = _free_port()
         proc = _start_sender(port, named, bucket_mb)
-        worker.init_weight_transfer("127.0.0.1", port, rank_offset=1, world_size=2, backend="gloo")
+        worker.init_weight_transfer("127.0.0.1", port, 1, 2, backend="gloo")
         worker.receive_weights(metas, version=5)
         proc.join(30)
         assert proc.exitcode == 0 and worker.version == 5
