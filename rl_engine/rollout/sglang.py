@@ -222,7 +222,13 @@ class SGLangRolloutWorker(RolloutWorker):
                 flush_cache=False,
                 weight_version=str(int(version)) if last else None,
             )
-            return self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
+
+            async def call(keep: Any = raw) -> Any:
+                # ``keep`` holds the shared memory until the schedulers have loaded it: a CUDA IPC
+                # handle to a freed block would read whatever the allocator put there next.
+                return await self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
+
+            return call()
 
         self._session(buckets, request, version)
 
