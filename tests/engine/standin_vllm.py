@@ -1,15 +1,9 @@
 """ASYNCIO STAND-IN for vLLM 0.33.0 ``AsyncLLM`` — NOT the engine (see standin_sglang.py for SGLang).
 
-The engines need CUDA and cannot run here. These stand-ins are installed as fake ``vllm`` / ``sglang``
-modules (``install(monkeypatch)``) so the real worker classes run unchanged against them. They
-reproduce the behaviour the workers must survive, as read from the released source (docs/engine.md):
+vLLM needs CUDA and cannot run here. This stand-in is installed as a fake ``vllm`` package
+(``install(monkeypatch)``) so the real worker class runs unchanged against it. It reproduces the
+behaviour the worker must survive, as read from the released source (docs/engine.md):
 
-* SGLang loop ownership: ``Engine`` adopts the event loop current at construction; its synchronous
-  methods run ``loop.run_until_complete`` (the loop runs only during such a call); the tokenizer
-  manager's ``pause_generation(mode="abort")`` holds its pause condition, aborts every request in the
-  scheduler and polls ``pause_poll_s`` until no request holds the model-update lock; a request
-  arriving while paused waits at the pause gate until ``continue_generation``; weight updates load
-  only inside ``begin_weight_update`` / ``end_weight_update`` and answer ``(success, message)``.
 * vLLM: ``pause_generation(mode="abort")`` aborts in-flight requests (they finish with
   ``finish_reason="abort"`` and their tokens so far) and makes later requests fail with
   ``RetryableRequestError`` until ``resume_generation``; ``on_request`` lets a test deliver an
