@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test install lint fmt migrate clean-var bench
+.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,3 +35,12 @@ fmt: $(STAMP)
 
 bench: install
 	$(PY) benchmarks/run_all.py
+
+# API contract of the GPU rollout backends against the installed engine (CPU is enough; not part of
+# `make test`). Each engine lives in its own environment: make check-vllm VENV=/path/to/vllm-venv
+check-vllm check-sglang: check-%:
+	@$(VENV)/bin/python -c "import $*" 2>/dev/null || { echo "check-$*: $* is not importable from $(VENV)/bin/python." \
+	  "Create its environment: python3 -m venv DIR && DIR/bin/pip install -r requirements-gpu-$*.txt," \
+	  "then: make check-$* VENV=DIR"; exit 1; }
+	@$(VENV)/bin/python -m pytest --version >/dev/null 2>&1 || $(VENV)/bin/python -m pip install --quiet pytest
+	$(VENV)/bin/python -m pytest tests/contracts/test_engine_api.py -k $* -p no:cacheprovider -q -W ignore

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -80,21 +80,64 @@ class HFRolloutConfig(_RolloutBase):
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the rollout process.")
 
 
-class VLLMRolloutConfig(_RolloutBase):
+LOGPROB_CONVENTION = (
+    "behaviour log-probs are log softmax(logits / temperature)[token] over the whole vocabulary, "
+    "before any top-p/top-k cut: the distribution the trainer recomputes"
+)
+
+
+class _EngineRolloutBase(_RolloutBase):
+    """GPU engines (vLLM, SGLang): bounds on every wait on the engine, weight bucket size."""
+
+    request_timeout_s: float = Field(
+        3600.0, gt=0.0, description="Longest one generate/resume call may take before the run fails."
+    )
+    control_timeout_s: float = Field(
+        300.0, gt=0.0, description="Longest an abort, resume or one weight-bucket load may take."
+    )
+    startup_timeout_s: float = Field(1800.0, gt=0.0, description="Longest the engine may take to start.")
+    weight_bucket_mb: float = Field(
+        512.0, gt=0.0, description="Weight update bucket size (MiB) when named tensors are given."
+    )
+
+
+class VLLMRolloutConfig(_EngineRolloutBase):
     backend: Literal["vllm"] = "vllm"
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     max_num_seqs: int = Field(256, ge=1)
-    weight_transfer: Literal["nccl", "ipc"] = "nccl"
+    weight_transfer: Literal["nccl"] = Field(
+        "nccl", description="vLLM weight-transfer backend the engine is built with (NCCL broadcast)."
+    )
+
+    @field_validator("weight_transfer", mode="before")
+    @classmethod
+    def _refuse_ipc(cls, value: Any) -> Any:
+        if value == "ipc":
+            raise ValueError(
+                "'ipc' is not supported: the pipeline sends no CUDA IPC handles; use 'nccl' "
+                "(pipeline.sync_backend nccl) or the object store (weights by collective_rpc)"
+            )
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _exact_logprobs(cls, top_p: float) -> float:
+        if top_p < 1.0:
+            raise ValueError(
+                f"{top_p} is refused with backend vllm: vLLM's log-probs are renormalised over the nucleus, "
+                f"but {LOGPROB_CONVENTION}; set top_p: 1, or use backend sglang or hf, whose log-probs "
+                "follow the convention with any top_p"
+            )
+        return top_p
 
 
-class SGLangRolloutConfig(_RolloutBase):
+class SGLangRolloutConfig(_EngineRolloutBase):
     backend: Literal["sglang"] = "sglang"
     tp_size: int = Field(1, ge=1)
     mem_fraction_static: float = Field(0.5, gt=0.0, le=1.0)
-    weight_transfer: Literal["distributed", "tensor"] = "distributed"
 
 
 RolloutConfig = Annotated[

@@ -1,26 +1,44 @@
-"""SGLang rollout worker (GPU only; written against SGLang 0.5.23 as documented in GPU_BACKENDS.md).
+"""SGLang rollout worker (GPU only), written against the released SGLang 0.5.23 API (docs/engine.md).
 
-sglang is imported lazily; the pure helpers (sampling params, output conversion) are unit-tested on
-CPU. SGLang returns log-probs after temperature by default, which is the engine-wide convention, so
-nothing needs reconfiguring (never set SGLANG_RETURN_ORIGINAL_LOGPROB).
+sglang is imported lazily; the pure helpers are unit-tested on CPU. ``sglang.Engine`` runs its event
+loop only inside its synchronous methods, so the worker never calls them: the engine is created
+inside a coroutine on the worker's own :class:`~rl_engine.rollout.engine_loop.EngineLoop` thread
+(it adopts the running loop) and only coroutines are submitted to it — ``async_generate`` and the
+tokenizer manager's pause / continue / weight-update coroutines. Every wait is bounded.
 
-Partial rollout: ``interrupt()`` pauses generation in abort mode through the engine's tokenizer
-manager (pause/abort are not ``Engine`` methods in this release); aborted requests come back with their
-partial ``output_ids`` and log-probs and finish type ``abort``. Weights: ``update_weights_from_tensor``
-for named tensors (CUDA IPC), or the NCCL group path (``init_weight_transfer`` / ``receive_weights``).
+* Interrupt: :class:`~rl_engine.rollout.engine_loop.InterruptGate` over the tokenizer manager's
+  ``pause_generation(mode="abort")`` / ``continue_generation``; aborted requests come back with their
+  partial ``output_ids`` and log-probs (finish type ``abort``). No request enters the engine once the
+  interrupt flag is set, so none waits at the engine's pause gate.
+* Log-probs: SGLang returns log-softmax(logits / temperature) before any top-p/top-k cut — the
+  engine-wide convention, so top_p < 1 is exact. ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (no temperature)
+  is refused; ``sampling_defaults="openai"`` keeps generation_config.json from adding sampling knobs,
+  and penalties/min_p/top_k are pinned neutral per request.
+* Weights: one session per update — ``begin_weight_update``, one call per bucket
+  (``update_weights_from_tensor`` for the object-store path, ``update_weights_from_distributed`` with
+  ``load_format="flattened_bucket"`` for a broadcast), ``end_weight_update``, then one cache flush.
+  Every ``(success, message)`` is checked; the version moves only when all succeeded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rl_engine.config import ModelConfig, SGLangRolloutConfig
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, normalise_finish, sample_template
+from rl_engine.rollout.engine_loop import EngineError, EngineLoop, InterruptGate, with_last
+from rl_engine.rollout.weight_buckets import BucketLike, BucketMeta, bucket_bytes, buckets_from_named, unpack
 from rl_engine.types import FinishReason, Prompt, Sample
+
+Result = tuple[list[int], list[float], FinishReason]
+WEIGHT_GROUP = "rl_engine_weights"
 
 
 def sampling_params(cfg: SGLangRolloutConfig, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
@@ -30,12 +48,33 @@ def sampling_params(cfg: SGLangRolloutConfig, max_new_tokens: int, eos_ids: list
         "max_new_tokens": max_new_tokens,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "stop_token_ids": list(eos_ids),
     }
 
 
-def convert_output(out: dict[str, Any], eos_ids: list[int]) -> tuple[list[int], list[float], FinishReason]:
-    """One ``Engine.generate`` result -> (token ids, sampled-token log-probs, finish reason).
+def engine_kwargs(cfg: SGLangRolloutConfig, model_cfg: ModelConfig, path: str, seed: int) -> dict[str, Any]:
+    """``sglang.Engine`` keywords; ``model.override_config`` reaches it as ``json_model_override_args``."""
+    return {
+        "model_path": path,
+        "tokenizer_path": str(model_cfg.tokenizer_path or path),
+        "tp_size": cfg.tp_size,
+        "dtype": model_cfg.dtype,
+        "mem_fraction_static": cfg.mem_fraction_static,
+        "random_seed": seed,
+        "skip_tokenizer_init": True,  # token ids in and out: the worker owns the tokenizer
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "json_model_override_args": json.dumps(model_cfg.override_config),
+        "sampling_defaults": "openai",
+    }
+
+
+def convert_output(out: dict[str, Any], eos_ids: list[int]) -> Result:
+    """One ``async_generate`` result -> (token ids, sampled-token log-probs, finish reason).
 
     ``meta_info["output_token_logprobs"]`` holds ``(logprob, token_id, text)`` per generated token.
     """
@@ -52,58 +91,93 @@ def convert_output(out: dict[str, Any], eos_ids: list[int]) -> tuple[list[int], 
     return ids, lps, normalise_finish(reason, ids[-1] if ids else None, eos_ids)
 
 
+def check_result(what: str, result: Any) -> None:
+    """Raise unless an engine answer ``(success, message[, ...])`` / ``.success`` says success."""
+    ok, message = (
+        (result.success, getattr(result, "message", "")) if hasattr(result, "success") else result[:2]
+    )
+    if not ok:
+        raise EngineError(f"sglang: {what} failed: {message}")
+
+
 class SGLangRolloutWorker(RolloutWorker):
-    """Rollout on ``sglang.Engine``; see the module docstring."""
+    """Rollout on ``sglang.Engine`` driven through its coroutines; see the module docstring."""
+
+    supports_concurrent_calls = True  # the tokenizer manager batches concurrent requests continuously
 
     def __init__(self, rollout_cfg: SGLangRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
         super().__init__()
-        import sglang
-
         from rl_engine.models import ensure_model, load_tokenizer, special_token_ids
 
+        if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
+            raise EngineError(
+                "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would return log-probs without the "
+                "temperature, which the trainer does not recompute; unset it"
+            )
         self.cfg = rollout_cfg
         path = ensure_model(model_cfg)
         self.tokenizer = load_tokenizer(model_cfg)
         self.special = special_token_ids(model_cfg, self.tokenizer)
-        self.engine = sglang.Engine(
-            model_path=str(path),
-            tp_size=rollout_cfg.tp_size,
-            dtype=model_cfg.dtype,
-            mem_fraction_static=rollout_cfg.mem_fraction_static,
-            random_seed=seed,
-            skip_tokenizer_init=True,  # token ids in, token ids out: the worker owns the tokenizer
-            trust_remote_code=model_cfg.trust_remote_code,
+        self._rids = itertools.count()
+        self._loop = EngineLoop("sglang")
+        kwargs = engine_kwargs(rollout_cfg, model_cfg, str(path), seed)
+        self.engine = self._loop.call(
+            self._build(kwargs), timeout=rollout_cfg.startup_timeout_s, what="engine start"
         )
+        self._gate = InterruptGate(
+            self._loop,
+            pause=self._pause,
+            resume=self._continue,
+            flag=self._interrupt,
+            timeout_s=rollout_cfg.control_timeout_s,
+        )
+        self._group_ready = False
+
+    async def _build(self, kwargs: dict[str, Any]) -> Any:
+        import sglang
+
+        return sglang.Engine(**kwargs)  # inside a coroutine: the engine adopts the running loop
+
+    async def _pause(self) -> None:
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        await self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="abort"))
+
+    async def _continue(self) -> None:
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        await self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput())
+
+    def _control(self, what: str, coro: Any) -> Any:
+        return self._loop.call(coro, timeout=self.cfg.control_timeout_s, what=what)
+
+    # --- generation -----------------------------------------------------------------------------------
+    async def _one(self, token_ids: list[int], budget: int) -> Result:
+        if self.interrupted:  # checked on the loop thread right before the engine: see engine_loop
+            return [], [], "abort"
+        out = await self.engine.async_generate(
+            input_ids=token_ids,
+            sampling_params=sampling_params(self.cfg, budget, self.special.eos_ids),
+            return_logprob=True,
+            rid=f"rl{next(self._rids)}",
+        )
+        return convert_output(out, self.special.eos_ids)
+
+    async def _many(self, jobs: list[tuple[list[int], int]]) -> list[Result]:
+        return list(await asyncio.gather(*(self._one(ids, budget) for ids, budget in jobs)))
 
     def _run(self, samples: list[Sample]) -> list[Sample]:
         if not samples:
             return []
-        if self.interrupted:
-            return [
-                extend_sample(
-                    s, [], [], "abort", version=self.version, elapsed_s=0.0, tokenizer=self.tokenizer
-                )
-                for s in samples
-            ]
-        t0 = time.perf_counter()
-        outs = self.engine.generate(
-            input_ids=[s.prompt_ids + s.response_ids for s in samples],
-            sampling_params=[
-                sampling_params(self.cfg, self.cfg.max_new_tokens - len(s.response_ids), self.special.eos_ids)
-                for s in samples
-            ],
-            return_logprob=True,
-        )
+        t0, version = time.perf_counter(), self.version
+        jobs = [
+            (s.prompt_ids + s.response_ids, self.cfg.max_new_tokens - len(s.response_ids)) for s in samples
+        ]
+        results = self._loop.call(self._many(jobs), timeout=self.cfg.request_timeout_s, what="generate")
         dt = time.perf_counter() - t0
         return [
-            extend_sample(
-                s,
-                *convert_output(o, self.special.eos_ids),
-                version=self.version,
-                elapsed_s=dt,
-                tokenizer=self.tokenizer,
-            )
-            for s, o in zip(samples, outs, strict=True)
+            extend_sample(s, ids, lps, fin, version=version, elapsed_s=dt, tokenizer=self.tokenizer)
+            for s, (ids, lps, fin) in zip(samples, results, strict=True)
         ]
 
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
@@ -116,34 +190,47 @@ class SGLangRolloutWorker(RolloutWorker):
             out[i] = s
         return out
 
-    def _on_engine_loop(self, coro: Any) -> Any:
-        # The tokenizer manager lives on the engine's event loop. While generate() blocks in it (the
-        # interrupt case, called from another thread) submit thread-safely; when idle, run it here.
-        loop = self.engine.loop
-        if loop.is_running():
-            return asyncio.run_coroutine_threadsafe(coro, loop).result()
-        return loop.run_until_complete(coro)
-
+    # --- partial rollout --------------------------------------------------------------------------------
     def interrupt(self) -> None:
-        from sglang.srt.managers.io_struct import PauseGenerationReqInput
-
-        super().interrupt()
-        self._on_engine_loop(
-            self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="abort"))
-        )
+        """Never blocks: submits the abort-mode pause and returns (see engine_loop)."""
+        self._gate.interrupt()
 
     def clear_interrupt(self) -> None:
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+        self._gate.clear()
 
-        super().clear_interrupt()
-        self._on_engine_loop(self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput()))
-
+    # --- weights -----------------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        import torch
+        """Contract entry point (named tensors): bucketed and loaded through the object-store path."""
+        self.update_weights_from_buckets(
+            buckets_from_named(named_tensors, self.cfg.weight_bucket_mb), version
+        )
 
-        tensors = [(k, torch.as_tensor(v).cuda()) for k, v in named_tensors.items()]
-        self.engine.update_weights_from_tensor(named_tensors=tensors, flush_cache=True)
-        self._version = int(version)
+    def update_weights_from_buckets(self, buckets: Iterable[BucketLike], version: int) -> None:
+        """Object-store path: ``update_weights_from_tensor`` per bucket (tensors shared with the
+        scheduler processes by torch multiprocessing, one payload per TP rank)."""
+        import torch
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+        def request(bucket: BucketLike, last: bool) -> Any:
+            raw = bucket_bytes(bucket)
+            if torch.cuda.is_available():  # colocated: the schedulers map it by CUDA IPC, no host copy
+                raw = raw.cuda()
+            named = unpack(raw, BucketMeta.of(bucket))
+            payload = self.engine._serialize_tensors_per_rank(named, None)
+            obj = UpdateWeightsFromTensorReqInput(
+                serialized_named_tensors=payload,
+                flush_cache=False,
+                weight_version=str(int(version)) if last else None,
+            )
+
+            async def call(keep: Any = raw) -> Any:
+                # ``keep`` holds the shared memory until the schedulers have loaded it: a CUDA IPC
+                # handle to a freed block would read whatever the allocator put there next.
+                return await self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
+
+            return call()
+
+        self._session(buckets, request, version)
 
     def init_weight_transfer(
         self,
@@ -151,30 +238,74 @@ class SGLangRolloutWorker(RolloutWorker):
         master_port: int,
         rank_offset: int,
         world_size: int,
-        group_name: str = "rl_engine_weights",
+        *,
+        max_bucket_bytes: int = 0,
+        backend: str = "nccl",
     ) -> None:
-        self.engine.init_weights_update_group(
-            master_address=master_address,
-            master_port=master_port,
-            rank_offset=rank_offset,
-            world_size=world_size,
-            group_name=group_name,
-            backend="nccl",
-        )
+        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently); each bucket
+        arrives as one broadcast whatever its size (``max_bucket_bytes`` is vLLM's concern). Set
+        NCCL_CUMEM_ENABLE=0 and NCCL_NVLS_ENABLE=0 on the trainer side, as SGLang does on its own."""
+        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
-    def receive_weights(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        version: int,
-        group_name: str = "rl_engine_weights",
-    ) -> None:
-        """Receive one broadcast from the trainer (set NCCL_CUMEM_ENABLE=0, NCCL_NVLS_ENABLE=0)."""
-        self.engine.update_weights_from_distributed(
-            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True
+        obj = InitWeightsUpdateGroupReqInput(
+            master_address=master_address,
+            master_port=int(master_port),
+            rank_offset=int(rank_offset),
+            world_size=int(world_size),
+            group_name=WEIGHT_GROUP,
+            backend=backend,
         )
+        check_result(
+            "init_weights_update_group",
+            self._control(
+                "init_weights_update_group",
+                self.engine.tokenizer_manager.init_weights_update_group(obj, None),
+            ),
+        )
+        self._group_ready = True
+
+    def receive_weights(self, metas: Iterable[BucketMeta], version: int) -> None:
+        """Broadcast path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
+        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+
+        if not self._group_ready:
+            raise EngineError("sglang: receive_weights before init_weight_transfer")
+
+        def request(meta: BucketMeta, last: bool) -> Any:
+            obj = UpdateWeightsFromDistributedReqInput(
+                names=list(meta.names),
+                dtypes=list(meta.dtypes),
+                shapes=[list(s) for s in meta.shapes],
+                group_name=WEIGHT_GROUP,
+                flush_cache=False,
+                load_format="flattened_bucket",
+                weight_version=str(int(version)) if last else None,
+            )
+            return self.engine.tokenizer_manager.update_weights_from_distributed(obj, None)
+
+        self._session(metas, request, version)
+
+    def _session(self, items: Iterable[Any], request: Any, version: int) -> None:
+        """begin → one checked call per bucket → end → flush the cache; the version moves last."""
+        from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput, EndWeightUpdateReqInput
+
+        tm = self.engine.tokenizer_manager
+        self._gate.wait_paused()
+        check_result(
+            "begin_weight_update",
+            self._control("begin_weight_update", tm.begin_weight_update(BeginWeightUpdateReqInput(), None)),
+        )
+        try:
+            for item, last in with_last(items):
+                check_result("weight bucket load", self._control("weight bucket load", request(item, last)))
+        finally:
+            ended = self._control("end_weight_update", tm.end_weight_update(EndWeightUpdateReqInput(), None))
+        check_result("end_weight_update", ended)
+        check_result("flush_cache", self._control("flush_cache", tm.flush_cache()))
         self._version = int(version)
 
     def close(self) -> None:
-        self.engine.shutdown()
+        try:
+            self.engine.shutdown()
+        finally:
+            self._loop.close()

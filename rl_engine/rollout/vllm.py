@@ -1,41 +1,53 @@
-"""vLLM rollout worker (GPU only; written against vLLM 0.33.0 as documented in GPU_BACKENDS.md).
+"""vLLM rollout worker (GPU only), written against the released vLLM 0.33.0 API (docs/engine.md).
 
 vllm is imported lazily inside the worker: this module imports on a CPU-only machine, and its pure
-helpers (sampling params, output conversion) are unit-tested there. The engine is ``AsyncLLM`` on a
-private event loop thread, because partial rollout needs ``pause_generation(mode="abort")`` while a
-batch is in flight, which the synchronous ``LLM`` cannot do.
+helpers are unit-tested there. The engine is ``AsyncLLM``, built inside a coroutine on the worker's
+own :class:`~rl_engine.rollout.engine_loop.EngineLoop` thread (its output handler binds to the loop it
+is built on); every call is a coroutine submitted to that loop, every wait bounded.
 
-Log-prob convention: the engine is built with ``logprobs_mode="processed_logprobs"`` so returned
-log-probs are after temperature (vLLM's default returns raw-logit log-probs), matching the trainer.
-
-Weights: ``update_weights(named_tensors, version)`` goes through ``collective_rpc`` into
-``VLLMWorkerExtension.load_named_weights`` (the worker's ``model.load_weights``), fine for the object
-store path; for large models the pipeline uses the NCCL transfer API instead
-(``init_weight_transfer`` / ``receive_weights``), which streams a trainer-side broadcast.
+* Interrupt: :class:`~rl_engine.rollout.engine_loop.InterruptGate` over
+  ``pause_generation(mode="abort", clear_cache=False)`` / ``resume_generation()``. Aborted requests
+  return their tokens and log-probs so far (``finish_reason == "abort"``); a request the paused
+  engine refuses (``RetryableRequestError``) is an empty abort.
+* Log-probs: ``logprobs_mode="processed_logprobs"`` = log-softmax of logits / temperature *after*
+  top-p/top-k masking; equal to the engine-wide convention only with top_p = 1 and top_k off, which
+  the config enforces (``VLLMRolloutConfig``). Penalties and min_p are pinned neutral per request.
+* Weights: one session per update — ``start_weight_update()``, one call per bucket, then
+  ``finish_weight_update(weight_version=str(version))``; the version moves only when all of it
+  succeeded. A bucket arrives either by ``collective_rpc`` into :class:`VLLMWorkerExtension` (bytes:
+  the object-store path) or by an NCCL broadcast of the bucket's bytes through vLLM's weight-transfer
+  engine (``init_weight_transfer`` + ``receive_weights``; packed mode, one broadcast per bucket).
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import itertools
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rl_engine.config import ModelConfig, VLLMRolloutConfig
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, normalise_finish, sample_template
+from rl_engine.rollout.engine_loop import EngineError, EngineLoop, InterruptGate
+from rl_engine.rollout.weight_buckets import BucketLike, BucketMeta, bucket_bytes, buckets_from_named, unpack
 from rl_engine.types import FinishReason, Prompt, Sample
+
+Result = tuple[list[int], list[float], FinishReason]
 
 
 def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` for one response (logprobs=0: the sampled token's)."""
+    """``vllm.SamplingParams`` of one response: logprobs=0 (the sampled token's); every knob that
+    would change the distribution away from logits / temperature pinned neutral."""
     return {
         "n": 1,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "max_tokens": max_tokens,
         "logprobs": 0,
         "stop_token_ids": list(eos_ids),
@@ -43,7 +55,33 @@ def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int])
     }
 
 
-def convert_completion(completion: Any, eos_ids: list[int]) -> tuple[list[int], list[float], FinishReason]:
+def engine_kwargs(cfg: VLLMRolloutConfig, model_cfg: ModelConfig, path: str, seed: int) -> dict[str, Any]:
+    """``AsyncEngineArgs`` keywords (without ``weight_transfer_config``, built from ``cfg`` by the worker).
+
+    ``model.override_config`` reaches the engine as ``hf_overrides`` (the trainer merges the same dict
+    into config.json); ``generation_config="vllm"`` keeps the model's generation_config.json from
+    setting sampling defaults, and ``model.generation_config`` is applied on top as the user asked.
+    """
+    return {
+        "model": path,
+        "tokenizer": str(model_cfg.tokenizer_path or path),
+        "dtype": model_cfg.dtype,
+        "seed": seed,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "enforce_eager": cfg.enforce_eager,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "max_num_seqs": cfg.max_num_seqs,
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "hf_overrides": dict(model_cfg.override_config),
+        "generation_config": "vllm",
+        "override_generation_config": dict(model_cfg.generation_config or {}),
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": f"{__name__}.VLLMWorkerExtension",
+    }
+
+
+def convert_completion(completion: Any, eos_ids: list[int]) -> Result:
     """One ``CompletionOutput`` -> (token ids, sampled-token log-probs, finish reason).
 
     ``completion.logprobs[i]`` maps token id -> Logprob for step ``i``; with ``logprobs=0`` it holds
@@ -59,109 +97,102 @@ def convert_completion(completion: Any, eos_ids: list[int]) -> tuple[list[int], 
 
 
 class VLLMWorkerExtension:
-    """Mixed into vLLM's GPU worker (``worker_extension_cls``); methods run via ``collective_rpc``."""
+    """Mixed into vLLM's GPU worker (``worker_extension_cls``); methods run via ``collective_rpc``.
 
-    def load_named_weights(self, named: list[tuple[str, Any]]) -> int:
+    ``collective_rpc`` arguments reach the worker msgpack-decoded without types (an ndarray arrives
+    as a list), so a bucket travels as ``bytes`` plus its metadata.
+    """
+
+    def rl_engine_load_bucket(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], data: bytes
+    ) -> int:
         import torch
 
-        device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
-        weights = [(n, torch.as_tensor(t).to(device)) for n, t in named]
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
-        return len(weights)
+        # The worker's device, not a parameter's: inside a weight-update session vLLM's layerwise
+        # reload keeps parameters on the meta device until their layer is complete.
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)  # type: ignore[attr-defined]
+        named = unpack(raw, BucketMeta(list(names), list(dtypes), [list(s) for s in shapes]))
+        self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
+        return len(named)
 
 
 class VLLMRolloutWorker(RolloutWorker):
     """Rollout on vLLM ``AsyncLLM``; see the module docstring."""
 
+    supports_concurrent_calls = True  # AsyncLLM batches concurrent requests continuously
+
     def __init__(self, rollout_cfg: VLLMRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
         super().__init__()
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         from rl_engine.models import ensure_model, load_tokenizer, special_token_ids
 
         self.cfg = rollout_cfg
         path = ensure_model(model_cfg)
         self.tokenizer = load_tokenizer(model_cfg)
         self.special = special_token_ids(model_cfg, self.tokenizer)
-        extra: dict[str, Any] = {}
-        try:  # the official in-place update API needs the engine built with a transfer backend
-            from vllm.config import WeightTransferConfig
-
-            extra["weight_transfer_config"] = WeightTransferConfig(backend=rollout_cfg.weight_transfer)
-        except ImportError:  # older vLLM: collective_rpc + load_weights still works
-            pass
-        args = AsyncEngineArgs(
-            model=str(path),
-            tokenizer=str(model_cfg.tokenizer_path or path),
-            dtype=model_cfg.dtype,
-            seed=seed,
-            tensor_parallel_size=rollout_cfg.tensor_parallel_size,
-            gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
-            enforce_eager=rollout_cfg.enforce_eager,
-            enable_prefix_caching=rollout_cfg.enable_prefix_caching,
-            max_num_seqs=rollout_cfg.max_num_seqs,
-            trust_remote_code=model_cfg.trust_remote_code,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.VLLMWorkerExtension",
-            **extra,
-        )
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
-        self._thread.start()
-        self.engine = self._call(self._make_engine(AsyncLLM, args))
         self._ids = itertools.count()
+        self._loop = EngineLoop("vllm")
+        kwargs = engine_kwargs(rollout_cfg, model_cfg, str(path), seed)
+        self.engine = self._loop.call(
+            self._build(kwargs), timeout=rollout_cfg.startup_timeout_s, what="engine start"
+        )
+        self._gate = InterruptGate(
+            self._loop,
+            pause=lambda: self.engine.pause_generation(mode="abort", clear_cache=False),
+            resume=lambda: self.engine.resume_generation(),
+            flag=self._interrupt,
+            timeout_s=rollout_cfg.control_timeout_s,
+        )
+        self._transfer_ready = False
 
-    async def _make_engine(self, cls: Any, args: Any) -> Any:
-        return cls.from_engine_args(args)
+    async def _build(self, kwargs: dict[str, Any]) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.config import WeightTransferConfig
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        args = AsyncEngineArgs(
+            **kwargs, weight_transfer_config=WeightTransferConfig(backend=self.cfg.weight_transfer)
+        )
+        return AsyncLLM.from_engine_args(args)
 
-    def _engine(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call an engine method on the engine's loop thread, awaiting it if it is a coroutine."""
-
-        async def invoke() -> Any:
-            result = getattr(self.engine, method)(*args, **kwargs)
-            return await result if inspect.isawaitable(result) else result
-
-        return self._call(invoke())
+    def _control(self, what: str, coro: Any) -> Any:
+        return self._loop.call(coro, timeout=self.cfg.control_timeout_s, what=what)
 
     # --- generation -----------------------------------------------------------------------------------
-    async def _one(
-        self, token_ids: list[int], max_tokens: int
-    ) -> tuple[list[int], list[float], FinishReason]:
+    async def _one(self, token_ids: list[int], max_tokens: int) -> Result:
         from vllm import SamplingParams
+        from vllm.exceptions import RetryableRequestError
 
+        if self.interrupted:  # checked on the loop thread right before the engine: see engine_loop
+            return [], [], "abort"
         params = SamplingParams(**sampling_kwargs(self.cfg, max_tokens, self.special.eos_ids))
         final = None
-        async for out in self.engine.generate({"prompt_token_ids": token_ids}, params, f"r{next(self._ids)}"):
-            final = out
-        if final is None:  # aborted before the first output
+        try:
+            async for out in self.engine.generate(
+                {"prompt_token_ids": token_ids}, params, f"r{next(self._ids)}"
+            ):
+                final = out
+        except RetryableRequestError:  # the pause reached the engine before this request
+            return [], [], "abort"
+        if final is None:
             return [], [], "abort"
         return convert_completion(final.outputs[0], self.special.eos_ids)
 
-    async def _many(
-        self, jobs: list[tuple[list[int], int]]
-    ) -> list[tuple[list[int], list[float], FinishReason]]:
+    async def _many(self, jobs: list[tuple[list[int], int]]) -> list[Result]:
+        import asyncio
+
         return list(await asyncio.gather(*(self._one(ids, budget) for ids, budget in jobs)))
 
     def _run(self, samples: list[Sample]) -> list[Sample]:
-        t0 = time.perf_counter()
-        if self.interrupted:  # paused: nothing starts until clear_interrupt()
-            return [
-                extend_sample(
-                    s, [], [], "abort", version=self.version, elapsed_s=0.0, tokenizer=self.tokenizer
-                )
-                for s in samples
-            ]
+        if not samples:
+            return []
+        t0, version = time.perf_counter(), self.version
         jobs = [
             (s.prompt_ids + s.response_ids, self.cfg.max_new_tokens - len(s.response_ids)) for s in samples
         ]
-        results = self._call(self._many(jobs))
+        results = self._loop.call(self._many(jobs), timeout=self.cfg.request_timeout_s, what="generate")
         dt = time.perf_counter() - t0
         return [
-            extend_sample(s, ids, lps, fin, version=self.version, elapsed_s=dt, tokenizer=self.tokenizer)
+            extend_sample(s, ids, lps, fin, version=version, elapsed_s=dt, tokenizer=self.tokenizer)
             for s, (ids, lps, fin) in zip(samples, results, strict=True)
         ]
 
@@ -170,47 +201,122 @@ class VLLMRolloutWorker(RolloutWorker):
 
     def resume(self, samples: list[Sample]) -> list[Sample]:
         todo = [i for i, s in enumerate(samples) if needs_continuation(s, self.cfg.max_new_tokens)]
-        done = self._run([samples[i] for i in todo])
         out = list(samples)
-        for i, s in zip(todo, done, strict=True):
+        for i, s in zip(todo, self._run([samples[i] for i in todo]), strict=True):
             out[i] = s
         return out
 
     # --- partial rollout --------------------------------------------------------------------------------
     def interrupt(self) -> None:
-        """Abort in-flight requests: each returns its tokens so far with finish_reason 'abort'."""
-        super().interrupt()
-        self._engine("pause_generation", mode="abort", clear_cache=False)
+        """Never blocks: submits the abort-mode pause and returns (see engine_loop)."""
+        self._gate.interrupt()
 
     def clear_interrupt(self) -> None:
-        super().clear_interrupt()
-        self._engine("resume_generation")
+        self._gate.clear()
 
     # --- weights -----------------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        self._engine("collective_rpc", "load_named_weights", args=(list(named_tensors.items()),))
-        # Cached prefixes were computed by the old weights.
-        self._engine("reset_prefix_cache", reset_running_requests=True)
-        self._version = int(version)
-
-    def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
-        """Join the trainer's NCCL group (master address/port, rank_offset, world_size)."""
-        self._engine("init_weight_transfer_engine", {"init_info": init_info})
-
-    def receive_weights(
-        self, names: list[str], dtype_names: list[str], shapes: list[list[int]], version: int
-    ) -> None:
-        """Receive one broadcast of weights from the trainer (which broadcasts concurrently)."""
-        self._engine("start_weight_update")
-        self._engine(
-            "update_weights", {"update_info": {"names": names, "dtype_names": dtype_names, "shapes": shapes}}
+        """Contract entry point (named tensors): bucketed and loaded through the object-store path."""
+        self.update_weights_from_buckets(
+            buckets_from_named(named_tensors, self.cfg.weight_bucket_mb), version
         )
-        self._engine("finish_weight_update", weight_version=version)
-        self._engine("reset_prefix_cache", reset_running_requests=True)
+
+    def update_weights_from_buckets(self, buckets: Iterable[BucketLike], version: int) -> None:
+        """Object-store path: each bucket's bytes go by ``collective_rpc`` to the GPU workers."""
+
+        def load(bucket: BucketLike) -> Any:
+            data = bucket_bytes(bucket).cpu().numpy().tobytes()
+            return self.engine.collective_rpc(
+                "rl_engine_load_bucket",
+                args=(list(bucket.names), list(bucket.dtypes), _lists(bucket.shapes), data),
+            )
+
+        self._session(buckets, load, version)
+
+    def init_weight_transfer(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        max_bucket_bytes: int,
+        backend: str = "nccl",
+    ) -> None:
+        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently). Packed mode
+        with a buffer of ``max_bucket_bytes``: every bucket then arrives as exactly one broadcast."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if backend != self.cfg.weight_transfer:
+            raise EngineError(
+                f"vllm: the engine was built for {self.cfg.weight_transfer!r} transfer, not {backend!r}"
+            )
+        info = {
+            "master_address": master_address,
+            "master_port": int(master_port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+            "packed": True,
+            "packed_buffer_size_bytes": int(max_bucket_bytes),
+        }
+        self._control(
+            "init_weight_transfer_engine",
+            self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
+        )
+        self._transfer_ready = True
+
+    def receive_weights(self, metas: Iterable[BucketMeta], version: int) -> None:
+        """NCCL path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if not self._transfer_ready:
+            raise EngineError("vllm: receive_weights before init_weight_transfer")
+
+        def load(meta: BucketMeta) -> Any:
+            info = {
+                "names": list(meta.names),
+                "dtype_names": list(meta.dtypes),
+                "shapes": _lists(meta.shapes),
+            }
+            return self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
+
+        self._session(metas, load, version)
+
+    def _session(self, items: Iterable[Any], load: Any, version: int) -> None:
+        """start → load each → finish(str(version)) → reset the prefix cache; version bumped last.
+
+        Outside an interrupt the engine is paused (nothing runs: the caller holds the worker) for the
+        session and resumed after it.
+        """
+        own_pause = not self._gate.paused
+        if not own_pause:
+            self._gate.wait_paused()
+        else:
+            self._control(
+                "pause before a weight update", self.engine.pause_generation(mode="abort", clear_cache=False)
+            )
+        try:
+            self._control("start_weight_update", self.engine.start_weight_update())
+            for item in items:
+                self._control("weight bucket load", load(item))
+            self._control(
+                "finish_weight_update", self.engine.finish_weight_update(weight_version=str(int(version)))
+            )
+            if not self._control("reset_prefix_cache", self.engine.reset_prefix_cache()):
+                raise EngineError(
+                    "vllm: reset_prefix_cache refused after a weight update (requests still running?)"
+                )
+        finally:
+            if own_pause:
+                self._control("resume after a weight update", self.engine.resume_generation())
         self._version = int(version)
 
     def close(self) -> None:
         try:
             self.engine.shutdown()
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop.close()
+
+
+def _lists(shapes: Iterable[Iterable[int]]) -> list[list[int]]:
+    return [[int(d) for d in s] for s in shapes]

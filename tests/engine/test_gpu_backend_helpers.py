@@ -1,7 +1,7 @@
 """Pure helpers of the vLLM / SGLang workers, tested without the engines.
 
 The engines need CUDA and cannot run here: their outputs are stood in for by plain objects shaped as
-the released APIs document them (GPU_BACKENDS.md). The workers themselves are tested in tests/gpu/.
+the released APIs document them (docs/engine.md). The workers themselves are tested in tests/gpu/.
 """
 
 from __future__ import annotations
@@ -43,17 +43,29 @@ def test_vllm_completion_conversion():
 
 
 def test_vllm_sampling_kwargs_follow_the_config():
-    cfg = VLLMRolloutConfig(temperature=0.7, top_p=0.9, max_new_tokens=128)
+    cfg = VLLMRolloutConfig(temperature=0.7, max_new_tokens=128)
     kw = vl.sampling_kwargs(cfg, 100, [2, 7])
     assert kw == {
         "n": 1,
         "temperature": 0.7,
-        "top_p": 0.9,
+        "top_p": 1.0,
+        # pinned neutral: only logits / temperature shape the distribution (the log-prob convention)
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "max_tokens": 100,
         "logprobs": 0,
         "stop_token_ids": [2, 7],
         "skip_special_tokens": True,
     }
+
+
+def test_vllm_refuses_top_p_below_one_with_the_reason():
+    with pytest.raises(ValueError, match="renormalised over the nucleus"):
+        VLLMRolloutConfig(top_p=0.9)
+    assert SGLangRolloutConfig(top_p=0.9).top_p == 0.9  # SGLang's log-probs are taken before the cut
 
 
 def test_sglang_output_conversion():
@@ -75,6 +87,7 @@ def test_sglang_output_conversion():
         sg.convert_output(bad, EOS)
     params = sg.sampling_params(SGLangRolloutConfig(temperature=0.5), 10, EOS)
     assert params["max_new_tokens"] == 10 and params["temperature"] == 0.5 and params["stop_token_ids"] == EOS
+    assert (params["top_k"], params["min_p"], params["repetition_penalty"]) == (-1, 0.0, 1.0)
 
 
 def test_extend_sample_tracks_versions_and_interruptions():
@@ -101,3 +114,16 @@ def test_normalise_finish():
     assert normalise_finish("length", 2, EOS) == "stop"  # ended on eos: a real stop
     assert normalise_finish("length", 5, EOS) == "length"
     assert normalise_finish(None, None, EOS) == "abort"
+
+
+def test_gpu_backend_check_skips_cleanly_without_an_engine(capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_backends.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_backends", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([]) == 0
+    assert "neither vllm nor sglang" in json.loads(capsys.readouterr().out)["skipped"]

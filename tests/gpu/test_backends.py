@@ -42,8 +42,7 @@ def backend(request):
     return request.param
 
 
-def test_generate_and_logprobs_match_trainer(backend, tiny_model_dir):
-    cfg = _cfg(backend, tiny_model_dir)
+def _check_logprobs(cfg) -> None:
     worker = build_rollout_worker(cfg)
     try:
         prompts = PromptStream(cfg, worker.tokenizer).next_batch(4)
@@ -55,6 +54,16 @@ def test_generate_and_logprobs_match_trainer(backend, tiny_model_dir):
             assert max(abs(a - b) for a, b in zip(s.logprobs, r, strict=True)) < LOGPROB_ATOL
     finally:
         worker.close()
+
+
+def test_generate_and_logprobs_match_trainer(backend, tiny_model_dir):
+    _check_logprobs(_cfg(backend, tiny_model_dir))
+
+
+def test_sglang_logprobs_follow_the_convention_with_top_p(tiny_model_dir):
+    """SGLang's log-probs are taken before its nucleus cut: exact with top_p < 1 (vLLM refuses it)."""
+    pytest.importorskip("sglang")
+    _check_logprobs(_cfg("sglang", tiny_model_dir, "rollout.top_p=0.7"))
 
 
 def test_interrupt_resume_and_update_weights(backend, tiny_model_dir):

@@ -1,0 +1,285 @@
+"""ASYNCIO STAND-IN for vLLM 0.33.0 ``AsyncLLM`` — NOT the engine (see standin_sglang.py for SGLang).
+
+vLLM needs CUDA and cannot run here. This stand-in is installed as a fake ``vllm`` package
+(``install(monkeypatch)``) so the real worker class runs unchanged against it. It reproduces the
+behaviour the worker must survive, as read from the released source (docs/engine.md):
+
+* vLLM: ``pause_generation(mode="abort")`` aborts in-flight requests (they finish with
+  ``finish_reason="abort"`` and their tokens so far) and makes later requests fail with
+  ``RetryableRequestError`` until ``resume_generation``; ``on_request`` lets a test deliver an
+  interrupt in the late window (after the worker's check, before the request reaches the core).
+  Weight-transfer calls take request objects (a dict raises AttributeError), ``weight_version`` must
+  be a str, a session is start → update… → finish, ``collective_rpc`` arguments must be plain data.
+
+Decoding is deterministic: token t of a response is ``3 + (len(prompt) + t) % 40`` and its log-prob
+``-fingerprint(weights)``, so a test can tell which weights produced a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+STEP_S = 0.002  # one decode step
+
+
+class StandInModel:
+    """The "GPU model": named tensors, ``load_weights``, and a fingerprint that decoding reports."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+        self.loads = 0
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        for name, t in weights:
+            self.weights[name] = t.detach().clone()
+        self.loads += 1
+
+    def parameters(self):
+        yield torch.zeros(1)
+
+    def logprob(self) -> float:
+        total = sum(float(t.float().sum()) for t in self.weights.values())
+        return -round(0.01 + abs(total) % 1.0, 6)
+
+
+def _token(prompt_len: int, t: int) -> int:
+    return 3 + (prompt_len + t) % 40
+
+
+# --- vLLM -----------------------------------------------------------------------------------------
+
+
+class RetryableRequestError(Exception):
+    """Stand-in for ``vllm.exceptions.RetryableRequestError``."""
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    seed: int | None = None
+
+
+@dataclass
+class WeightTransferConfig:
+    backend: str = "nccl"
+
+
+@dataclass
+class WeightTransferInitRequest:
+    init_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WeightTransferUpdateRequest:
+    update_info: dict[str, Any] = field(default_factory=dict)
+
+
+class AsyncEngineArgs:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+
+class _GpuWorker:
+    """The vLLM GPU worker process; the configured ``worker_extension_cls`` is mixed in."""
+
+    def __init__(self, model: StandInModel) -> None:
+        self.device = torch.device("cpu")
+        self._model = model
+
+    def get_model(self) -> StandInModel:
+        return self._model
+
+
+class AsyncLLM:
+    """Stand-in for ``vllm.v1.engine.async_llm.AsyncLLM`` (see the module docstring)."""
+
+    instances: list[AsyncLLM] = []
+    on_request: Any = None  # test hook: fn(request_id) -> awaitable | None, run as a request arrives
+
+    def __init__(self, args: AsyncEngineArgs) -> None:
+        self.loop = asyncio.get_running_loop()  # the output handler binds to the building loop
+        self.args = args
+        self.model = StandInModel()
+        self.worker = _make_vllm_worker(args, self.model)
+        self.paused = False
+        self.paused_event = asyncio.Event()
+        self.running: dict[str, asyncio.Event] = {}
+        self.counts: dict[str, int] = {}  # tokens decoded so far, per running request
+        self.session_active = False
+        self.transfer_init: dict[str, Any] | None = None
+        self.weight_version: str | None = None
+        self.calls: list[str] = []
+        AsyncLLM.instances.append(self)
+
+    @classmethod
+    def from_engine_args(cls, args: AsyncEngineArgs) -> AsyncLLM:
+        return cls(args)
+
+    def _check_loop(self) -> None:
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("AsyncLLM used from a loop other than the one it was built on")
+
+    async def generate(self, prompt: dict, sampling_params: SamplingParams, request_id: str):
+        self._check_loop()
+        if AsyncLLM.on_request is not None:
+            waiter = AsyncLLM.on_request(request_id)
+            if waiter is not None:
+                await waiter
+        await asyncio.sleep(0)  # the trip to the engine core, where the pause state is checked
+        if self.paused:
+            raise RetryableRequestError("Generation is paused. Please retry after it resumes.")
+        ids = list(prompt["prompt_token_ids"])
+        abort = self.running[request_id] = asyncio.Event()
+        toks: list[int] = []
+        lps: list[dict[int, Any]] = []
+        reason = None
+        try:
+            while reason is None:
+                await asyncio.sleep(STEP_S)
+                if abort.is_set():
+                    reason = "abort"
+                    break
+                tok = _token(len(ids), len(toks))
+                toks.append(tok)
+                self.counts[request_id] = len(toks)
+                lps.append({tok: types.SimpleNamespace(logprob=self.model.logprob())})
+                if tok in (sampling_params.stop_token_ids or []):
+                    reason = "stop"
+                elif len(toks) >= sampling_params.max_tokens:
+                    reason = "length"
+                comp = types.SimpleNamespace(token_ids=list(toks), logprobs=list(lps), finish_reason=reason)
+                yield types.SimpleNamespace(outputs=[comp], finished=reason is not None)
+            if reason == "abort":
+                comp = types.SimpleNamespace(token_ids=list(toks), logprobs=list(lps), finish_reason="abort")
+                yield types.SimpleNamespace(outputs=[comp], finished=True)
+        finally:
+            self.running.pop(request_id, None)
+            self.counts.pop(request_id, None)
+
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        self._check_loop()
+        self.calls.append("pause_generation")
+        self.paused = True
+        self.paused_event.set()
+        if mode == "abort":
+            for ev in self.running.values():
+                ev.set()
+            while self.running:
+                await asyncio.sleep(STEP_S)
+        await asyncio.sleep(0.02)
+
+    async def resume_generation(self) -> None:
+        self.calls.append("resume_generation")
+        self.paused = False
+        self.paused_event.clear()
+
+    async def abort(self, request_id: Any, internal: bool = False) -> None:
+        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
+            if rid in self.running:
+                self.running[rid].set()
+
+    async def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        return reset_running_requests or not self.running
+
+    async def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
+    ):
+        _check_plain(args)
+        _check_plain(kwargs or {})
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+
+    async def init_weight_transfer_engine(self, request: WeightTransferInitRequest) -> None:
+        self.transfer_init = dict(request.init_info)  # a plain dict has no .init_info: AttributeError
+
+    async def start_weight_update(self) -> None:
+        if self.session_active:
+            raise RuntimeError("start_weight_update called while a weight update is already active.")
+        self.session_active = True
+
+    async def update_weights(self, request: WeightTransferUpdateRequest) -> None:
+        info = request.update_info
+        if not self.session_active:
+            raise RuntimeError("start_weight_update must be called before update_weights.")
+        if self.transfer_init is None:
+            raise RuntimeError("NCCL weight transfer not initialized.")
+        raise RuntimeError(f"stand-in: no NCCL group to receive {len(info['names'])} tensors from")
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        if not self.session_active:
+            raise RuntimeError("finish_weight_update called without a matching start_weight_update.")
+        if weight_version is not None and not isinstance(weight_version, str):
+            raise TypeError(f"weight_version must be str | None, got {type(weight_version).__name__}")
+        self.session_active = False
+        self.weight_version = weight_version
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+def _make_vllm_worker(args: AsyncEngineArgs, model: StandInModel) -> Any:
+    module, _, name = args.kwargs["worker_extension_cls"].rpartition(".")
+    ext = getattr(sys.modules[module], name)
+    return type("StandInGpuWorker", (ext, _GpuWorker), {})(model)
+
+
+def _check_plain(value: Any) -> None:
+    """collective_rpc arguments are msgpack-encoded: only plain data arrives as sent."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_plain(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _check_plain(v)
+    elif not isinstance(value, (bytes, str, int, float, bool, type(None))):
+        raise TypeError(f"collective_rpc argument of type {type(value).__name__} would arrive untyped")
+
+
+def install(monkeypatch: Any) -> None:
+    """Make ``import vllm`` (and the submodules the worker uses) resolve to this stand-in."""
+    AsyncLLM.instances.clear()
+    AsyncLLM.on_request = None
+    parts = {
+        "vllm": {"AsyncEngineArgs": AsyncEngineArgs, "SamplingParams": SamplingParams},
+        "vllm.config": {"WeightTransferConfig": WeightTransferConfig},
+        "vllm.exceptions": {"RetryableRequestError": RetryableRequestError},
+        "vllm.v1": {},
+        "vllm.v1.engine": {},
+        "vllm.v1.engine.async_llm": {"AsyncLLM": AsyncLLM},
+        "vllm.distributed": {},
+        "vllm.distributed.weight_transfer": {},
+        "vllm.distributed.weight_transfer.base": {
+            "WeightTransferInitRequest": WeightTransferInitRequest,
+            "WeightTransferUpdateRequest": WeightTransferUpdateRequest,
+        },
+    }
+    _install_modules(monkeypatch, parts)
+
+
+def _install_modules(monkeypatch: Any, parts: dict[str, dict[str, Any]]) -> None:
+    for name, attrs in parts.items():
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        mod.__path__ = []  # a package: submodules resolve through sys.modules
+        monkeypatch.setitem(sys.modules, name, mod)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            monkeypatch.setattr(sys.modules[parent], child, mod, raising=False)
