@@ -205,18 +205,31 @@ class Rollouter:
     def _acquire_worker(self, interrupt: bool) -> None:
         """Stop the loop from starting calls; interrupt the running ones if allowed; wait for them and
         for threads between admission and parking (their slots must be recorded before we return)."""
+        # An interrupted call returns within the engine's control timeout (HF: one chunk of decode
+        # steps); a call we may not interrupt takes as long as it takes (the driver's watchdog reports it).
+        limit = getattr(self.cfg.rollout, "control_timeout_s", self.cfg.pipeline.watchdog_timeout_s)
+        deadline = time.monotonic() + limit if interrupt else float("inf")
         with self._cv:
             self._hold += 1
             if interrupt and self._busy:
                 self.worker.interrupt()
             while self._busy or self._admitting:
+                if time.monotonic() > deadline:
+                    self._hold -= 1
+                    self._cv.notify_all()
+                    raise RuntimeError(
+                        f"rollouter {self.index}: the running call did not return within {limit:.0f} s "
+                        "of interrupt()"
+                    )
                 self._cv.wait(0.5)
 
     def _release_worker(self) -> None:
-        self.worker.clear_interrupt()
-        with self._cv:
-            self._hold -= 1
-            self._cv.notify_all()
+        try:
+            self.worker.clear_interrupt()  # engines wait for their abort here: it may time out
+        finally:
+            with self._cv:
+                self._hold -= 1
+                self._cv.notify_all()
 
     def update_weights(self, ref_box: list[Any], version: int) -> dict[str, float]:
         """Load weights published by the trainer (``[ObjectRef]`` of a numpy dict) as ``version``."""

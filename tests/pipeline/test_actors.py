@@ -144,3 +144,21 @@ def test_the_trainer_refuses_a_too_stale_batch_before_training_on_it(ray_session
     ):
         trainer.train_step(publish=True)
     assert trainer.version == 2 and trainer.trainer.trained_uids == []  # nothing trained
+
+
+def test_a_pause_that_the_engine_ignores_fails_clearly_instead_of_hanging(ray_session):
+    """An engine that never returns after interrupt(): the control call gives up after the bound
+    (the engine's control timeout; the watchdog timeout for HF) with a message naming the rollouter,
+    and releases its hold on the loop."""
+    cfg = sim_config(**{"pipeline.watchdog_timeout_s": 1.0})
+    knobs = knobs_from_config(cfg)
+    queue = ray_session.remote(MessageQueue).remote(knobs, 0)
+    r = Rollouter(cfg, knobs, 0, 1, queue, sim_components(worker={"hang_at_call": 1}))
+    r.start()
+    deadline = time.monotonic() + _WAIT_S
+    while not r.health()["call_running_s"]:
+        assert time.monotonic() < deadline, "the rollouter never started a call"
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError, match=r"rollouter 0: the running call did not return within 1 s"):
+        r.pause()
+    assert r._hold == 0
