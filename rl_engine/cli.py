@@ -17,9 +17,9 @@ from rl_engine.config import ConfigError, ExperimentConfig, TaskDataConfig, Tiny
 
 def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list[tuple[str, str]]:
     """Checks the schema cannot express: names looked up in registries, task kwargs, and (with
-    ``check_files``) the dataset file. ``validate`` skips files: a GPU preset must validate on a machine
-    that does not hold its data."""
-    from rl_engine.data import DataError, load_jsonl, make_task
+    ``check_files``) the dataset files, splits and columns. ``validate`` skips files: a GPU preset must
+    validate on a machine that does not hold its data."""
+    from rl_engine.data import DataError, make_task, train_rows, validation_rows
     from rl_engine.rewards import build_reward
 
     problems: list[tuple[str, str]] = []
@@ -35,10 +35,14 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
             where = "data.task" if str(exc).startswith("unknown task") else "data.task_kwargs"
             problems.append((where, str(exc)))
     elif check_files:
-        try:
-            load_jsonl(cfg.data.path, cfg.data.prompt_field, cfg.data.answer_field)
-        except DataError as exc:
-            problems.append(("data.path", str(exc)))
+        val_field = (
+            "data.validation_path" if getattr(cfg.data, "validation_path", None) else "data.validation_split"
+        )
+        for where, load in (("data.path", train_rows), (val_field, validation_rows)):
+            try:
+                load(cfg)
+            except DataError as exc:
+                problems.append((where, str(exc)))
     return problems
 
 
