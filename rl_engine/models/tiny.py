@@ -2,8 +2,8 @@
 
 The result is a standard model directory (config.json, model.safetensors, tokenizer.json +
 tokenizer_config.json + chat_template.jinja, generation_config.json) that loads back through
-``AutoModelForCausalLM`` and ``AutoTokenizer.from_pretrained`` exactly like a hub model, so the demo and tests exercise the same code
-path a real model takes.
+``AutoModelForCausalLM`` and ``AutoTokenizer.from_pretrained`` exactly like a hub model, so the demo
+and tests exercise the same code path a real model takes.
 """
 
 from __future__ import annotations
