@@ -77,7 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = _load(args)
     except ConfigError as exc:
         return _fail(str(exc))
-    sink = build_sinks(cfg.logging, total_steps=cfg.trainer.total_steps)
+    sink = build_sinks(cfg.logging, total_steps=cfg.trainer.total_steps, experiment=cfg)
     try:
         from rl_engine.pipeline import run_experiment  # the one driver; heavy (ray, torch): import late
         from rl_engine.pipeline.watch import PipelineError

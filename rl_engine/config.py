@@ -326,7 +326,10 @@ class MlflowConfig(_Strict):
     )
     experiment: str | None = Field(None, description="MLflow experiment name; default: the run's name.")
     run_name: str | None = None
-    log_checkpoints: bool = Field(False, description="Upload each checkpoint directory as artifacts.")
+    artifact_location: str | None = Field(
+        None, description="Artifact root of a new experiment; default: the tracking server's."
+    )
+    log_checkpoints: bool = Field(False, description="Upload each checkpoint's model directory as artifacts.")
 
 
 class WandbConfig(_Strict):
