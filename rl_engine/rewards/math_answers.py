@@ -18,6 +18,7 @@ rollouter scores in a worker thread, where the timeout is off and only the respo
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable
@@ -28,6 +29,20 @@ from rl_engine.types import Sample
 
 _MARKER = "####"
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+class _KnownTimeoutNotice(logging.Filter):
+    """math-verify warns once per process that its timeout is off; here that is by design (see above)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+def _quiet_timeout_notice() -> None:
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _KnownTimeoutNotice) for f in logger.filters):
+            logger.addFilter(_KnownTimeoutNotice())
 
 
 def _after_marker(text: str) -> str | None:
