@@ -56,3 +56,27 @@ def test_export_a_checkpoint_from_the_run_page_and_see_val_metrics_grouped(page,
     expect(page.get_by_test_id("export-state-10")).to_contain_text("/ckpts/hf/step_00000010")
     expect(page.get_by_test_id("export-10")).to_have_text("Export again")
     assert page.js_errors == []
+
+
+def test_the_form_renders_the_dataset_preset_and_creates_it_unchanged(page, asgi_server):
+    """The experiment form is rendered from the config schema: the dataset source's nested column
+    mapping, the synthetic-data spec, the eval section and the mirror settings must come through."""
+    import re
+
+    from experiments.models import Experiment
+    from rl_engine.config import parse_config
+    from rl_engine.presets import get_preset
+
+    user = UserFactory(username="gina")
+    project_create(name="gsm", user=user)
+    login(page, "gina")
+    page.goto("/experiments/new/?preset=gsm8k-style-tiny-cpu")
+    expect(page.locator('[id="f-data.source"]')).to_have_value("dataset")
+    for path in ("data.columns.prompt", "data.validation_split", "eval.every", "logging.mlflow.tracking_uri"):
+        expect(page.locator(f'[data-path="{path}"]')).to_have_count(1)
+    page.fill("#exp-name", "gsm8k style")
+    page.click("[data-testid=create-experiment]")
+    page.wait_for_url(re.compile(r"/experiments/\d+/$"))
+    stored = Experiment.objects.get(name="gsm8k style").config
+    assert stored == parse_config(get_preset("gsm8k-style-tiny-cpu")).model_dump(mode="json")
+    assert page.js_errors == []
