@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-mirrors.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $(STAMP)

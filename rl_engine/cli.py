@@ -1,4 +1,4 @@
-"""``python -m rl_engine``: train, validate, make-tiny-model, presets, schema.
+"""``python -m rl_engine``: train, validate, export, make-tiny-model, presets, schema.
 
 Every user error (unreadable file, bad YAML, unknown preset, invalid field) prints one line and exits
 non-zero: 1 for a config/data problem, 2 for bad command-line usage (argparse's convention).
@@ -17,9 +17,9 @@ from rl_engine.config import ConfigError, ExperimentConfig, TaskDataConfig, Tiny
 
 def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list[tuple[str, str]]:
     """Checks the schema cannot express: names looked up in registries, task kwargs, and (with
-    ``check_files``) the dataset file. ``validate`` skips files: a GPU preset must validate on a machine
-    that does not hold its data."""
-    from rl_engine.data import DataError, load_jsonl, make_task
+    ``check_files``) the dataset files, splits and columns. ``validate`` skips files: a GPU preset must
+    validate on a machine that does not hold its data."""
+    from rl_engine.data import DataError, make_task, train_rows, validation_rows
     from rl_engine.rewards import build_reward
 
     problems: list[tuple[str, str]] = []
@@ -35,10 +35,14 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
             where = "data.task" if str(exc).startswith("unknown task") else "data.task_kwargs"
             problems.append((where, str(exc)))
     elif check_files:
-        try:
-            load_jsonl(cfg.data.path, cfg.data.prompt_field, cfg.data.answer_field)
-        except DataError as exc:
-            problems.append(("data.path", str(exc)))
+        val_field = (
+            "data.validation_path" if getattr(cfg.data, "validation_path", None) else "data.validation_split"
+        )
+        for where, load in (("data.path", train_rows), (val_field, validation_rows)):
+            try:
+                load(cfg)
+            except DataError as exc:
+                problems.append((where, str(exc)))
     return problems
 
 
@@ -73,7 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = _load(args)
     except ConfigError as exc:
         return _fail(str(exc))
-    sink = build_sinks(cfg.logging, total_steps=cfg.trainer.total_steps)
+    sink = build_sinks(cfg.logging, total_steps=cfg.trainer.total_steps, experiment=cfg)
     try:
         from rl_engine.pipeline import run_experiment  # the one driver; heavy (ray, torch): import late
         from rl_engine.pipeline.watch import PipelineError
@@ -124,6 +128,26 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Checkpoint -> standard HF model directory; prints one JSON line (out, checkpoint, step, dtype, size)."""
+    from rl_engine.export import ExportError, export_checkpoint
+
+    try:
+        result = export_checkpoint(
+            args.checkpoint,
+            args.out,
+            dtype=args.dtype,
+            overwrite=args.force,
+            trust_remote_code=args.trust_remote_code,
+        )
+    except ExportError as exc:
+        return _fail(str(exc))
+    except (OSError, ValueError) as exc:  # unreadable weights, a full disk: one line, not a traceback
+        return _fail(f"export failed: {type(exc).__name__}: {exc}")
+    print(json.dumps(result.to_dict()))
+    return 0
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from rl_engine.presets import get_preset, preset_names
 
@@ -169,6 +193,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--intermediate-size", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_tiny_model)
+    p = sub.add_parser("export", help="write a checkpoint's model as a standard Hugging Face model directory")
+    p.add_argument(
+        "--checkpoint", required=True, help="a checkpoint (step_*) or a run's checkpoint directory"
+    )
+    p.add_argument("--out", required=True, help="the new model directory")
+    p.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="cast the weights"
+    )
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--trust-remote-code", action="store_true", help="for models with custom code")
+    p.set_defaults(fn=cmd_export)
     sub.add_parser("presets", help="list preset names").set_defaults(fn=cmd_presets)
     sub.add_parser("schema", help="print the config's JSON Schema").set_defaults(fn=cmd_schema)
     return parser

@@ -236,21 +236,120 @@ class PipelineConfig(_Strict):
 # --- data / reward / resources / logging --------------------------------------------------------------
 
 
-class TaskDataConfig(_Strict):
+class _DataCommon(_Strict):
+    """Prompt-length policy shared by every source (the limit is ``rollout.max_prompt_tokens``)."""
+
+    overlong_prompts: Literal["drop", "truncate", "error"] = Field(
+        "drop",
+        description=(
+            "A prompt longer than rollout.max_prompt_tokens: drop it (skipped, counted in "
+            "data/overlong_prompts), truncate it at a token boundary (also counted), or stop with an error."
+        ),
+    )
+    truncation_side: Literal["left", "right"] = Field(
+        "left", description="With overlong_prompts=truncate: left keeps the prompt's end, right its start."
+    )
+
+
+class TaskDataConfig(_DataCommon):
     source: Literal["task"] = "task"
     task: str = Field("copy", description="A built-in verifiable task (see `python -m rl_engine presets`).")
     task_kwargs: dict[str, Any] = Field(default_factory=dict)
     num_prompts: int = Field(10000, ge=1)
+    num_validation_prompts: int = Field(
+        0,
+        ge=0,
+        description="Held-out examples for evaluation, drawn from a seed stream the training prompts never use.",
+    )
 
 
-class JsonlDataConfig(_Strict):
+class JsonlDataConfig(_DataCommon):
     source: Literal["jsonl"] = "jsonl"
     path: str
     prompt_field: str = "prompt"
     answer_field: str = "answer"
+    validation_path: str | None = Field(
+        None, description="A second JSONL file of the same shape, for evaluation."
+    )
 
 
-DataConfig = Annotated[TaskDataConfig | JsonlDataConfig, Field(discriminator="source")]
+class DatasetColumns(_Strict):
+    """Which dataset columns hold what. Exactly one of ``prompt`` (a string) or ``messages`` (a list of
+    ``{role, content}``) is the prompt."""
+
+    prompt: str | None = Field("prompt", description="A text column; goes through prompt_template.")
+    messages: str | None = Field(None, description="A column of chat messages (list of {role, content}).")
+    answer: str = Field("answer", description="The reference answer the reward checks against.")
+    system: str | None = Field(None, description="A per-row system prompt column (overrides system_prompt).")
+    metadata: list[str] = Field(
+        default_factory=list,
+        description="Columns copied into each prompt's metadata (seen by rewards and samples).",
+    )
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> DatasetColumns:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("set exactly one of columns.prompt and columns.messages (the other to null)")
+        return self
+
+
+class SyntheticDataSpec(_Strict):
+    """A small dataset generated locally at ``data.path`` when it is missing (like ``model.tiny``)."""
+
+    kind: Literal["gsm8k_style"] = Field(
+        "gsm8k_style", description="Word problems in GSM8K's format (question; answer ending in #### N)."
+    )
+    train_size: int = Field(2000, ge=1, le=1_000_000)
+    test_size: int = Field(100, ge=1, le=100_000)
+    max_value: int = Field(9, ge=2, le=10_000, description="Largest operand of a problem.")
+    seed: int = 0
+
+
+class DatasetDataConfig(_DataCommon):
+    """A Hugging Face `datasets` dataset: local parquet / JSON(L) / CSV / arrow files, a `save_to_disk`
+    directory, or a hub dataset already in the local cache."""
+
+    source: Literal["dataset"] = "dataset"
+    path: str = Field(..., description="File, glob, directory, or hub id (e.g. openai/gsm8k) of the dataset.")
+    name: str | None = Field(None, description="Hub configuration (subset), e.g. `main` for openai/gsm8k.")
+    format: Literal["auto", "parquet", "json", "csv", "arrow"] = Field(
+        "auto", description="File format of `path` / `validation_path`; auto: from the file extension."
+    )
+    train_split: str = "train"
+    validation_split: str | None = Field(None, description="A split of `path` for evaluation, e.g. `test`.")
+    validation_path: str | None = Field(
+        None, description="A separate file for evaluation (instead of a split)."
+    )
+    columns: DatasetColumns = Field(default_factory=DatasetColumns)
+    prompt_template: str = Field(
+        "{prompt}", description="Text around the prompt column; `{prompt}` is replaced by the row's prompt."
+    )
+    system_prompt: str | None = Field(
+        None, description="A system message for every row (chat template only)."
+    )
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: apply the tokenizer's chat template when it has one; on: require it."
+    )
+    shuffle: bool = Field(True, description="Each epoch in an order shuffled from (seed, epoch).")
+    max_rows: int | None = Field(None, ge=1, description="Use only the first rows of the train split.")
+    cache_dir: str | None = Field(None, description="The `datasets` cache; default: HF_DATASETS_CACHE.")
+    allow_download: bool = Field(
+        False, description="Let `datasets` reach the hub; off: local files and the local cache only."
+    )
+    synthetic: SyntheticDataSpec | None = Field(
+        None, description="Generate a small dataset at `path` (a directory) if it is missing."
+    )
+
+    @model_validator(mode="after")
+    def _prompt_template(self) -> DatasetDataConfig:
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError("prompt_template must contain {prompt}")
+        if self.validation_split and self.validation_path:
+            raise ValueError("set validation_split or validation_path, not both")
+        return self
+
+
+DataConfig = Annotated[TaskDataConfig | JsonlDataConfig | DatasetDataConfig, Field(discriminator="source")]
 
 
 class RewardConfig(_Strict):
@@ -264,12 +363,68 @@ class ResourcesConfig(_Strict):
     cpus_per_actor: float = Field(1.0, gt=0.0)
 
 
+class MlflowConfig(_Strict):
+    tracking_uri: str | None = Field(
+        None, description="e.g. sqlite:///mlflow.db or http://mlflow:5000; default: MLFLOW_TRACKING_URI."
+    )
+    experiment: str | None = Field(None, description="MLflow experiment name; default: the run's name.")
+    run_name: str | None = None
+    artifact_location: str | None = Field(
+        None, description="Artifact root of a new experiment; default: the tracking server's."
+    )
+    log_checkpoints: bool = Field(False, description="Upload each checkpoint's model directory as artifacts.")
+
+
+class WandbConfig(_Strict):
+    project: str | None = Field(None, description="W&B project; default: WANDB_PROJECT, else the run's name.")
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] = Field(
+        "online", description="offline: write under `dir` only (`wandb sync` uploads later)."
+    )
+    dir: str | None = Field(None, description="Where W&B keeps its files; default: ./wandb.")
+    run_name: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    log_checkpoints: bool = Field(False, description="Log each checkpoint as a model artifact.")
+
+
 class LoggingConfig(_Strict):
-    sinks: list[Literal["stdout", "jsonl", "http"]] = Field(default_factory=lambda: ["stdout"])
+    sinks: list[Literal["stdout", "jsonl", "http", "mlflow", "wandb"]] = Field(
+        default_factory=lambda: ["stdout"]
+    )
     jsonl_path: str | None = None
     log_every: int = Field(1, ge=1)
     samples_per_step: int = Field(4, ge=0, description="Example (prompt, response) pairs reported per step.")
     progress_bar: bool = True
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="Used when sinks lists mlflow.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="Used when sinks lists wandb.")
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation on the data's validation prompts (see docs/engine.md, Evaluation)."""
+
+    every: int = Field(0, ge=0, description="Trainer steps between evaluations; 0: none during training.")
+    before_training: bool = Field(False, description="Also evaluate the initial policy (step 0).")
+    at_end: bool = Field(False, description="Also evaluate after the last step.")
+    n: int = Field(1, ge=1, le=1024, description="Responses per validation prompt (pass@k uses them).")
+    greedy: bool = Field(True, description="Greedy decoding (n must be 1); off: sample at `temperature`.")
+    temperature: float | None = Field(
+        None, gt=0.0, le=10.0, description="Sampling temperature; default: rollout's."
+    )
+    max_prompts: int | None = Field(None, ge=1, description="Evaluate only the first prompts of the split.")
+    prompts_per_call: int = Field(64, ge=1, description="Validation prompts per generate call (one chunk).")
+    success_threshold: float = Field(
+        1.0, description="A response with at least this reward counts as solved (pass@k)."
+    )
+
+    @model_validator(mode="after")
+    def _greedy_single(self) -> EvalConfig:
+        if self.greedy and self.n > 1:
+            raise ValueError("greedy decoding gives n identical responses: set eval.n=1 or eval.greedy=false")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every or self.before_training or self.at_end)
 
 
 class ExperimentConfig(_Strict):
@@ -284,6 +439,7 @@ class ExperimentConfig(_Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -321,10 +477,23 @@ class ExperimentConfig(_Strict):
             )
         if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
             raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
+        if self.eval.enabled and not has_validation_data(self.data):
+            raise ValueError(
+                "eval is enabled but data has no validation prompts: set data.validation_split or "
+                "data.validation_path (dataset / jsonl) or data.num_validation_prompts (task)"
+            )
         return self
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
+
+def has_validation_data(data: TaskDataConfig | JsonlDataConfig | DatasetDataConfig) -> bool:
+    if isinstance(data, TaskDataConfig):
+        return data.num_validation_prompts > 0
+    if isinstance(data, JsonlDataConfig):
+        return data.validation_path is not None
+    return bool(data.validation_split or data.validation_path)
 
 
 class ConfigError(ValueError):
@@ -335,13 +504,16 @@ class ConfigError(ValueError):
         super().__init__("; ".join(f"{loc}: {msg}" if loc else msg for loc, msg in errors))
 
 
+_UNION_TAGS = {"hf", "vllm", "sglang", "task", "jsonl", "dataset"}
+
+
 def _loc_to_path(loc: tuple[Any, ...]) -> str:
     """('rollout', 'hf', 'n') -> 'rollout.n': drop union tags pydantic inserts for discriminated unions."""
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in {"hf", "vllm", "sglang", "task", "jsonl"} and parts and parts[-1] in {"rollout", "data"}:
+        elif item in _UNION_TAGS and parts and parts[-1] in {"rollout", "data"}:
             continue
         else:
             parts.append(str(item))

@@ -1,5 +1,7 @@
-"""Named, validated starting points. ``demo-cpu`` learns in minutes on 2 cores; the GPU presets validate
-everywhere but need CUDA machines to run."""
+"""Named, validated starting points. ``demo-cpu`` learns in minutes on 2 cores; ``gsm8k-style-tiny-cpu``
+runs the real-dataset path (Hugging Face dataset, chat template, math-verify reward, held-out evaluation)
+on CPU with a small generated GSM8K-format dataset; the GPU presets validate everywhere but need CUDA
+machines to run."""
 
 from __future__ import annotations
 
@@ -29,6 +31,54 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pipeline": {"mode": "fully_async", "staleness_threshold": 2, "trigger_parameter_sync_step": 1},
         "data": {"source": "task", "task": "copy", "num_prompts": 100000},
         "reward": {"name": "exact_match", "kwargs": {"prefix_credit": 0.5}},
+        "logging": {"sinks": ["stdout"], "log_every": 25},
+    },
+    # The GSM8K workflow of the GPU preset below, shrunk to run here: same data path (a dataset directory
+    # with train/test splits and GSM8K's columns), the tiny model through its chat template, math-verify
+    # on the final answer. The dataset (lower-case word problems with small operands, "#### N" answers)
+    # is generated at data.path when missing, like the tiny model at model.path.
+    "gsm8k-style-tiny-cpu": {
+        "name": "gsm8k-style-tiny-cpu",
+        "seed": 0,
+        "model": {
+            "path": "var/models/tiny-llama-chat",
+            "tiny": {
+                "architecture": "llama",
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_heads": 4,
+                "intermediate_size": 128,
+                "max_position_embeddings": 256,
+                "seed": 0,
+            },
+        },
+        "rollout": {
+            "backend": "hf",
+            "n": 8,
+            "temperature": 1.0,
+            "max_new_tokens": 4,
+            "max_prompt_tokens": 128,
+            "micro_batch_size": 64,
+        },
+        "trainer": {"total_steps": 1000, "batch_size": 64, "mini_batch_size": 64, "lr": 6e-4},
+        "algorithm": {"advantage": "grpo", "loss_agg": "token_mean"},
+        "pipeline": {"mode": "fully_async", "staleness_threshold": 2, "trigger_parameter_sync_step": 1},
+        "data": {
+            "source": "dataset",
+            "path": "var/data/gsm8k-style",
+            "synthetic": {
+                "kind": "gsm8k_style",
+                "train_size": 2000,
+                "test_size": 64,
+                "max_value": 4,
+                "seed": 0,
+            },
+            "columns": {"prompt": "question", "answer": "answer"},
+            "validation_split": "test",
+            "chat_template": "on",
+        },
+        "reward": {"name": "math_verify", "kwargs": {"answer_format": "auto"}},
+        "eval": {"every": 50, "before_training": True, "greedy": True},
         "logging": {"sinks": ["stdout"], "log_every": 25},
     },
     "gsm8k-qwen2.5-1.5b-vllm": {
@@ -67,12 +117,17 @@ PRESETS: dict[str, dict[str, Any]] = {
             "partial_rollout": True,
         },
         "data": {
-            "source": "jsonl",
-            "path": "/data/gsm8k/train.jsonl",
-            "prompt_field": "question",
-            "answer_field": "answer",
+            "source": "dataset",
+            "path": "openai/gsm8k",
+            "name": "main",
+            "validation_split": "test",
+            "columns": {"prompt": "question", "answer": "answer"},
+            "prompt_template": '{prompt} Let\'s think step by step and output the final answer after "####".',
+            "chat_template": "auto",
+            "allow_download": True,
         },
-        "reward": {"name": "numeric_answer"},
+        "reward": {"name": "math_verify", "kwargs": {"answer_format": "gsm8k"}},
+        "eval": {"every": 50, "before_training": True, "greedy": True},
         "resources": {"rollout_gpus": 4, "trainer_gpus": 4},
         "logging": {"sinks": ["stdout"]},
     },

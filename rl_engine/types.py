@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -17,6 +17,7 @@ class Prompt:
     text: str
     answer: str
     index: int  # position in the prompt stream (data position for resume)
+    metadata: dict[str, Any] = field(default_factory=dict)  # dataset columns named in data.columns.metadata
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Sample:
     gen_time_s: float = 0.0
     num_interruptions: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)  # the prompt's metadata (rewards may read it)
 
     @property
     def response_length(self) -> int:

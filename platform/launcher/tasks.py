@@ -87,3 +87,5 @@ def sweep() -> dict[str, list[int]]:
         "reattached": result.to_supervise,
         "admitted": admitted,
     }
+
+from launcher.exports import export_checkpoint  # noqa: E402, F401 - registers launcher.export_checkpoint

@@ -1,81 +1,100 @@
-"""Prompt streams: built-in seeded tasks or a JSONL file, deterministic from ``cfg.seed`` and resumable."""
+"""Prompt streams over built-in seeded tasks, a JSONL file or a Hugging Face dataset; validation prompts.
+
+``PromptStream(cfg, tokenizer)`` is what the pipeline checkpoints: its ``state_dict`` is a small
+JSON-friendly dict (the cursor), so a resumed run continues the epoch where it stopped.
+"""
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 from typing import Any
 
-from rl_engine.config import ExperimentConfig, JsonlDataConfig, TaskDataConfig
+from rl_engine.config import DatasetDataConfig, ExperimentConfig, JsonlDataConfig, TaskDataConfig
+from rl_engine.data.render import PromptRenderer, Rendered, has_chat_template
+from rl_engine.data.rows import DataError, DatasetRows, Row, RowSource, TaskRows, jsonl_rows, load_jsonl
 from rl_engine.data.tasks import TASKS, make_task, task_names
 from rl_engine.types import Prompt
 
 
-class DataError(ValueError):
-    """A dataset problem, phrased for one line (names the file and line)."""
+def train_rows(cfg: ExperimentConfig) -> RowSource:
+    data = cfg.data
+    if isinstance(data, TaskDataConfig):
+        return TaskRows(make_task(data.task, data.task_kwargs), data.task, cfg.seed, data.num_prompts)
+    if isinstance(data, JsonlDataConfig):
+        return jsonl_rows(data.path, data.prompt_field, data.answer_field)
+    from rl_engine.data.hf_datasets import load_train_split
+
+    return DatasetRows(load_train_split(data), data.columns, f"{data.path} split {data.train_split!r}")
 
 
-def load_jsonl(
-    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer"
-) -> list[tuple[str, str]]:
-    """Read (prompt, answer) pairs; blank lines are skipped; any bad line raises DataError naming it."""
-    p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise DataError(f"cannot read {p}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{p} is not UTF-8 text") from None
-    records: list[tuple[str, str]] = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise DataError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-        for field in (prompt_field, answer_field):
-            if field not in obj:
-                raise DataError(f"{p}:{lineno}: missing field {field!r}")
-        prompt, answer = obj[prompt_field], obj[answer_field]
-        if not isinstance(prompt, str) or not prompt:
-            raise DataError(f"{p}:{lineno}: field {prompt_field!r} must be a non-empty string")
-        if not isinstance(answer, str | int | float) or isinstance(answer, bool):
-            raise DataError(f"{p}:{lineno}: field {answer_field!r} must be a string or a number")
-        records.append((prompt, str(answer)))
-    if not records:
-        raise DataError(f"{p}: no records")
-    return records
+def validation_rows(cfg: ExperimentConfig) -> RowSource | None:
+    """The held-out rows of ``cfg.data``, or None when it has none."""
+    data = cfg.data
+    if isinstance(data, TaskDataConfig):
+        if not data.num_validation_prompts:
+            return None
+        fn = make_task(data.task, data.task_kwargs)
+        return TaskRows(fn, data.task, cfg.seed, data.num_validation_prompts, stream="validation")
+    if isinstance(data, JsonlDataConfig):
+        return (
+            jsonl_rows(data.validation_path, data.prompt_field, data.answer_field)
+            if data.validation_path
+            else None
+        )
+    from rl_engine.data.hf_datasets import load_validation_split
+
+    ds = load_validation_split(data)
+    if ds is None:
+        return None
+    where = data.validation_path or f"{data.path} split {data.validation_split!r}"
+    return DatasetRows(ds, data.columns, where)
+
+
+def make_renderer(cfg: ExperimentConfig, tokenizer: Any) -> PromptRenderer:
+    data = cfg.data
+    extra: dict[str, Any] = {}
+    if isinstance(data, DatasetDataConfig):
+        extra = {
+            "chat_template": data.chat_template,
+            "prompt_template": data.prompt_template,
+            "system_prompt": data.system_prompt,
+        }
+    return PromptRenderer(
+        tokenizer,
+        max_tokens=cfg.rollout.max_prompt_tokens,
+        overlong=data.overlong_prompts,
+        truncation_side=data.truncation_side,
+        **extra,
+    )
+
+
+def _prompt(uid: str, index: int, row: Row, rendered: Rendered) -> Prompt:
+    return Prompt(
+        uid=uid,
+        token_ids=rendered.token_ids,
+        text=rendered.text,
+        answer=row.answer,
+        index=index,
+        metadata=dict(row.metadata),
+    )
 
 
 class PromptStream:
-    """An endless, deterministic stream of prompts.
+    """An endless, deterministic stream of prompts over a row source.
 
-    Tasks: prompt ``i`` is example ``i % num_prompts``, generated from a RNG seeded by (seed, task,
-    example index), so the stream cycles over ``num_prompts`` distinct examples. JSONL: epochs over the
-    file, each in an order shuffled from (seed, epoch). The only state is the position, which
-    ``state_dict``/``load_state_dict`` carry across a checkpoint.
+    Position ``i`` is row ``order_e[i % size]`` of epoch ``e = i // size``: tasks keep their order (each
+    example is already random), JSONL files and datasets are shuffled per epoch from (seed, epoch) unless
+    ``data.shuffle`` is off. Overlong rows that the policy drops are skipped (the position still moves,
+    so the skip is the same after a resume). The state is the cursor: ``state_dict``/``load_state_dict``.
     """
 
-    def __init__(self, cfg: ExperimentConfig, tokenizer: Any):
-        self._tokenizer = tokenizer
-        self._max_prompt_tokens = cfg.rollout.max_prompt_tokens
+    def __init__(self, cfg: ExperimentConfig, tokenizer: Any, rows: RowSource | None = None):
+        self._rows = rows if rows is not None else train_rows(cfg)
+        self._size = len(self._rows)
         self._seed = cfg.seed
+        self._shuffle = not isinstance(cfg.data, TaskDataConfig) and getattr(cfg.data, "shuffle", True)
+        self.renderer = make_renderer(cfg, tokenizer)
         self._position = 0
-        data = cfg.data
-        self._task = None
-        self._records: list[tuple[str, str]] = []
-        if isinstance(data, TaskDataConfig):
-            self._task = make_task(data.task, data.task_kwargs)
-            self._task_name = data.task
-            self._size = data.num_prompts
-        else:
-            assert isinstance(data, JsonlDataConfig)
-            self._records = load_jsonl(data.path, data.prompt_field, data.answer_field)
-            self._size = len(self._records)
         self._epoch_order: tuple[int, list[int]] | None = None
 
     def __len__(self) -> int:
@@ -86,36 +105,90 @@ class PromptStream:
     def position(self) -> int:
         return self._position
 
-    def _example(self, i: int) -> tuple[str, str]:
+    @property
+    def epoch(self) -> int:
+        return self._position // self._size
+
+    def _row_index(self, i: int) -> int:
         epoch, j = divmod(i, self._size)
-        if self._task is not None:
-            return self._task(random.Random(f"{self._seed}:{self._task_name}:{j}"))
+        if not self._shuffle:
+            return j
         if self._epoch_order is None or self._epoch_order[0] != epoch:
             order = list(range(self._size))
             random.Random(f"{self._seed}:epoch:{epoch}").shuffle(order)
             self._epoch_order = (epoch, order)
-        return self._records[self._epoch_order[1][j]]
-
-    def _tokenize(self, text: str) -> list[int]:
-        ids = list(self._tokenizer(text)["input_ids"])
-        # Keep the end of an over-long prompt: the question usually sits there.
-        return ids[-self._max_prompt_tokens :]
+        return self._epoch_order[1][j]
 
     def next_batch(self, k: int) -> list[Prompt]:
-        """The next ``k`` prompts; advances the position by ``k``."""
-        out = []
-        for _ in range(k):
+        """The next ``k`` prompts; advances the position past them (and past dropped overlong rows)."""
+        out: list[Prompt] = []
+        skipped = 0
+        while len(out) < k:
             i = self._position
-            text, answer = self._example(i)
-            out.append(Prompt(uid=f"p{i}", token_ids=self._tokenize(text), text=text, answer=answer, index=i))
+            j = self._row_index(i)
+            row = self._rows.row(j)
+            rendered = self.renderer.render(row, where=f"row {j}")
             self._position += 1
+            if rendered is None:
+                skipped += 1
+                if skipped >= self._size:
+                    raise DataError(
+                        f"every prompt is longer than rollout.max_prompt_tokens={self.renderer.max_tokens}: "
+                        "raise it or set data.overlong_prompts=truncate"
+                    )
+                continue
+            skipped = 0
+            out.append(_prompt(f"p{i}", i, row, rendered))
         return out
 
+    def stats(self) -> dict[str, float]:
+        """Figures for the step metrics: overlong prompts so far (this stream's count) and the epoch."""
+        return {"data/overlong_prompts": float(self.renderer.overlong), "data/epoch": float(self.epoch)}
+
     def state_dict(self) -> dict[str, int]:
-        return {"position": self._position}
+        return {"position": self._position, "rows": self._size, "overlong": self.renderer.overlong}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        rows = state.get("rows")
+        if rows is not None and int(rows) != self._size:
+            raise DataError(
+                f"the checkpoint's prompt stream had {rows} rows per epoch, this data has {self._size}: "
+                "resuming would repeat or skip prompts (resume with the same data)"
+            )
         self._position = int(state["position"])
+        self.renderer.overlong = int(state.get("overlong", 0))
 
 
-__all__ = ["TASKS", "DataError", "PromptStream", "load_jsonl", "make_task", "task_names"]
+def validation_prompts(cfg: ExperimentConfig, tokenizer: Any, max_prompts: int | None = None) -> list[Prompt]:
+    """The held-out prompts, in dataset order (uids ``v0``, ``v1``...); overlong ones follow the same
+    policy as training prompts. Empty when the data has no validation part."""
+    rows = validation_rows(cfg)
+    if rows is None:
+        return []
+    renderer = make_renderer(cfg, tokenizer)
+    out: list[Prompt] = []
+    for j in range(len(rows)):
+        if max_prompts is not None and len(out) >= max_prompts:
+            break
+        row = rows.row(j)
+        rendered = renderer.render(row, where=f"validation row {j}")
+        if rendered is not None:
+            out.append(_prompt(f"v{j}", j, row, rendered))
+    return out
+
+
+__all__ = [
+    "TASKS",
+    "DataError",
+    "PromptRenderer",
+    "PromptStream",
+    "Row",
+    "has_chat_template",
+    "load_jsonl",
+    "make_renderer",
+    "make_task",
+    "task_names",
+    "train_rows",
+    "validation_prompts",
+    "validation_rows",
+]

@@ -1,9 +1,9 @@
 """A deterministic tiny causal LM with a character-level tokenizer, built locally (nothing downloaded).
 
 The result is a standard model directory (config.json, model.safetensors, tokenizer.json +
-tokenizer_config.json, generation_config.json) that loads back through ``AutoModelForCausalLM`` and
-``AutoTokenizer.from_pretrained`` exactly like a hub model, so the demo and tests exercise the same code
-path a real model takes.
+tokenizer_config.json + chat_template.jinja, generation_config.json) that loads back through
+``AutoModelForCausalLM`` and ``AutoTokenizer.from_pretrained`` exactly like a hub model, so the demo
+and tests exercise the same code path a real model takes.
 """
 
 from __future__ import annotations
@@ -25,6 +25,15 @@ SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]
 # <unk>) because a random-init policy samples uniformly over the vocabulary and a smaller one finds the
 # first rewarded answer sooner.
 CHARACTERS = string.digits + string.ascii_lowercase + " +-*/=:?.,!()#"
+# A small chat template in the shape of real ones (a role header per turn, an end-of-turn token, the
+# assistant header as generation prompt), written with characters already in the vocabulary so the
+# chat path costs no new tokens: ``<s>system: ...</s>user: ...</s>assistant: ``. The eos token ends
+# a turn, so a model that answers and stops has learned the template's turn boundary.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
 
 
 def char_vocab() -> dict[str, int]:
@@ -45,7 +54,7 @@ def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE(vocab=char_vocab(), merges=[], unk_token=UNK_TOKEN))
     tok.add_special_tokens(SPECIAL_TOKENS)
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD_TOKEN,
         bos_token=BOS_TOKEN,
@@ -54,6 +63,8 @@ def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
         padding_side="left",  # generation pads on the left; saved only when passed to the constructor
         model_max_length=4096,
     )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def _model_config(spec: TinyModelSpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):

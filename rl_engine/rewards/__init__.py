@@ -2,18 +2,24 @@
 
 A reward factory takes the config's kwargs and returns ``RewardFn(sample) -> float``. Nothing here
 evaluates user-supplied code: the only user-controlled inputs are plain values and (for ``format``)
-a regular expression.
+a regular expression. ``build_reward`` wraps the function in ``SafeReward``: a reward that raises
+(or returns NaN) scores 0 for that sample, is counted and logged, and never stops the rollout.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
+import threading
 from collections.abc import Callable
 
 from rl_engine.config import RewardConfig
+from rl_engine.rewards.math_answers import math_verify_reward
 from rl_engine.types import Sample
+
+log = logging.getLogger(__name__)
 
 RewardFn = Callable[[Sample], float]
 
@@ -101,15 +107,65 @@ REWARDS: dict[str, Callable[..., RewardFn]] = {
     "contains": contains,
     "numeric_answer": numeric_answer,
     "format": format_match,
+    "math_verify": math_verify_reward,
 }
+
+
+class SafeReward:
+    """A reward function that cannot crash its caller.
+
+    An exception (or a non-finite value) scores ``error_value`` for that sample, marks it
+    (``sample.extra["reward_error"] = 1``), counts it (``errors``, also in ``stats()``) and logs it:
+    the first ``log_first`` errors in full, then every ``log_every``-th, so a reward that fails on every
+    sample cannot flood the log.
+    """
+
+    def __init__(
+        self, fn: RewardFn, name: str, *, error_value: float = 0.0, log_first: int = 5, log_every: int = 100
+    ):
+        self.fn, self.name, self.error_value = fn, name, error_value
+        self.log_first, self.log_every = log_first, log_every
+        self.calls = 0
+        self.errors = 0
+        self._lock = threading.Lock()  # rollouters may score from several threads
+
+    def __call__(self, sample: Sample) -> float:
+        with self._lock:
+            self.calls += 1
+        try:
+            value = float(self.fn(sample))
+            if not math.isfinite(value):
+                raise ValueError(f"returned {value}")
+            return value
+        except Exception as exc:
+            with self._lock:
+                self.errors += 1
+                n = self.errors
+            if n <= self.log_first or n % self.log_every == 0:
+                log.warning(
+                    "reward %r failed on prompt %s (%d failures so far, scored %s): %s: %s",
+                    self.name,
+                    sample.prompt_uid,
+                    n,
+                    self.error_value,
+                    type(exc).__name__,
+                    exc,
+                )
+            sample.extra["reward_error"] = 1.0
+            return self.error_value
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counts for the step metrics."""
+        return {"reward/errors": float(self.errors), "reward/calls": float(self.calls)}
 
 
 def reward_names() -> list[str]:
     return sorted(REWARDS)
 
 
-def build_reward(reward_cfg: RewardConfig) -> RewardFn:
-    """Look up ``reward_cfg.name`` and bind ``reward_cfg.kwargs``; errors say which names/arguments exist."""
+def build_reward(reward_cfg: RewardConfig) -> SafeReward:
+    """Look up ``reward_cfg.name`` and bind ``reward_cfg.kwargs`` (errors say which names/arguments
+    exist); the function comes back wrapped in ``SafeReward``."""
     factory = REWARDS.get(reward_cfg.name)
     if factory is None:
         raise ValueError(f"unknown reward {reward_cfg.name!r}; choose one of {', '.join(reward_names())}")
@@ -121,7 +177,7 @@ def build_reward(reward_cfg: RewardConfig) -> RewardFn:
         raise ValueError(
             f"reward {reward_cfg.name!r} got arguments {sorted(reward_cfg.kwargs)}; it takes: {params}"
         ) from None
-    return factory(**reward_cfg.kwargs)
+    return SafeReward(factory(**reward_cfg.kwargs), reward_cfg.name)
 
 
-__all__ = ["REWARDS", "RewardFn", "build_reward", "extract_number", "reward_names"]
+__all__ = ["REWARDS", "RewardFn", "SafeReward", "build_reward", "extract_number", "reward_names"]

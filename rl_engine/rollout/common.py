@@ -21,6 +21,7 @@ def sample_template(prompt: Prompt, version: int) -> Sample:
         param_version_end=version,
         prompt_text=prompt.text,
         answer=prompt.answer,
+        metadata=dict(prompt.metadata),
     )
 
 

@@ -1,11 +1,15 @@
-"""Reward registry: lookups by name, kwargs from config, clear errors."""
+"""Reward registry: lookups by name, kwargs from config, clear errors; math-verify answers; failing rewards."""
 
 from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
 
 import pytest
 
 from rl_engine.config import RewardConfig
-from rl_engine.rewards import build_reward, reward_names
+from rl_engine.rewards import REWARDS, build_reward, reward_names
 from rl_engine.types import Sample
 
 
@@ -64,3 +68,100 @@ def test_registry_errors_name_the_choices():
         build_reward(RewardConfig(name="exact_match", kwargs={"bogus": 1}))
     with pytest.raises(ValueError, match="not a valid regular expression"):
         build_reward(RewardConfig(name="format", kwargs={"pattern": "("}))
+
+
+# --- math-verify --------------------------------------------------------------------------------------
+
+GSM8K_GOLD = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "expected"),
+    [
+        ("She sold 48 + 24 = 72 clips in total.\n#### 72", GSM8K_GOLD, 1.0),  # GSM8K marker
+        ("48 + 24 = 72, so the answer is 72.", GSM8K_GOLD, 1.0),  # plain last number
+        ("The total is $72.00", GSM8K_GOLD, 1.0),  # units and decimals
+        (r"The answer is \boxed{72 \text{ clips}}", GSM8K_GOLD, 1.0),  # boxed with a unit
+        ("#### 71", GSM8K_GOLD, 0.0),  # wrong
+        ("48 + 24 = 72\n#### 70", GSM8K_GOLD, 0.0),  # right work, wrong final answer
+        ("#### 1,000", "1000", 1.0),  # thousands separator
+        (r"So the probability is $\boxed{\frac{2}{4}}$.", r"\frac{1}{2}", 1.0),  # equivalent fractions
+        (r"\boxed{0.5}", r"$\frac{1}{2}$", 1.0),
+        (r"x = \boxed{\sqrt{2}/2}", r"\frac{\sqrt{2}}{2}", 1.0),  # LaTeX expressions
+        (r"\boxed{x^2+2x}", "x(x+2)", 1.0),  # symbolic equivalence
+        (r"\boxed{\frac{1}{3}}", "0.25", 0.0),
+        ("I am not sure.", GSM8K_GOLD, 0.0),
+        ("", GSM8K_GOLD, 0.0),
+    ],
+)
+def test_math_verify_reward_on_real_looking_answers(response: str, answer: str, expected: float):
+    fn = build_reward(RewardConfig(name="math_verify"))
+    assert fn(_s(response, answer)) == expected
+    assert fn.errors == 0
+
+
+def test_math_verify_answer_formats_and_format_reward():
+    gsm = build_reward(
+        RewardConfig(name="math_verify", kwargs={"answer_format": "gsm8k", "format_reward": 0.1})
+    )
+    assert gsm(_s("#### 72", GSM8K_GOLD)) == 1.0
+    assert gsm(_s("#### 70", GSM8K_GOLD)) == 0.1  # the expected format, a wrong answer
+    assert gsm(_s("the answer is 72", GSM8K_GOLD)) == 0.0  # right number, but not where it must be
+    boxed = build_reward(RewardConfig(name="math_verify", kwargs={"answer_format": "boxed"}))
+    assert boxed(_s(r"so \boxed{72}", GSM8K_GOLD)) == 1.0
+    assert boxed(_s("72", GSM8K_GOLD)) == 0.0
+    with pytest.raises(ValueError, match="format_reward must be between 0 and correct_reward"):
+        build_reward(RewardConfig(name="math_verify", kwargs={"format_reward": 2.0}))
+    with pytest.raises(ValueError, match="it takes: answer_format"):
+        build_reward(RewardConfig(name="math_verify", kwargs={"format": "boxed"}))
+
+
+def test_math_verify_works_off_the_main_thread():
+    # The rollouter scores in a worker thread, where math-verify's signal-based timeout cannot run.
+    fn = build_reward(RewardConfig(name="math_verify"))
+    out: list[float] = []
+    t = threading.Thread(target=lambda: out.extend(fn(_s(r, GSM8K_GOLD)) for r in ["#### 72", "#### 7"]))
+    t.start()
+    t.join()
+    assert out == [1.0, 0.0]
+    assert fn.errors == 0
+
+
+# --- rewards that fail ----------------------------------------------------------------------------------
+
+
+def test_a_reward_that_raises_scores_zero_is_counted_and_logged(monkeypatch, caplog):
+    calls = {"n": 0}
+
+    def flaky() -> Callable[[Sample], float]:
+        def fn(sample: Sample) -> float:
+            calls["n"] += 1
+            if sample.response_text == "boom":
+                raise RuntimeError("verifier crashed")
+            if sample.response_text == "nan":
+                return float("nan")
+            return 1.0
+
+        return fn
+
+    monkeypatch.setitem(REWARDS, "flaky", flaky)
+    fn = build_reward(RewardConfig(name="flaky"))
+    fn.log_first, fn.log_every = 2, 3
+    samples = [_s(r, "1") for r in ["ok", "boom", "nan", "boom", "boom", "ok", "boom", "boom", "boom"]]
+    with caplog.at_level(logging.WARNING, logger="rl_engine.rewards"):
+        rewards = [fn(s) for s in samples]
+    assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert fn.errors == 7 and fn.stats() == {"reward/errors": 7.0, "reward/calls": 9.0}
+    assert [s.extra.get("reward_error") for s in samples[:3]] == [None, 1.0, 1.0]
+    logged = [r.getMessage() for r in caplog.records]
+    # the first two failures in full, then every third: failures 3 and 6
+    assert len(logged) == 4, logged
+    assert (
+        "reward 'flaky' failed on prompt p (1 failures so far, scored 0.0): RuntimeError: verifier crashed"
+        in logged[0]
+    )
+    assert "ValueError: returned nan" in logged[1]
+    assert calls["n"] == 9

@@ -5,8 +5,10 @@
 import { el, fmtNum } from "./api.js";
 
 /** Namespaces in the order an RL engineer reads them; the rest follow alphabetically. */
-const GROUP_ORDER = ["reward", "actor", "async", "timing", "throughput", "response_length", "off_policy",
+const GROUP_ORDER = ["reward", "val", "actor", "async", "timing", "throughput", "response_length", "off_policy",
   "trainer", "rollouter"];
+/** Headings that say more than the namespace. */
+const GROUP_TITLE = { val: "val/ — held-out evaluation" };
 const PALETTE = ["#2f6fde", "#d9480f", "#2b8a3e", "#ae3ec9", "#1098ad", "#f08c00", "#c2255c", "#5c7cfa",
   "#495057", "#66a80f", "#e8590c", "#0b7285"];
 
@@ -140,7 +142,7 @@ export class ChartBoard {
     let g = this.groups.get(ns);
     if (g) return g;
     const grid = el("div", { class: "chart-grid" });
-    const node = el("section", { class: "chart-group", "data-group": ns }, el("h3", {}, `${ns}/`), grid);
+    const node = el("section", { class: "chart-group", "data-group": ns }, el("h3", {}, GROUP_TITLE[ns] || `${ns}/`), grid);
     g = { ns, node, grid };
     this.groups.set(ns, g);
     // Keep groups in reading order.

@@ -1,4 +1,5 @@
-// Run dashboard: status badge and timeline, live charts, event tail, checkpoints, samples, cancel/resume.
+// Run dashboard: status badge and timeline, live charts, event tail, checkpoints (with export to a Hugging
+// Face model directory), samples, cancel/resume.
 // Initial state comes from the page; history from the REST API; everything after from ws/runs/<id>/.
 import { api, el, fmtNum, fmtTime, pageData, results } from "./api.js";
 import { ChartBoard } from "./charts.js";
@@ -15,6 +16,8 @@ const HISTORY_MAX_POINTS = 1000;
 const $ = (id) => document.getElementById(id);
 let state = run.state;
 let checkpoints = data.checkpoints || [];
+const exportsByStep = {}; // step -> latest export record (state, out, error), from REST then live events
+const CAN_WRITE = Boolean($("cancel-btn")); // the page shows write actions to members only
 const enteredAt = {}; // state -> ISO time the run entered it
 
 // --- status badge, timeline, buttons --------------------------------------------------------------------
@@ -114,6 +117,11 @@ function handleEvent(ev) {
   if (ev.kind === "status" && ev.data && ev.data.to) {
     enteredAt[ev.data.to] = ev.created;
     setState(ev.data.to, ev.data.error);
+  } else if (ev.kind === "log" && ev.data && ev.data.source === "export") {
+    // A new request ("queued") starts a fresh record; later events of it add to it.
+    const prev = ev.data.state === "queued" ? { error: "" } : exportsByStep[ev.data.step] || {};
+    exportsByStep[ev.data.step] = { ...prev, ...ev.data };
+    renderCheckpoints();
   } else if (ev.kind === "checkpoint" && ev.data && ev.data.path !== undefined) {
     checkpoints = checkpoints.filter((c) => c.step !== ev.data.step);
     checkpoints.push({ step: ev.data.step, path: ev.data.path, size_bytes: ev.data.size_bytes || 0, created: ev.created });
@@ -132,12 +140,52 @@ function fmtBytes(n) {
   return `${v.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+async function requestExport(step, btn) {
+  btn.disabled = true;
+  try {
+    exportsByStep[step] = await api(`/api/runs/${run.id}/checkpoints/${step}/export`, { method: "POST" });
+    renderCheckpoints();
+  } catch (err) {
+    showActionError(err);
+    btn.disabled = false;
+  }
+}
+
+/** The export cell of a checkpoint row: its state and result, and the action when one is allowed. */
+function exportCell(c) {
+  const ex = exportsByStep[c.step];
+  const parts = [];
+  if (ex && (ex.state === "queued" || ex.state === "running")) {
+    parts.push(el("span", { class: "muted" }, `${ex.state}…`));
+  } else if (ex && ex.state === "succeeded") {
+    parts.push(el("span", { class: "mono", title: "Hugging Face model directory on the run's cluster" }, ex.out));
+  } else if (ex && ex.state === "failed") {
+    parts.push(el("span", { class: "error-text", title: ex.error || "" }, `failed: ${(ex.error || "").split("\n").pop()}`));
+  }
+  const idle = !ex || ex.state === "succeeded" || ex.state === "failed";
+  if (CAN_WRITE && idle) {
+    const btn = el("button", { class: "btn small", type: "button", "data-testid": `export-${c.step}` },
+      ex ? "Export again" : "Export");
+    btn.addEventListener("click", () => requestExport(c.step, btn));
+    parts.push(btn);
+  }
+  return el("td", { "data-testid": `export-state-${c.step}`, "data-state": ex ? ex.state : "" }, ...parts);
+}
+
 function renderCheckpoints() {
   checkpoints.sort((a, b) => b.step - a.step);
   $("checkpoints").replaceChildren(...checkpoints.map((c) => el("tr", {},
-    el("td", {}, c.step), el("td", { class: "mono" }, c.path), el("td", { class: "muted" }, fmtBytes(c.size_bytes)))));
+    el("td", {}, c.step), el("td", { class: "mono" }, c.path), el("td", { class: "muted" }, fmtBytes(c.size_bytes)),
+    exportCell(c))));
   $("checkpoints-empty").hidden = checkpoints.length > 0;
   renderButtons();
+}
+
+async function loadExports() {
+  try {
+    for (const ex of await api(`/api/runs/${run.id}/exports`)) exportsByStep[ex.step] = ex;
+    renderCheckpoints();
+  } catch { /* the table still lists the checkpoints; export states arrive with the next event */ }
 }
 
 // --- charts ---------------------------------------------------------------------------------------------
@@ -224,6 +272,7 @@ async function loadStatusHistory() {
 
 setState(state);
 renderCheckpoints();
+loadExports();
 loadStatusHistory();
 loadSamples();
 

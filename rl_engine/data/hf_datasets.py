@@ -1,0 +1,146 @@
+"""Loading splits through Hugging Face ``datasets``: local files, ``save_to_disk`` directories, data
+directories laid out like a hub repository, and hub datasets already in the local cache.
+
+Offline unless ``data.allow_download``: ``datasets`` would otherwise try the hub first and, on a machine
+without network, spend tens of seconds in retries before it falls back to its cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rl_engine.config import DatasetDataConfig
+from rl_engine.data.rows import DataError
+
+_EXTENSIONS = {
+    ".parquet": "parquet",
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".arrow": "arrow",
+}
+
+
+@contextlib.contextmanager
+def _hub_offline(offline: bool) -> Iterator[None]:
+    """Force offline mode for this call only. ``datasets`` and ``huggingface_hub`` read the flag from
+    module constants set at import time, so the environment variable alone is too late here."""
+    import datasets.config as ds_config
+    import huggingface_hub.constants as hub_constants
+
+    saved = ds_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE
+    if offline:
+        ds_config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        ds_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+
+
+def _file_format(path: str, configured: str) -> str:
+    if configured != "auto":
+        return configured
+    suffix = Path(path.replace("*", "x")).suffix.lower()
+    if suffix not in _EXTENSIONS:
+        raise DataError(
+            f"cannot tell the format of {path!r} from its extension; set data.format "
+            f"({', '.join(sorted(set(_EXTENSIONS.values())))})"
+        )
+    return _EXTENSIONS[suffix]
+
+
+def _is_single_file(path: str) -> bool:
+    return Path(path).expanduser().is_file() or any(ch in path for ch in "*?[")
+
+
+def _is_saved_dataset(p: Path) -> bool:
+    return (p / "dataset_dict.json").exists() or (p / "state.json").exists()
+
+
+def _pick_split(obj: Any, split: str, where: str) -> Any:
+    """A split of a DatasetDict (or the Dataset itself when it is not a dict)."""
+    if not hasattr(obj, "keys"):
+        return obj
+    if split not in obj:
+        raise DataError(f"{where}: no split {split!r}; its splits: {', '.join(obj.keys())}")
+    return obj[split]
+
+
+def _load(cfg: DatasetDataConfig, path: str, split: str) -> Any:
+    import datasets
+
+    p = Path(path).expanduser()
+    kwargs: dict[str, Any] = {"cache_dir": cfg.cache_dir} if cfg.cache_dir else {}
+    if p.is_dir() and _is_saved_dataset(p):
+        return _pick_split(datasets.load_from_disk(str(p)), split, path)
+    if _is_single_file(path):
+        # A single file (or glob) is one split whatever its name: map it to the split asked for.
+        builder = _file_format(path, cfg.format)
+        return datasets.load_dataset(builder, data_files={split: str(p)}, split=split, **kwargs)
+    if p.is_dir():
+        return datasets.load_dataset(str(p), cfg.name, split=split, **kwargs)
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+        raise DataError(f"{path}: no such file or directory")
+    return datasets.load_dataset(path, cfg.name, split=split, **kwargs)  # a hub id (cache unless allowed)
+
+
+def load_split(cfg: DatasetDataConfig, path: str, split: str) -> Any:
+    """One split as a ``datasets.Dataset``; every failure becomes a one-line ``DataError``."""
+    import datasets
+    from datasets.utils import logging as ds_logging
+
+    ds_logging.set_verbosity_error()  # "using the latest cached version" warnings, per call
+    datasets.disable_progress_bars()
+    where = f"{path}" + (f" ({cfg.name})" if cfg.name else "") + f" split {split!r}"
+    try:
+        with _hub_offline(not cfg.allow_download):
+            return _load(cfg, path, split)
+    except DataError:
+        raise
+    except ConnectionError as exc:
+        hint = (
+            ""
+            if cfg.allow_download
+            else " (offline: only local files and the datasets cache; see data.allow_download)"
+        )
+        raise DataError(f"{where}: {exc}{hint}") from None
+    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{where}: {msg}") from None
+    except Exception as exc:  # datasets raises its own types (DatasetNotFoundError, builder errors)
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise DataError(f"{where}: {type(exc).__name__}: {msg}") from None
+
+
+def ensure_dataset(cfg: DatasetDataConfig) -> None:
+    """Generate the synthetic dataset at ``cfg.path`` when it is configured and missing."""
+    if cfg.synthetic is None or Path(cfg.path).exists():
+        return
+    from rl_engine.data.gsm8k_style import write_dataset
+
+    write_dataset(cfg.synthetic, cfg.path)
+
+
+def load_train_split(cfg: DatasetDataConfig) -> Any:
+    ensure_dataset(cfg)
+    ds = load_split(cfg, cfg.path, cfg.train_split)
+    if cfg.max_rows is not None and cfg.max_rows < len(ds):
+        ds = ds.select(range(cfg.max_rows))
+    return ds
+
+
+def load_validation_split(cfg: DatasetDataConfig) -> Any | None:
+    ensure_dataset(cfg)
+    if cfg.validation_path:
+        return load_split(cfg, cfg.validation_path, "validation")
+    if cfg.validation_split:
+        if _is_single_file(cfg.path):
+            raise DataError(
+                f"{cfg.path} is a single file, which holds one split: use data.validation_path for a "
+                f"validation file instead of data.validation_split={cfg.validation_split!r}"
+            )
+        return load_split(cfg, cfg.path, cfg.validation_split)
+    return None

@@ -1,0 +1,154 @@
+"""Held-out evaluation: answer the validation prompts with a rollout worker's current weights, score the
+responses with the run's reward, and report ``val/`` metrics.
+
+One code path for every backend: the ``Evaluator`` only calls the worker contract (``generate``,
+``resume``, ``version``) and changes the sampling settings the worker reads at each call (``worker.cfg``)
+for the duration of one chunk, so greedy decoding is ``top_p`` → 0 (the nucleus keeps only the most
+likely token, in the HF loop, vLLM and SGLang alike). The prompts go in chunks of
+``eval.prompts_per_call``; the caller's ``hold`` context manager is entered around each chunk, which
+is where a rollouter gives its worker to the evaluation and takes it back between chunks (its
+training generation interleaves with the evaluation instead of stopping for all of it).
+
+Metrics: ``val/reward_mean``, ``val/pass@k`` (k = 1 and n; unbiased estimator), ``val/response_length``
+(mean tokens), ``val/truncated_ratio`` (hit max_new_tokens), ``val/aborted_ratio`` (interrupted and not
+finished: normally 0), ``val/num_prompts``, ``val/param_version``, ``val/time_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_engine.config import EvalConfig, ExperimentConfig
+from rl_engine.types import Prompt, Sample, split_groups
+
+GREEDY_TOP_P = 1e-9  # below any second-best token's mass: only the argmax survives the nucleus cut
+MAX_RESUMES = 8  # continuation attempts for responses interrupted mid-evaluation
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of ``k`` responses drawn from ``n`` (``c`` of them correct) is
+    correct: ``1 - C(n - c, k) / C(n, k)`` (the unbiased estimator of Chen et al., 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    samples: list[Sample] = field(repr=False)
+
+
+@contextlib.contextmanager
+def sampling_overrides(worker: Any, **updates: Any) -> Iterator[None]:
+    """Let ``worker`` sample with ``updates`` applied to its rollout config, then restore it. The
+    caller must hold the worker exclusively meanwhile (no other generate call may run)."""
+    original = worker.cfg
+    worker.cfg = original.model_copy(update=updates)
+    try:
+        yield
+    finally:
+        worker.cfg = original
+
+
+class Evaluator:
+    """Evaluates a worker on fixed validation prompts; see the module docstring."""
+
+    def __init__(
+        self,
+        eval_cfg: EvalConfig,
+        prompts: list[Prompt],
+        reward_fn: Callable[[Sample], float],
+        *,
+        rollout_temperature: float,
+    ):
+        if not prompts:
+            raise ValueError("evaluation needs at least one validation prompt")
+        self.cfg = eval_cfg
+        self.prompts = list(prompts)
+        self.reward_fn = reward_fn
+        self.temperature = eval_cfg.temperature or rollout_temperature
+
+    @classmethod
+    def from_config(
+        cls, cfg: ExperimentConfig, tokenizer: Any, reward_fn: Callable[[Sample], float] | None = None
+    ) -> Evaluator | None:
+        """The run's evaluator (validation prompts of ``cfg.data``, the run's reward), or None when
+        evaluation is off."""
+        if not cfg.eval.enabled:
+            return None
+        from rl_engine.data import validation_prompts
+
+        if reward_fn is None:
+            from rl_engine.rewards import build_reward
+
+            reward_fn = build_reward(cfg.reward)
+        prompts = validation_prompts(cfg, tokenizer, cfg.eval.max_prompts)
+        return cls(cfg.eval, prompts, reward_fn, rollout_temperature=cfg.rollout.temperature)
+
+    def chunks(self) -> list[list[Prompt]]:
+        k = self.cfg.prompts_per_call
+        return [self.prompts[i : i + k] for i in range(0, len(self.prompts), k)]
+
+    def _overrides(self) -> dict[str, Any]:
+        if self.cfg.greedy:
+            return {"top_p": GREEDY_TOP_P}
+        return {"temperature": self.temperature, "top_p": 1.0}
+
+    def generate(self, worker: Any, prompts: list[Prompt]) -> list[Sample]:
+        """Answer ``prompts`` ``eval.n`` times each (continuing interrupted responses) and score them."""
+        with sampling_overrides(worker, **self._overrides()):
+            samples = worker.generate(prompts, self.cfg.n)
+            for _ in range(MAX_RESUMES):
+                todo = [i for i, s in enumerate(samples) if s.finish_reason == "abort"]
+                if not todo or worker.interrupted:
+                    break
+                for i, s in zip(todo, worker.resume([samples[i] for i in todo]), strict=True):
+                    samples[i] = s
+        for s in samples:
+            s.reward = float(self.reward_fn(s))
+        return samples
+
+    def run(
+        self, worker: Any, *, hold: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    ) -> EvalResult:
+        """Evaluate every validation prompt; ``hold()`` is entered around each chunk's generation."""
+        t0 = time.monotonic()
+        version = int(worker.version)
+        samples: list[Sample] = []
+        for chunk in self.chunks():
+            with hold() if hold is not None else contextlib.nullcontext():
+                samples.extend(self.generate(worker, chunk))
+        metrics = self.summarize(samples)
+        metrics["val/param_version"] = float(version)
+        metrics["val/time_s"] = time.monotonic() - t0
+        return EvalResult(metrics, samples)
+
+    def summarize(self, samples: list[Sample]) -> dict[str, float]:
+        """Aggregate scored samples (grouped by prompt, ``eval.n`` each) into ``val/`` metrics."""
+        groups = split_groups(samples)
+        n = self.cfg.n
+        threshold = self.cfg.success_threshold
+        out = {
+            "val/reward_mean": statistics.fmean(s.reward for s in samples),
+            "val/response_length": statistics.fmean(s.response_length for s in samples),
+            "val/truncated_ratio": statistics.fmean(s.finish_reason == "length" for s in samples),
+            "val/aborted_ratio": statistics.fmean(s.finish_reason == "abort" for s in samples),
+            "val/num_prompts": float(len(groups)),
+        }
+        for k in sorted({1, n}):
+            out[f"val/pass@{k}"] = statistics.fmean(
+                pass_at_k(len(g), sum(s.reward >= threshold for s in g), k) for g in groups
+            )
+        return out
+
+
+__all__ = ["GREEDY_TOP_P", "EvalResult", "Evaluator", "pass_at_k", "sampling_overrides"]
