@@ -5,13 +5,16 @@ One code path for every backend: the ``Evaluator`` only calls the worker contrac
 ``resume``, ``version``) and changes the sampling settings the worker reads at each call (``worker.cfg``)
 for the duration of one chunk, so greedy decoding is ``top_p`` → 0 (the nucleus keeps only the most
 likely token, in the HF loop, vLLM and SGLang alike). The prompts go in chunks of
-``eval.prompts_per_call``; the caller's ``hold`` context manager is entered around each chunk, which
-is where a rollouter gives its worker to the evaluation and takes it back between chunks (its
-training generation interleaves with the evaluation instead of stopping for all of it).
+``eval.prompts_per_call``; the caller's ``hold`` context manager is entered around each chunk's
+generation (not its scoring, which needs no worker), which is where a rollouter gives its worker to the
+evaluation and takes it back between chunks (its training generation interleaves with the evaluation
+instead of stopping for all of it, and a weight update may land between two chunks).
 
 Metrics: ``val/reward_mean``, ``val/pass@k`` (k = 1 and n; unbiased estimator), ``val/response_length``
 (mean tokens), ``val/truncated_ratio`` (hit max_new_tokens), ``val/aborted_ratio`` (interrupted and not
-finished: normally 0), ``val/num_prompts``, ``val/param_version``, ``val/time_s``.
+finished: normally 0), ``val/reward_errors`` (responses whose reward raised, scored 0),
+``val/num_prompts``, ``val/param_version`` and ``val/param_version_end`` (the weights of the first and
+of the last chunk: they differ when a weight update landed between chunks), ``val/time_s``.
 """
 
 from __future__ import annotations
@@ -105,6 +108,10 @@ class Evaluator:
 
     def generate(self, worker: Any, prompts: list[Prompt]) -> list[Sample]:
         """Answer ``prompts`` ``eval.n`` times each (continuing interrupted responses) and score them."""
+        return self.score(self.answer(worker, prompts))
+
+    def answer(self, worker: Any, prompts: list[Prompt]) -> list[Sample]:
+        """Answer ``prompts`` ``eval.n`` times each, continuing interrupted responses (unscored)."""
         with sampling_overrides(worker, **self._overrides()):
             samples = worker.generate(prompts, self.cfg.n)
             for _ in range(MAX_RESUMES):
@@ -113,6 +120,9 @@ class Evaluator:
                     break
                 for i, s in zip(todo, worker.resume([samples[i] for i in todo]), strict=True):
                     samples[i] = s
+        return samples
+
+    def score(self, samples: list[Sample]) -> list[Sample]:
         for s in samples:
             s.reward = float(self.reward_fn(s))
         return samples
@@ -122,13 +132,16 @@ class Evaluator:
     ) -> EvalResult:
         """Evaluate every validation prompt; ``hold()`` is entered around each chunk's generation."""
         t0 = time.monotonic()
-        version = int(worker.version)
+        versions: list[int] = []
         samples: list[Sample] = []
         for chunk in self.chunks():
             with hold() if hold is not None else contextlib.nullcontext():
-                samples.extend(self.generate(worker, chunk))
+                versions.append(int(worker.version))
+                answered = self.answer(worker, chunk)
+            samples.extend(self.score(answered))  # the worker is free meanwhile
         metrics = self.summarize(samples)
-        metrics["val/param_version"] = float(version)
+        metrics["val/param_version"] = float(versions[0])
+        metrics["val/param_version_end"] = float(versions[-1])
         metrics["val/time_s"] = time.monotonic() - t0
         return EvalResult(metrics, samples)
 
@@ -142,6 +155,7 @@ class Evaluator:
             "val/response_length": statistics.fmean(s.response_length for s in samples),
             "val/truncated_ratio": statistics.fmean(s.finish_reason == "length" for s in samples),
             "val/aborted_ratio": statistics.fmean(s.finish_reason == "abort" for s in samples),
+            "val/reward_errors": float(sum(bool(s.extra.get("reward_error")) for s in samples)),
             "val/num_prompts": float(len(groups)),
         }
         for k in sorted({1, n}):

@@ -1,9 +1,10 @@
 """The one driver: ``run_experiment(cfg, sink)`` builds the actors and runs any mode to the end.
 
-Reads top to bottom like the training loop it orchestrates: (restore) → start rollouters → per step:
-train on a batch pulled from the queue → sync weights every ``trigger_parameter_sync_step`` steps →
-log → checkpoint. Every wait is a short poll so a stop request, an actor failure or a stall is seen
-within a second (``_Waiter``); nothing blocks on an actor without a timeout.
+Reads top to bottom like the training loop it orchestrates: (restore) → (evaluate) → start rollouters
+→ per step: train on a batch pulled from the queue → sync weights every ``trigger_parameter_sync_step``
+steps → start an evaluation when due → log → checkpoint. Every wait is a short poll so a stop request,
+an actor failure or a stall is seen within a second (``Waiter``); nothing blocks on an actor without a
+timeout, and evaluations run beside training (``EvalSchedule``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import ray
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline import checkpoint as ckpt
 from rl_engine.pipeline.components import Components
+from rl_engine.pipeline.eval_schedule import EvalSchedule
 from rl_engine.pipeline.knobs import Knobs, knobs_from_config
-from rl_engine.pipeline.metrics import step_metrics
+from rl_engine.pipeline.metrics import step_metrics, sum_counters
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.sync import build_sync
@@ -162,9 +164,11 @@ class _Run:
             .remote(cfg, self.knobs, self.queue, self.components)
         )
         count = cfg.pipeline.num_rollouters
+        # control threads: health, update_weights/pause, unpause, stop, and on rollouter 0 a long
+        # evaluate plus its cancel_evaluation
         self.rollouters = [
             ray.remote(Rollouter)
-            .options(num_cpus=res.cpus_per_actor, num_gpus=res.rollout_gpus, max_concurrency=4)
+            .options(num_cpus=res.cpus_per_actor, num_gpus=res.rollout_gpus, max_concurrency=6)
             .remote(cfg, self.knobs, i, count, self.queue, self.components)
             for i in range(count)
         ]
@@ -179,6 +183,8 @@ class _Run:
         self.syncer = build_sync(cfg.pipeline.sync_backend, self.trainer, self.rollouters)
         self.object_store = cfg.pipeline.sync_backend == "object_store"
         self._pending_sync: tuple | None = None
+        self.synced_version = 0  # the weights the rollouters hold (or are loading) after the last sync
+        self.evals = EvalSchedule(cfg, self.rollouters[0], self.sink, self.waiter)
 
     # --- main loop ----------------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -189,13 +195,14 @@ class _Run:
             f"pipeline running ({self.knobs.mode}) from step {self.start_step}",
             {"step": self.start_step, "mode": self.knobs.mode, "max_staleness": self.knobs.max_staleness},
         )
+        self._quietly(lambda: self.evals.before_training(self.start_step), "an evaluation")
         ray.get([r.start.remote() for r in self.rollouters])
         total, every = self.cfg.trainer.total_steps, self.cfg.trainer.checkpoint_every
         pending_log = None
         t_last = time.monotonic()
         while self.step < total and not self.stop.is_set():
             nxt = self.step + 1
-            publish = self.object_store and nxt % self.knobs.trigger == 0 and nxt < total
+            publish = self.object_store and self._syncs_after(nxt)
             ref = self.trainer.train_step.remote(self.cfg.logging.samples_per_step, publish)
             if pending_log is not None:
                 self._log(*pending_log)  # overlaps with the running step
@@ -208,7 +215,7 @@ class _Run:
                 if result.get("weights_box"):
                     self._finish_sync()  # the previous sync, normally long done
                     self._start_sync(result)
-                elif not self.object_store and self.step % self.knobs.trigger == 0 and self.step < total:
+                elif not self.object_store and self._syncs_after(self.step):
                     self._sync(self.step)
             except StopWaitAbandoned as exc:
                 self.sink.log_event(
@@ -216,6 +223,7 @@ class _Run:
                 )
                 self.trained_uids.extend(result["uids"])
                 break
+            self.evals.after_step(self.step, self.synced_version)
             now = time.monotonic()
             health = [r.health.remote() for r in self.rollouters]
             pending_log = (self.step, result, now - t_last, self.queue.stats.remote(), health)
@@ -228,6 +236,8 @@ class _Run:
             self._log(*pending_log)
         self._finish_sync_quietly()
         self.stopped = self.step < total
+        stopping = self.stop.is_set()
+        self._quietly(lambda: self.evals.finish(self.step, self.synced_version, stopping), "an evaluation")
         if self.cfg.trainer.checkpoint_dir and self.last_ckpt_step != self.step:
             self._checkpoint(self.step)
         self.sink.log_event(
@@ -237,7 +247,22 @@ class _Run:
         )
         return self._summary()
 
+    def _quietly(self, fn: Any, what: str) -> None:
+        """Run ``fn``; a wait it abandons after a stop request becomes an alert, not an error."""
+        try:
+            fn()
+        except StopWaitAbandoned as exc:
+            self.sink.log_event("alert", f"stopping without finishing {what}: {exc}", {"step": self.step})
+
     # --- weight sync ------------------------------------------------------------------------------------
+    def _syncs_after(self, step: int) -> bool:
+        """Whether ``step`` ends with a weight sync: every ``trigger`` steps, and after the last step only
+        when the final weights are evaluated (otherwise no rollouter needs them)."""
+        total = self.cfg.trainer.total_steps
+        if step == total:
+            return self.evals.final_due()
+        return step % self.knobs.trigger == 0
+
     # Object store: the trainer publishes right after the step that triggers a sync (and marks the
     # proximal policy); the driver sends the ref to the rollouters and does not wait, so the next
     # step starts at once. The sync is awaited (watchdog included) when that step is logged, before
@@ -246,6 +271,7 @@ class _Run:
     def _start_sync(self, result: dict[str, Any]) -> None:
         version = result["version"]
         refs = [r.update_weights.remote(result["weights_box"], version) for r in self.rollouters]
+        self.synced_version = version
         self._pending_sync = (version, time.monotonic() - result["publish_s"], result["publish_s"], refs)
 
     def _finish_sync(self) -> float | None:
@@ -270,6 +296,7 @@ class _Run:
     def _sync(self, version: int) -> float:
         """Blocking sync: at resume, and for transports where the trainer takes part (NCCL)."""
         refs, publish_s = self.syncer.start(version)
+        self.synced_version = version
         t0 = time.monotonic() - publish_s
         results = self.waiter.wait_all(refs, "weight sync")
         return self.syncer.finish(version, t0, publish_s, [r for r in results if r]).total_s
@@ -290,6 +317,7 @@ class _Run:
             queue_stats=qstats,
             rollout_busy_delta_s=deltas,
             gen_window_s=wall,
+            counters=sum_counters([h.get("counters", {}) for h in health]),
         )
         self.rewards.append(metrics["reward/mean"])
         self.trained_uids.extend(result["uids"])

@@ -14,11 +14,13 @@ def step_metrics(
     queue_stats: dict[str, Any],
     rollout_busy_delta_s: list[float],
     gen_window_s: float,
+    counters: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Merge the trainer's own metrics with pipeline figures for one step.
 
     ``rollout_busy_delta_s``: per rollouter, seconds spent inside worker calls since the last step;
-    ``gen_window_s``: wall seconds of that window (so idle ratio = 1 - busy / window).
+    ``gen_window_s``: wall seconds of that window (so idle ratio = 1 - busy / window);
+    ``counters``: the rollouters' cumulative counters (``sum_counters``), merged as they are.
     """
     rewards, lengths, stal = result["rewards"], result["lengths"], result["staleness"]
     m: dict[str, float] = {k: float(v) for k, v in result["trainer_metrics"].items()}
@@ -48,4 +50,15 @@ def step_metrics(
     )
     if sync_s is not None:
         m["timing/weight_sync_s"] = sync_s
+    m.update(counters or {})
     return m
+
+
+def sum_counters(per_rollouter: list[dict[str, float]]) -> dict[str, float]:
+    """One run's counters from each rollouter's ``Rollouter.counters()``, key by key: the reward's
+    (``reward/errors``, ``reward/calls``) add up; the data stream's come from rollouter 0 alone."""
+    out: dict[str, float] = {}
+    for counters in per_rollouter:
+        for key, value in counters.items():
+            out[key] = out.get(key, 0.0) + float(value)
+    return out

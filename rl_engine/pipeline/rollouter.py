@@ -9,10 +9,14 @@ Threads inside the actor (created with ``max_concurrency`` >= 4):
   (a driver that handed out fixed chunks could deadlock). Prompts admitted while a control call
   arrives are *parked* (one unit per thread) and generated next; control calls wait for threads
   between admission and parking, so a checkpoint sees every admitted slot.
-* **control calls** (``update_weights``, ``pause``/``unpause``, ``health``, ``stop``) run on the
-  actor's other threads. ``update_weights`` with partial rollout interrupts the running call at the
-  next chunk boundary: unfinished responses keep their prefix and behaviour log-probs and are
+* **control calls** (``update_weights``, ``pause``/``unpause``, ``evaluate``, ``health``, ``stop``) run
+  on the actor's other threads. ``update_weights`` with partial rollout interrupts the running call at
+  the next chunk boundary: unfinished responses keep their prefix and behaviour log-probs and are
   continued on the new weights, so the sample spans ``param_version_start..param_version_end``.
+* **the worker-exclusive section**: ``update_weights``, ``nccl_receive``, ``pause`` (until ``unpause``)
+  and each chunk of an evaluation take the worker one at a time, in arrival order, and hold the loop
+  off meanwhile. So a weight update lands between two evaluation chunks, never inside one, and between
+  chunks the evaluation lets a loop thread take a turn (training generation interleaves with it).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import contextlib
 import threading
 import time
 import traceback
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -32,6 +38,13 @@ from rl_engine.pipeline.knobs import Knobs
 from rl_engine.types import Prompt, Sample, split_groups
 
 _ADMIT_POLL_S = 0.02  # re-ask the queue this often while gated (drops may free capacity)
+# Between evaluation chunks, wait at most this long for a loop thread to take its turn (it normally
+# does within milliseconds; the bound only matters when the loop cannot run, e.g. held by a pause).
+_EVAL_YIELD_MAX_S = 5.0
+
+
+class EvaluationCancelled(Exception):
+    """The run is stopping: the evaluation ends at its next chunk boundary, unreported."""
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
@@ -63,6 +76,12 @@ class Rollouter:
         self._admitting = 0
         self._draw_lock = threading.Lock()  # the prompt stream is not thread-safe
         self._hold = 0  # control calls that need the worker (update, pause) — the loop waits
+        # the worker-exclusive section: one entry per control call waiting for or owning (the head) it
+        self._worker_turns: deque[object] = deque()
+        self._turns = 0  # loop-thread turns (a call started, or admission refused)
+        self._eval_yield_mark: int | None = None  # ``_turns`` when the last evaluation chunk ended
+        self._eval_holding = False  # an evaluation chunk owns the worker
+        self._eval_cancel = threading.Event()  # sticky: set when the run stops
         self._stop = threading.Event()
         self._error: str | None = None
         self._threads: list[threading.Thread] = []
@@ -76,6 +95,19 @@ class Rollouter:
         self._samples_out = 0
         self._tokens_out = 0
         self._last_progress = time.monotonic()
+        # rollouter 0 evaluates (one evaluator per run); its own reward instance keeps reward/* counters
+        # about training samples only
+        self.evaluator = self._build_evaluator(components) if index == 0 and cfg.eval.enabled else None
+
+    def _build_evaluator(self, components: Components) -> Any:
+        from rl_engine.evaluation import Evaluator
+
+        tokenizer = getattr(self.worker, "tokenizer", None)
+        if tokenizer is None:
+            from rl_engine.models import load_tokenizer
+
+            tokenizer = load_tokenizer(self.cfg.model)
+        return Evaluator.from_config(self.cfg, tokenizer, components.reward.build(self.cfg, index=self.index))
 
     # --- generation loop ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -117,10 +149,10 @@ class Rollouter:
             if self._stop.is_set():
                 return None
             if self._pending:
-                self._busy[threading.get_ident()] = time.monotonic()
+                self._mark_busy()
                 return "resume", self._take_resumable()
             if self._parked:
-                self._busy[threading.get_ident()] = time.monotonic()
+                self._mark_busy()
                 return "generate", self._parked.pop(0)
             version = self.worker.version
             self._admitting += 1  # from here until the prompts are started or parked
@@ -136,6 +168,8 @@ class Rollouter:
                 started = prompts is not None and self._start_or_park(prompts, version)
         if prompts is None:
             with self._cv:  # gated by the staleness bound: wake up early on a weight update
+                self._turns += 1
+                self._cv.notify_all()
                 self._cv.wait(_ADMIT_POLL_S)
         return ("generate", prompts) if started else None
 
@@ -146,8 +180,14 @@ class Rollouter:
         if self._hold or self._stop.is_set() or self.worker.version != version:
             self._parked.append(prompts)
             return False
-        self._busy[threading.get_ident()] = time.monotonic()
+        self._mark_busy()
         return True
+
+    def _mark_busy(self) -> None:
+        """(Lock held.) This loop thread starts a worker call: one turn."""
+        self._busy[threading.get_ident()] = time.monotonic()
+        self._turns += 1
+        self._cv.notify_all()
 
     def _next_prompts(self) -> list[Any]:
         """This rollouter's slice: unit j of the shared stream goes to rollouter ``j % count``."""
@@ -202,20 +242,24 @@ class Rollouter:
             self._tokens_out += sum(s.response_length for g in done for s in g)
 
     # --- control calls (other threads) --------------------------------------------------------------
-    def _acquire_worker(self, interrupt: bool) -> None:
-        """Stop the loop from starting calls; interrupt the running ones if allowed; wait for them and
-        for threads between admission and parking (their slots must be recorded before we return)."""
+    def _acquire_worker(self, interrupt: bool, cancel: threading.Event | None = None) -> None:
+        """Enter the worker-exclusive section (after the control calls that came first); stop the loop
+        from starting calls; interrupt the running ones if allowed; wait for them and for threads
+        between admission and parking (their slots must be recorded before we return). ``cancel``
+        (evaluation only): give up waiting with ``EvaluationCancelled`` once it is set."""
         # An interrupted call returns within the engine's control timeout (HF: one chunk of decode
         # steps); a call we may not interrupt takes as long as it takes (the driver's watchdog reports it).
         limit = getattr(self.cfg.rollout, "control_timeout_s", self.cfg.pipeline.watchdog_timeout_s)
-        deadline = time.monotonic() + limit if interrupt else float("inf")
         with self._cv:
+            self._wait_worker_turn(cancel)
+            deadline = time.monotonic() + limit if interrupt else float("inf")
             self._hold += 1
             if interrupt and self._busy:
                 self.worker.interrupt()
             while self._busy or self._admitting:
                 if time.monotonic() > deadline:
                     self._hold -= 1
+                    self._worker_turns.popleft()
                     self._cv.notify_all()
                     raise RuntimeError(
                         f"rollouter {self.index}: the running call did not return within {limit:.0f} s "
@@ -223,12 +267,24 @@ class Rollouter:
                     )
                 self._cv.wait(0.5)
 
+    def _wait_worker_turn(self, cancel: threading.Event | None) -> None:
+        """(Lock held.) Queue for the worker-exclusive section and wait until this call heads the queue."""
+        token = object()
+        self._worker_turns.append(token)
+        while self._worker_turns[0] is not token:
+            if cancel is not None and (cancel.is_set() or self._stop.is_set()):
+                self._worker_turns.remove(token)
+                self._cv.notify_all()
+                raise EvaluationCancelled
+            self._cv.wait(0.5)
+
     def _release_worker(self) -> None:
         try:
             self.worker.clear_interrupt()  # engines wait for their abort here: it may time out
         finally:
             with self._cv:
                 self._hold -= 1
+                self._worker_turns.popleft()
                 self._cv.notify_all()
 
     def update_weights(self, ref_box: list[Any], version: int) -> dict[str, float]:
@@ -253,6 +309,70 @@ class Rollouter:
             return receive_into(self.worker, group, bucket_mb, version)
         finally:
             self._release_worker()
+
+    # --- held-out evaluation (rollouter 0; a control thread) -----------------------------------------------
+    def evaluate(self, step: int, min_version: int = 0) -> dict[str, float]:
+        """Run the held-out evaluation once the worker holds weights ``min_version`` or newer (the sync
+        the driver started before asking); ``val/`` metrics, or ``{}`` when cancelled or not configured.
+        ``step`` only names the request in errors."""
+        if self.evaluator is None:
+            return {}
+        with self._cv:
+            while self.worker.version < min_version:
+                if self._eval_cancel.is_set() or self._stop.is_set():
+                    return {}
+                self._cv.wait(0.5)
+            self._eval_yield_mark = None  # the first chunk waits for no loop turn
+        try:
+            return self.evaluator.run(self.worker, hold=self._eval_hold).metrics
+        except EvaluationCancelled:
+            return {}
+        except Exception as exc:
+            raise RuntimeError(
+                f"rollouter {self.index}: evaluation for step {step}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _eval_hold(self) -> Iterator[None]:
+        """One evaluation chunk owns the worker (the loop's running calls finish first, uninterrupted);
+        before it, a loop thread gets a turn, so training generation goes on between chunks."""
+        self._yield_to_loop()
+        self._acquire_worker(interrupt=False, cancel=self._eval_cancel)
+        try:
+            with self._cv:
+                if self._eval_cancel.is_set() or self._stop.is_set():
+                    raise EvaluationCancelled
+                self._eval_holding = True
+            yield
+        finally:
+            with self._cv:
+                self._eval_holding = False
+                self._eval_yield_mark = self._turns
+            self._release_worker()
+
+    def _yield_to_loop(self) -> None:
+        """Wait (bounded) until a loop thread took a turn since the last chunk: started a call, or
+        found admission closed. Without it the next chunk would take the worker back at once."""
+        with self._cv:
+            mark = self._eval_yield_mark
+            if mark is None or not self._threads:
+                return
+            deadline = time.monotonic() + _EVAL_YIELD_MAX_S
+            while self._turns == mark and not (
+                self._eval_cancel.is_set() or self._stop.is_set() or self._error
+            ):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cv.wait(left)
+
+    def cancel_evaluation(self) -> None:
+        """The run is stopping: end the running evaluation (its chunk is interrupted) and start none."""
+        with self._cv:
+            self._eval_cancel.set()
+            if self._eval_holding:  # only then: an interrupt outside an evaluation chunk hits training calls
+                self.worker.interrupt()
+            self._cv.notify_all()
 
     def pause(self) -> dict[str, Any]:
         """Hold the loop (in-flight calls interrupted with partial rollout) and return the state."""
@@ -299,7 +419,19 @@ class Rollouter:
                 "tokens_out": self._tokens_out,
                 "since_progress_s": now - self._last_progress,
                 "now": now,
+                "counters": self.counters(),
             }
+
+    def counters(self) -> dict[str, float]:
+        """Cumulative counters for the step metrics: the reward's (``reward/errors``, ``reward/calls``) and,
+        on rollouter 0 only, the prompt stream's (``data/overlong_prompts``, ``data/epoch``): every
+        rollouter's stream walks all positions (``_next_prompts``), so one stream counts for the run."""
+        out: dict[str, float] = {}
+        if hasattr(self.reward_fn, "stats"):
+            out.update(self.reward_fn.stats())
+        if self.index == 0 and hasattr(self.prompts, "stats"):
+            out.update(self.prompts.stats())
+        return out
 
     def stop(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """End the loop (interrupting a running call) and report what is still in flight."""

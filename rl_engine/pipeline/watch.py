@@ -1,7 +1,8 @@
 """Waiting on actors without ever hanging: stop requests, failures and the progress watchdog.
 
 Every wait of the driver goes through ``Waiter``: it polls the awaited refs in short slices and,
-between slices, (1) turns a stop request into ``TrainerActor.cancel``, (2) pings rollouters — a
+between slices, (1) turns a stop request into ``TrainerActor.cancel`` (or, while awaiting an
+evaluation, ``Rollouter.cancel_evaluation``), (2) pings rollouters — a
 rollouter whose loop died re-raises its error from ``health`` and the run fails with it within about
 a second, and (3) raises a sink ``alert`` event once per episode when a stage makes no progress for
 ``pipeline.watchdog_timeout_s``: a weight sync still running, a rollout call still running, a trainer
@@ -92,6 +93,9 @@ class Waiter:
         run = self.run
         if run.stop.is_set() and stage == "train" and not self._cancel_sent:
             run.trainer.cancel.remote()
+            self._cancel_sent = True
+        if run.stop.is_set() and stage == "evaluation" and not self._cancel_sent:
+            run.rollouters[0].cancel_evaluation.remote()  # it ends at its next chunk boundary
             self._cancel_sent = True
         if check_health:
             self._check_rollouters()

@@ -65,6 +65,8 @@ class StdoutSink(MetricsSink):
         if step % self.every:
             return
         parts = [f"{label} {_fmt(metrics[key])}" for key, label in _LINE_KEYS if key in metrics]
+        if not parts:  # e.g. an evaluation's val/ metrics: its summary comes as a log event
+            return
         self._write(f"step {step} | " + " | ".join(parts))
 
     def log_event(self, kind: EventKind, message: str, data: dict[str, Any] | None = None) -> None:

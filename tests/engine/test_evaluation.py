@@ -11,7 +11,7 @@ import torch
 
 from rl_engine.config import ConfigError, RewardConfig
 from rl_engine.evaluation import Evaluator, pass_at_k
-from rl_engine.rewards import build_reward
+from rl_engine.rewards import SafeReward, build_reward
 from rl_engine.rollout import build_rollout_worker
 
 EVAL = ["data.num_validation_prompts=6", "eval.every=5", "rollout.max_new_tokens=4"]
@@ -60,15 +60,18 @@ def test_greedy_evaluation_is_argmax_decoding_and_restores_sampling(make_cfg):
     assert m["val/response_length"] == pytest.approx(
         statistics.fmean(len(s.response_ids) for s in first.samples)
     )
-    assert m["val/num_prompts"] == 6 and m["val/param_version"] == 0 and m["val/aborted_ratio"] == 0
+    assert m["val/num_prompts"] == 6 and m["val/aborted_ratio"] == 0 and m["val/reward_errors"] == 0
+    assert m["val/param_version"] == m["val/param_version_end"] == 0
     assert set(m) == {
         "val/reward_mean",
         "val/pass@1",
         "val/response_length",
         "val/truncated_ratio",
         "val/aborted_ratio",
+        "val/reward_errors",
         "val/num_prompts",
         "val/param_version",
+        "val/param_version_end",
         "val/time_s",
     }
 
@@ -104,9 +107,12 @@ def test_the_hold_wraps_each_chunk_and_sampling_is_overridden_only_inside(make_c
     worker.generate = lambda prompts, n: (seen.append(("generate", worker.cfg.top_p)), generate(prompts, n))[
         1
     ]
+    score = ev.score
+    ev.score = lambda samples: (seen.append(("score", worker.cfg.top_p)), score(samples))[1]
     ev.run(worker, hold=Hold)
-    assert [k for k, _ in seen] == ["enter", "generate", "exit"] * 3
-    assert [tp for k, tp in seen if k != "generate"] == [1.0] * 6  # training sampling between chunks
+    # scoring needs no worker: it runs after the hold is given back
+    assert [k for k, _ in seen] == ["enter", "generate", "exit", "score"] * 3
+    assert [tp for k, tp in seen if k != "generate"] == [1.0] * 9  # training sampling between chunks
     assert all(tp < 1e-6 for k, tp in seen if k == "generate")
 
 
@@ -117,6 +123,20 @@ def test_an_interrupted_worker_ends_the_evaluation_with_aborted_samples(make_cfg
     worker.interrupt()  # e.g. a weight update arrived: no resume loop, the aborted share is reported
     m = ev.run(worker).metrics
     assert m["val/aborted_ratio"] == 1.0 and m["val/response_length"] == 0
+
+
+def test_responses_whose_reward_raises_are_counted_and_score_zero(make_cfg):
+    cfg = make_cfg(*EVAL)
+    worker = build_rollout_worker(cfg)
+
+    def flaky(sample):
+        if sample.prompt_uid in {"v0", "v3"}:
+            raise ValueError("unparsable answer")
+        return 1.0
+
+    ev = Evaluator.from_config(cfg, worker.tokenizer, SafeReward(flaky, "flaky"))
+    m = ev.run(worker).metrics
+    assert m["val/reward_errors"] == 2 and m["val/reward_mean"] == pytest.approx(4 / 6)
 
 
 def test_eval_config_checks(make_cfg):

@@ -22,6 +22,7 @@ def test_stdout_sink_prints_one_compact_line_per_logged_step():
     sink = StdoutSink(every=2, stream=buf)
     sink.log_metrics(1, {"reward/mean": 0.5})
     sink.log_metrics(2, {"reward/mean": 0.25, "actor/entropy": 1.23456, "unlisted/key": 9.0})
+    sink.log_metrics(4, {"val/reward_mean": 0.5})  # nothing of the line's: no empty line
     sink.log_event("status", "running")
     lines = buf.getvalue().splitlines()
     assert lines == ["step 2 | reward 0.25 | entropy 1.235", "[status] running"]
