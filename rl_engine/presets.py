@@ -78,7 +78,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "chat_template": "on",
         },
         "reward": {"name": "math_verify", "kwargs": {"answer_format": "auto"}},
-        "eval": {"every": 50, "before_training": True, "greedy": True},
+        "eval": {"every": 50, "before_training": True, "at_end": True, "greedy": True},
         "logging": {"sinks": ["stdout"], "log_every": 25},
     },
     "gsm8k-qwen2.5-1.5b-vllm": {
@@ -127,7 +127,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "allow_download": True,
         },
         "reward": {"name": "math_verify", "kwargs": {"answer_format": "gsm8k"}},
-        "eval": {"every": 50, "before_training": True, "greedy": True},
+        "eval": {"every": 50, "before_training": True, "at_end": True, "greedy": True},
         "resources": {"rollout_gpus": 4, "trainer_gpus": 4},
         "logging": {"sinks": ["stdout"]},
     },

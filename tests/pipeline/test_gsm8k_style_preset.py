@@ -1,7 +1,7 @@
 """The real-shaped workflow on CPU, end to end: ``train --config preset:gsm8k-style-tiny-cpu`` (a generated
 GSM8K-format dataset through ``datasets``, the tiny model's chat template, math-verify scoring in the
-rollouter's thread, MLflow and W&B mirrors in their offline forms), then ``export`` of the final
-checkpoint and a held-out evaluation of the exported model."""
+rollouter's thread, held-out evaluation before training and at the end, MLflow and W&B mirrors in their
+offline forms), then ``export`` of the final checkpoint and a held-out evaluation of the exported model."""
 
 from __future__ import annotations
 
@@ -39,7 +39,14 @@ def test_gsm8k_style_preset_trains_exports_and_evaluates(tmp_path):
     assert "reward 'math_verify' failed" not in proc.stderr
 
     records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["type"] == "metrics"] == [1, 2, 3]
+    metrics = [(r["step"], r["metrics"]) for r in records if r["type"] == "metrics"]
+    assert [s for s, m in metrics if "reward/mean" in m] == [1, 2, 3]
+    assert all(m["data/epoch"] == 0 and m["reward/errors"] == 0 for _, m in metrics if "reward/mean" in m)
+    # the preset evaluates before training and at the end (eval.every = 50 is past this short run)
+    val = {s: m for s, m in metrics if "val/reward_mean" in m}
+    assert sorted(val) == [0, 3] and all(m["val/num_prompts"] == 8 for m in val.values())
+    assert [m["val/param_version"] for _, m in sorted(val.items())] == [0, 3]
+    assert all(0 <= m["val/pass@1"] <= 1 and m["val/reward_errors"] == 0 for m in val.values())
     assert not [r for r in records if r["type"] == "event" and r["kind"] == "alert"]  # both mirrors worked
     samples = [s for r in records if r["type"] == "samples" for s in r["samples"]]
     assert samples and all(s["prompt"].startswith("<s>user: ") and s["prompt"].endswith("</s>assistant: ")
@@ -52,6 +59,7 @@ def test_gsm8k_style_preset_trains_exports_and_evaluates(tmp_path):
     [run] = client.search_runs([client.get_experiment_by_name("gsm8k-style-tiny-cpu").experiment_id])
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/pass_at_1")] == [0, 3]
     assert run.data.params["reward.name"] == "math_verify"
     assert len(list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
 
