@@ -1,6 +1,6 @@
 """Rollouter: one actor per rollout worker, generating continuously into the MessageQueue.
 
-Threads inside the actor (created with ``max_concurrency`` >= 4):
+Threads inside the actor (created with ``max_concurrency`` >= 6):
 
 * the **generation loop** (started by ``start``): resume unfinished groups first, otherwise ask the
   queue to admit one unit (``prompts_per_call * n`` samples) for the current weights version, draw
@@ -246,7 +246,8 @@ class Rollouter:
         """Enter the worker-exclusive section (after the control calls that came first); stop the loop
         from starting calls; interrupt the running ones if allowed; wait for them and for threads
         between admission and parking (their slots must be recorded before we return). ``cancel``
-        (evaluation only): give up waiting with ``EvaluationCancelled`` once it is set."""
+        (evaluation only): give up waiting with ``EvaluationCancelled`` once it is set (so a stop never
+        waits behind an evaluation that waits for a stuck call)."""
         # An interrupted call returns within the engine's control timeout (HF: one chunk of decode
         # steps); a call we may not interrupt takes as long as it takes (the driver's watchdog reports it).
         limit = getattr(self.cfg.rollout, "control_timeout_s", self.cfg.pipeline.watchdog_timeout_s)
@@ -257,10 +258,11 @@ class Rollouter:
             if interrupt and self._busy:
                 self.worker.interrupt()
             while self._busy or self._admitting:
+                if cancel is not None and (cancel.is_set() or self._stop.is_set()):
+                    self._leave_section()
+                    raise EvaluationCancelled
                 if time.monotonic() > deadline:
-                    self._hold -= 1
-                    self._worker_turns.popleft()
-                    self._cv.notify_all()
+                    self._leave_section()
                     raise RuntimeError(
                         f"rollouter {self.index}: the running call did not return within {limit:.0f} s "
                         "of interrupt()"
@@ -278,14 +280,18 @@ class Rollouter:
                 raise EvaluationCancelled
             self._cv.wait(0.5)
 
+    def _leave_section(self) -> None:
+        """(Lock held.) Let the loop run again and hand the worker to the next control call."""
+        self._hold -= 1
+        self._worker_turns.popleft()
+        self._cv.notify_all()
+
     def _release_worker(self) -> None:
         try:
             self.worker.clear_interrupt()  # engines wait for their abort here: it may time out
         finally:
             with self._cv:
-                self._hold -= 1
-                self._worker_turns.popleft()
-                self._cv.notify_all()
+                self._leave_section()
 
     def update_weights(self, ref_box: list[Any], version: int) -> dict[str, float]:
         """Load weights published by the trainer (``[ObjectRef]`` of a numpy dict) as ``version``."""

@@ -232,3 +232,31 @@ def test_cancel_evaluation_ends_it_mid_chunk_and_training_goes_on(ray_session, t
         r.stop(timeout_s=20.0)
         ray.get(queue.close.remote())
     assert log.count(("eval", "start")) == 1
+
+
+def test_a_cancel_reaches_an_evaluation_waiting_for_a_stuck_training_call(ray_session, tiny_dir):
+    r, queue, log = _rollouter(tiny_dir)
+    stuck, release = threading.Event(), threading.Event()
+    generate = r.worker.generate
+
+    def stuck_train_generate(prompts: Any, n: int) -> Any:
+        if not prompts[0].uid.startswith("v"):
+            stuck.set()
+            assert release.wait(3 * _WAIT_S)  # stuck well past the test's waits
+        return generate(prompts, n)
+
+    r.worker.generate = stuck_train_generate
+    try:
+        r.start()
+        assert stuck.wait(_WAIT_S)
+        t, out = _in_thread(lambda: r.evaluate(1, 0))
+        _until(lambda: r._hold == 1)  # the chunk waits for the stuck call (it may not interrupt it)
+        r.cancel_evaluation()
+        t.join(_WAIT_S)
+        assert not t.is_alive() and out["result"] == {}
+        assert r._hold == 0 and not r._worker_turns  # the section is free for a pause or an update
+    finally:
+        release.set()
+        r.stop(timeout_s=20.0)
+        ray.get(queue.close.remote())
+    assert ("eval", "start") not in log
