@@ -36,7 +36,6 @@ class EvalSchedule:
         self.total = cfg.trainer.total_steps
         self.timeout = cfg.pipeline.watchdog_timeout_s
         self.pending: _Pending | None = None
-        self.steps_logged: list[int] = []
 
     def final_due(self) -> bool:
         """Whether the final weights are evaluated (then the last step publishes them to the rollouters)."""
@@ -110,7 +109,6 @@ class EvalSchedule:
         if not metrics:  # cancelled by a stop
             return
         self.sink.log_metrics(step, metrics)
-        self.steps_logged.append(step)
         self.sink.log_event(
             "log",
             f"evaluation at step {step}: reward {metrics['val/reward_mean']:.4g}, pass@1 "
