@@ -248,12 +248,13 @@ class Rollouter:
         between admission and parking (their slots must be recorded before we return). ``cancel``
         (evaluation only): give up waiting with ``EvaluationCancelled`` once it is set (so a stop never
         waits behind an evaluation that waits for a stuck call)."""
-        # An interrupted call returns within the engine's control timeout (HF: one chunk of decode
-        # steps); a call we may not interrupt takes as long as it takes (the driver's watchdog reports it).
-        limit = getattr(self.cfg.rollout, "control_timeout_s", self.cfg.pipeline.watchdog_timeout_s)
+        # A GPU engine's interrupted call returns within its control timeout, or the engine is broken:
+        # fail. An in-process worker (HF) stops at its next chunk of decode steps, and a call we may not
+        # interrupt takes as long as it takes: the driver's watchdog reports a stuck one.
+        limit = getattr(self.cfg.rollout, "control_timeout_s", None)
         with self._cv:
             self._wait_worker_turn(cancel)
-            deadline = time.monotonic() + limit if interrupt else float("inf")
+            deadline = time.monotonic() + limit if interrupt and limit else float("inf")
             self._hold += 1
             if interrupt and self._busy:
                 self.worker.interrupt()

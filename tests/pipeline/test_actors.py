@@ -147,10 +147,15 @@ def test_the_trainer_refuses_a_too_stale_batch_before_training_on_it(ray_session
 
 
 def test_a_pause_that_the_engine_ignores_fails_clearly_instead_of_hanging(ray_session):
-    """An engine that never returns after interrupt(): the control call gives up after the bound
-    (the engine's control timeout; the watchdog timeout for HF) with a message naming the rollouter,
-    and releases its hold on the loop."""
-    cfg = sim_config(**{"pipeline.watchdog_timeout_s": 1.0})
+    """A GPU engine (the simulated worker stands in for it) that never returns after interrupt(): the
+    control call gives up after the engine's control timeout with a message naming the rollouter, and
+    releases its hold on the loop."""
+    cfg = sim_config(
+        **{
+            "rollout": {"backend": "vllm", "n": 4, "max_new_tokens": 64, "control_timeout_s": 1.0},
+            "resources.rollout_gpus": 1,
+        }
+    )
     knobs = knobs_from_config(cfg)
     queue = ray_session.remote(MessageQueue).remote(knobs, 0)
     r = Rollouter(cfg, knobs, 0, 1, queue, sim_components(worker={"hang_at_call": 1}))
