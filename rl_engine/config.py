@@ -78,6 +78,10 @@ class HFRolloutConfig(_RolloutBase):
         4, ge=1, description="Decode steps between interruption checks (partial rollout granularity)."
     )
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the rollout process.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="auto: cuda when the rollouter is given a GPU (resources.rollout_gpus >= 1), else cpu.",
+    )
 
 
 class VLLMRolloutConfig(_RolloutBase):
@@ -106,7 +110,9 @@ RolloutConfig = Annotated[
 
 
 class TrainerConfig(_Strict):
-    total_steps: int = Field(100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run.")
+    total_steps: int = Field(
+        100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run."
+    )
     batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
     mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
     micro_batch_size: int | None = Field(
@@ -122,9 +128,44 @@ class TrainerConfig(_Strict):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of the decayed LR, as a ratio of lr.")
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the trainer process.")
     checkpoint_dir: str | None = Field(None, description="Where checkpoints go; None disables them.")
-    checkpoint_every: int = Field(0, ge=0, description="Trainer steps between checkpoints; 0: only at the end.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Trainer steps between checkpoints; 0: only at the end."
+    )
     keep_checkpoints: int = Field(2, ge=1)
     resume_from: str | None = Field(None, description="A checkpoint directory to resume from.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="auto: cuda when the trainer is given a GPU (resources.trainer_gpus >= 1), else cpu.",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description=(
+            "bf16: bf16 compute (autocast) on float32 master weights and float32 AdamW state; fp32: float32 "
+            "throughout; auto: bf16 when model.dtype is bfloat16 or float16, else fp32."
+        ),
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Token budget of a forward/backward (padded prompt+response tokens); samples are packed up to it. "
+            "None: derived from the vocabulary (2 GiB of float32 logits, 512..16384 tokens)."
+        ),
+    )
+    logits_chunk_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Tokens per chunk of the output layer (log-probs and entropy never hold [tokens, vocab] for more "
+            "tokens than this). None: derived from the vocabulary (32 MiB of float32 logits)."
+        ),
+    )
+    weight_sync_bucket_mb: int = Field(
+        256,
+        ge=1,
+        le=65536,
+        description="Weights go to the rollout in buckets of this size (in the rollout dtype).",
+    )
 
     @model_validator(mode="after")
     def _batches(self) -> TrainerConfig:
@@ -169,20 +210,26 @@ class AlgorithmConfig(_Strict):
 class PipelineConfig(_Strict):
     mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
     staleness_threshold: int = Field(
-        1, ge=0, description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md."
+        1,
+        ge=0,
+        description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md.",
     )
     trigger_parameter_sync_step: int = Field(1, ge=1, description="Trainer steps between weight syncs.")
     require_batches: int = Field(1, ge=1, description="Mini-batches the trainer gathers before a step.")
     partial_rollout: bool = True
     num_rollouters: int = Field(1, ge=1, le=64)
     queue_max_size: int = Field(0, ge=0, description="Queue bound in samples; 0: derived from the staleness.")
-    watchdog_timeout_s: float = Field(300.0, gt=0.0, description="Report a stage with no progress for this long.")
+    watchdog_timeout_s: float = Field(
+        300.0, gt=0.0, description="Report a stage with no progress for this long."
+    )
     ray_address: str | None = Field(None, description="Ray cluster to join; None: start a local one.")
     prompts_per_call: int = Field(
         0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
     )
     rollout_concurrency: int = Field(
-        1, ge=1, le=256,
+        1,
+        ge=1,
+        le=256,
         description="Concurrent generate calls per rollouter (engines with continuous batching); hf: 1.",
     )
     sync_backend: Literal["object_store", "nccl"] = Field(
@@ -276,9 +323,21 @@ class ExperimentConfig(_Strict):
                 f"algorithm.advantage '{self.algorithm.advantage}' compares responses within a group: "
                 "set rollout.n >= 2"
             )
+        self._devices_have_gpus()
         if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
             raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
         return self
+
+    def _devices_have_gpus(self) -> None:
+        """An explicit ``cuda`` device needs a GPU reserved for that actor (Ray only gives it one then)."""
+        if self.trainer.device == "cuda" and self.resources.trainer_gpus < 1:
+            raise ValueError(
+                "trainer.device 'cuda' needs a GPU for the trainer: set resources.trainer_gpus >= 1"
+            )
+        if getattr(self.rollout, "device", None) == "cuda" and self.resources.rollout_gpus < 1:
+            raise ValueError(
+                "rollout.device 'cuda' needs a GPU for each rollouter: set resources.rollout_gpus >= 1"
+            )
 
 
 # --- helpers ------------------------------------------------------------------------------------------
@@ -350,7 +409,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError([(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")])
+                raise ConfigError(
+                    [(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")]
+                )
             node = child
         node[path[-1]] = value
     return out
