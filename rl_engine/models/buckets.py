@@ -194,13 +194,24 @@ class WeightStream(ABC):
 
 
 class LocalWeightStream(WeightStream):
-    """Buckets filled from tensors of this process, one at a time, in one reused buffer (the largest
-    bucket's size, on the tensors' device): the cast to the manifest's dtype happens in the copy."""
+    """Buckets filled from tensors of this process, one at a time, in one reused buffer on the tensors'
+    device: the cast to the manifest's dtype happens in the copy.
+
+    ``buffer``: a staging buffer to fill (at least the largest bucket, in the manifest's dtype, on the
+    tensors' device); a caller that syncs repeatedly keeps one (``staging_buffer``) because
+    page-faulting a fresh one each time costs more than the copy itself. Without it, one is allocated
+    for the duration of the iteration.
+    """
 
     reuses_buffer = True
 
-    def __init__(self, manifest: WeightManifest, tensors: Mapping[str, torch.Tensor]) -> None:
-        self.manifest, self.tensors = manifest, tensors
+    def __init__(
+        self,
+        manifest: WeightManifest,
+        tensors: Mapping[str, torch.Tensor],
+        buffer: torch.Tensor | None = None,
+    ) -> None:
+        self.manifest, self.tensors, self.buffer = manifest, tensors, buffer
 
     @classmethod
     def of(
@@ -210,26 +221,38 @@ class LocalWeightStream(WeightStream):
         bucket_bytes: int,
         *,
         split: bool = True,
+        buffer: torch.Tensor | None = None,
     ) -> LocalWeightStream:
         tensors = dict(named)
-        plan = plan_buckets(
-            ((n, tuple(t.shape)) for n, t in tensors.items()), dtype, bucket_bytes, split=split
-        )
-        return cls(plan, tensors)
+        shapes = ((n, tuple(t.shape)) for n, t in tensors.items())
+        return cls(plan_buckets(shapes, dtype, bucket_bytes, split=split), tensors, buffer)
+
+    @property
+    def buffer_numel(self) -> int:
+        return max((b.numel for b in self.manifest.buckets), default=0)
 
     @torch.no_grad()
     def __iter__(self) -> Iterator[WeightBucket]:
         if not self.manifest.buckets:
             return
         device = next(iter(self.tensors.values())).device
-        size = max(b.numel for b in self.manifest.buckets)
-        buffer = torch.empty(size, dtype=self.manifest.torch_dtype, device=device)
+        buffer = staging_buffer(self.buffer, self.buffer_numel, self.manifest.torch_dtype, device)
         for plan in self.manifest.buckets:
             flat = buffer[: plan.numel]
             for p in plan.pieces:
                 src = self.tensors[p.name].detach().reshape(-1)[p.start : p.start + p.numel]
                 flat[p.offset : p.offset + p.numel].copy_(src)
             yield WeightBucket(plan, flat)
+
+
+def staging_buffer(
+    current: torch.Tensor | None, numel: int, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """``current`` if it can hold ``numel`` elements of ``dtype`` on ``device``, else a new buffer."""
+    fits = current is not None and current.numel() >= numel and current.dtype == dtype
+    if fits and current.device.type == torch.device(device).type:  # "cuda" names "cuda:0" too
+        return current
+    return torch.empty(numel, dtype=dtype, device=device)
 
 
 __all__ = [
@@ -242,4 +265,5 @@ __all__ = [
     "check_against",
     "load_bucket",
     "plan_buckets",
+    "staging_buffer",
 ]

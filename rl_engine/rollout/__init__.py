@@ -15,7 +15,7 @@ def build_rollout_worker(cfg: ExperimentConfig) -> RolloutWorker:
     if backend == "hf":
         from rl_engine.rollout.hf import HFRolloutWorker
 
-        return HFRolloutWorker(cfg.rollout, cfg.model, seed=cfg.seed)
+        return HFRolloutWorker(cfg.rollout, cfg.model, seed=cfg.seed, gpus=cfg.resources.rollout_gpus)
     if backend == "vllm":
         from rl_engine.rollout.vllm import VLLMRolloutWorker
 

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from rl_engine.config import HFRolloutConfig, ModelConfig
-from rl_engine.models import load_model, load_tokenizer, special_token_ids
+from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
+from rl_engine.models.buckets import WeightStream, check_against, load_bucket
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
 from rl_engine.types import FinishReason, Prompt, Sample
@@ -58,19 +59,26 @@ def sample_top_p(logp: torch.Tensor, top_p: float, generator: torch.Generator | 
 
 
 class HFRolloutWorker(RolloutWorker):
-    """Rollout on a local transformers model (CPU here; any torch device in principle).
+    """Rollout on a local transformers model, on ``rollout.device`` (``auto``: cuda when ``gpus`` >= 1).
 
     Behaviour log-probs are of logits / temperature (no top-p renormalisation: with ``top_p < 1`` they
     are the log-probs of the temperature-scaled distribution the nucleus was cut from, matching what the
-    trainer recomputes).
+    trainer recomputes). Weights are served in ``model.dtype``.
     """
 
     def __init__(
-        self, rollout_cfg: HFRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu"
+        self,
+        rollout_cfg: HFRolloutConfig,
+        model_cfg: ModelConfig,
+        *,
+        seed: int = 0,
+        device: str | None = None,
+        gpus: int = 0,
     ):
         super().__init__()
         self.cfg = rollout_cfg
         torch.set_num_threads(rollout_cfg.num_threads)
+        device = device or resolve_device(rollout_cfg.device, gpus, "rollout")
         self.model = load_model(model_cfg, device=device).eval()
         self.tokenizer = load_tokenizer(model_cfg)
         self.special = special_token_ids(model_cfg, self.tokenizer)
@@ -106,10 +114,21 @@ class HFRolloutWorker(RolloutWorker):
         return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        """Copy weights in place by parameter name (numpy arrays or tensors); unknown names are an error."""
+    def update_weights(self, named_tensors: Mapping[str, Any] | WeightStream, version: int) -> None:
+        """Copy weights in place by parameter name; unknown names or wrong shapes are an error.
+
+        ``named_tensors``: numpy arrays or tensors by name, or a ``WeightStream`` of buckets (the
+        trainer's sync), loaded bucket by bucket, each released before the next arrives. Either way the
+        names and shapes are checked before anything is copied, and the lock keeps generation off
+        half-loaded weights.
+        """
         with self._weights_lock:
-            self._load_weights(named_tensors)
+            if isinstance(named_tensors, WeightStream):
+                check_against(named_tensors.manifest, self._params)
+                for bucket in named_tensors:
+                    load_bucket(bucket, self._params)
+            else:
+                self._load_weights(named_tensors)
             self._version = int(version)
 
     @torch.no_grad()

@@ -41,7 +41,7 @@ from rl_engine.algos.losses import filtered_is_weights, truncated_is_weights
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad, token_logprobs_and_entropy
-from rl_engine.models.buckets import LocalWeightStream
+from rl_engine.models.buckets import LocalWeightStream, staging_buffer
 from rl_engine.models.logprobs import chunked_logprobs_and_entropy, default_chunk_tokens, linear_head_of
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.microbatch import default_token_budget, plan_micro_batches, row_lengths, select
@@ -107,6 +107,9 @@ class PolicyTrainer:
         # The only extra model: the frozen initial policy, only when a KL penalty needs it, in the
         # compute dtype (it is never trained), on the same device.
         self.ref_model = self._reference() if ac.kl_coef > 0 else None
+        self._staging: torch.Tensor | None = (
+            None  # weight-sync staging buffer (one bucket), see weight_stream
+        )
 
     def _reference(self) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -130,7 +133,14 @@ class PolicyTrainer:
         """The policy's parameters as buckets cast to the rollout dtype (``model.dtype``), one bucket of
         ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.models.buckets``)."""
         size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
-        return LocalWeightStream.of(self.model.named_parameters(), dtype or self.rollout_dtype, size)
+        stream = LocalWeightStream.of(self.model.named_parameters(), dtype or self.rollout_dtype, size)
+        # One staging buffer (the largest bucket) kept between syncs: faulting in a fresh one every time
+        # cost more than the copy itself (25 MB: 8 ms vs 3.6 ms on the 2-core box).
+        self._staging = staging_buffer(
+            self._staging, stream.buffer_numel, stream.manifest.torch_dtype, self.device
+        )
+        stream.buffer = self._staging
+        return stream
 
     def mark_synced(self) -> None:
         """The rollout now has the current weights. Nothing to do: decoupled mode recomputes its proximal
