@@ -10,6 +10,7 @@ from rl_engine.config import ConfigError
 from rl_engine.models import resolve_device
 from rl_engine.models.batching import token_logprobs_and_entropy
 from rl_engine.models.logprobs import LinearHead, chunked_logprobs_and_entropy, linear_head_of
+from rl_engine.rollout import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
 from rl_engine.trainer.microbatch import plan_micro_batches, select
 from tests.engine.test_trainer import _params, _scored_batch
@@ -130,13 +131,17 @@ def test_everything_lives_on_the_trainer_device_and_auto_resolves_by_gpus(make_c
     assert {t.dtype for k, t in tensors.items() if k.startswith(("param", "adam"))} == {torch.float32}
     # auto = cuda exactly when the actor was given a GPU
     assert resolve_device("auto", 0) == "cpu" and resolve_device("cpu", 2) == "cpu"
-    with pytest.raises(RuntimeError, match="trainer.device resolves to cuda .* sees no CUDA device"):
+    with pytest.raises(RuntimeError, match=r"trainer\.device resolves to cuda .* sees no CUDA device"):
         resolve_device("auto", 1)
+    # the HF rollout worker resolves its own device from resources.rollout_gpus the same way
+    assert str(build_rollout_worker(cfg).device) == "cpu"
+    with pytest.raises(RuntimeError, match=r"rollout\.device resolves to cuda"):
+        build_rollout_worker(make_cfg("resources.rollout_gpus=1"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto", 1, "rollout") == "cuda" and resolve_device("cuda", 1) == "cuda"
-    with pytest.raises(ConfigError, match="set resources.trainer_gpus >= 1"):
+    with pytest.raises(ConfigError, match=r"set resources\.trainer_gpus >= 1"):
         make_cfg("trainer.device=cuda")
-    with pytest.raises(ConfigError, match="set resources.rollout_gpus >= 1"):
+    with pytest.raises(ConfigError, match=r"set resources\.rollout_gpus >= 1"):
         make_cfg("rollout.device=cuda")
 
 
@@ -168,10 +173,15 @@ def test_gradient_checkpointing_is_honoured_and_changes_nothing_but_memory(make_
     for on in (False, True):
         trainer = PolicyTrainer(make_cfg(*BASE, f"model.gradient_checkpointing={str(on).lower()}"))
         mlp_cls = type(trainer.model.get_decoder().layers[0].mlp)
-        calls = []
+        calls: list[int] = []
         forward = mlp_cls.forward
+
+        def counted(self, *a, _calls=calls, _forward=forward, **k):
+            _calls.append(1)
+            return _forward(self, *a, **k)
+
         # counted on the class: the recompute calls forward directly (module hooks stay outside it)
-        monkeypatch.setattr(mlp_cls, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+        monkeypatch.setattr(mlp_cls, "forward", counted)
         trainer.train_step(batch)
         monkeypatch.setattr(mlp_cls, "forward", forward)
         results[on] = (len(calls), _params(trainer))
