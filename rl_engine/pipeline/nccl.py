@@ -10,10 +10,10 @@ its worker's ``update_weights`` like any other ``WeightStream``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from rl_engine.models.buckets import WeightBucket, WeightManifest, WeightStream, plan_buckets
+from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream, plan_buckets
 
 
 def broadcast_from(stream: WeightStream, group: str) -> dict[str, float]:
@@ -27,7 +27,7 @@ def broadcast_from(stream: WeightStream, group: str) -> dict[str, float]:
 
 
 class NcclReceiveStream(WeightStream):
-    """Receiver side: each bucket of ``manifest`` arrives by broadcast into one reused device buffer."""
+    """Receiver side: each bucket of ``manifest`` arrives by broadcast (into the worker's parameters)."""
 
     reuses_buffer = True
 
@@ -35,15 +35,22 @@ class NcclReceiveStream(WeightStream):
         self.manifest, self.group, self.device = manifest, group, device
 
     def __iter__(self) -> Iterator[WeightBucket]:
+        return self.iter_into(lambda _plan: None)
+
+    def iter_into(self, dest_of: Callable[[BucketPlan], Any]) -> Iterator[WeightBucket]:
+        """Each bucket is broadcast straight into the receiver's memory when it lends some (its
+        parameters' slice), else into one reused buffer."""
         import torch
         from ray.util import collective
 
-        if not self.manifest.buckets:
-            return
-        size = max(b.numel for b in self.manifest.buckets)
-        buffer = torch.empty(size, dtype=self.manifest.torch_dtype, device=self.device)
+        buffer = None
+        size = max((b.numel for b in self.manifest.buckets), default=0)
         for plan in self.manifest.buckets:
-            flat = buffer[: plan.numel]
+            flat = dest_of(plan)
+            if flat is None:
+                if buffer is None:
+                    buffer = torch.empty(size, dtype=self.manifest.torch_dtype, device=self.device)
+                flat = buffer[: plan.numel]
             collective.broadcast(flat, src_rank=0, group_name=self.group)
             yield WeightBucket(plan, flat)
 

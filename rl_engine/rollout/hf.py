@@ -22,7 +22,7 @@ import torch
 from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
-from rl_engine.models.buckets import WeightStream, check_against, load_bucket
+from rl_engine.models.buckets import FlatParams, WeightStream, load_stream
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
 from rl_engine.types import FinishReason, Prompt, Sample
@@ -85,6 +85,9 @@ class HFRolloutWorker(RolloutWorker):
         self.device = torch.device(device)
         self._eos = torch.tensor(self.special.eos_ids, dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # Parameters in one contiguous buffer: a weight sync from the trainer lands bucket by bucket
+        # in slices of it (rl_engine.models.buckets); None for mixed dtypes/devices (then piece by piece).
+        self._flat = FlatParams.of(self.model)
         self._params = dict(self.model.named_parameters())
         self._weights_lock = threading.Lock()
 
@@ -124,9 +127,7 @@ class HFRolloutWorker(RolloutWorker):
         """
         with self._weights_lock:
             if isinstance(named_tensors, WeightStream):
-                check_against(named_tensors.manifest, self._params)
-                for bucket in named_tensors:
-                    load_bucket(bucket, self._params)
+                load_stream(named_tensors, self._params, self._flat)
             else:
                 self._load_weights(named_tensors)
             self._version = int(version)

@@ -1,19 +1,28 @@
-"""Micro-batches by token budget: which rows of a mini-batch go through one forward/backward together.
+"""Micro-batches: which rows of a mini-batch go through one forward/backward together, and their layout.
 
-A micro-batch costs ``rows x (widest prompt + longest response)`` padded tokens once trimmed to its own
-rows (``trim``). ``plan_micro_batches`` packs rows greedily, in the (shuffled) mini-batch order, while
-that cost stays within ``trainer.max_tokens_per_micro_batch`` and the row count within
-``trainer.micro_batch_size``; a single row longer than the budget still gets its own micro-batch. The
-loss normalisers stay the whole mini-batch's, so accumulated gradients equal the mini-batch gradient.
+Budget: a micro-batch costs ``rows x longest (prompt + response)`` tokens. ``plan_micro_batches``
+packs rows greedily, in the (shuffled) mini-batch order, while that cost stays within
+``trainer.max_tokens_per_micro_batch`` and the row count within ``trainer.micro_batch_size``; a single
+row longer than the budget still gets its own micro-batch. The loss normalisers stay the whole
+mini-batch's, so accumulated gradients equal the mini-batch gradient.
+
+Layout: ``select`` takes rows of the shared left-padded batch (``rl_engine.models.batching``) and
+left-aligns each one (its prompt, then its response, then padding). Under causal attention a token
+only sees the tokens before it, so right padding cannot change a real token's output: the forward
+needs no attention mask, and SDPA runs its causal kernels instead of materialising a
+``[rows, heads, L, L]`` masked score matrix (33 MB per 1,024-token row and layer on CPU). Positions
+are ``0 .. len - 1`` per row, exactly those of the padded layout, so log-probs are unchanged.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from rl_engine.models.batching import PackedBatch
 
-# Default token budget: the tokens whose float32 logits would fill 2 GiB at this vocabulary (3,532 at
+# Default token budget: the tokens whose float32 logits would fill 2 GiB at this vocabulary (3,533 at
 # 151,936), clamped to 512..16,384. The log-probs themselves never hold more than one chunk of logits
 # (rl_engine.models.logprobs); this bounds a micro-batch's activations and, for an output layer that
 # cannot be chunked (soft-capped logits), its full logits.
@@ -37,38 +46,61 @@ def plan_micro_batches(
     """Positions 0..n-1 grouped into consecutive micro-batches (see the module docstring)."""
     groups: list[list[int]] = []
     rows: list[int] = []
-    p_max = r_max = 0
+    longest = 0
     for i, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        cost = (len(rows) + 1) * (max(p_max, p) + max(r_max, r))
-        if rows and (len(rows) >= max_rows or cost > max_tokens):
+        if rows and (len(rows) >= max_rows or (len(rows) + 1) * max(longest, p + r) > max_tokens):
             groups.append(rows)
-            rows, p_max, r_max = [], 0, 0
+            rows, longest = [], 0
         rows.append(i)
-        p_max, r_max = max(p_max, p), max(r_max, r)
+        longest = max(longest, p + r)
     if rows:
         groups.append(rows)
     return groups
 
 
-def select(batch: PackedBatch, idx: torch.Tensor) -> tuple[PackedBatch, int]:
-    """Rows ``idx`` of ``batch`` trimmed to their own padding -> (batch, response width R').
+@dataclass
+class MicroBatch:
+    """Rows of a step's batch, left-aligned for a causal forward without an attention mask.
 
-    Leading all-padding prompt columns and trailing all-padding response columns are dropped; a
-    token's position does not depend on its batch's padding (positions come from the mask), so its
-    log-prob is unchanged. Per-token [B, R] tensors of the step are sliced to ``[:, :R']`` to match.
+    input_ids, position_ids: [b, L], each row its prompt, its response, then padding. One entry per
+    real response token in rows, cols, targets, tcols [N]: the hidden state at (rows, cols) predicts
+    ``targets``, which is column ``tcols`` of the step's [B, R] response layout. width: the longest
+    response of these rows (per-token tensors of the step are sliced to ``[:, :width]``).
     """
-    mask = batch.attention_mask[idx]
-    width = max(1, int(batch.response_mask[idx].sum(1).max()))
-    lead = int((mask[:, : batch.prompt_len].sum(0) == 0).sum()) if batch.prompt_len else 0
-    lead = min(lead, batch.prompt_len - 1) if batch.prompt_len else 0  # keep one column to predict from
-    cols = slice(lead, batch.prompt_len + width)
-    return (
-        PackedBatch(
-            input_ids=batch.input_ids[idx][:, cols],
-            attention_mask=mask[:, cols],
-            position_ids=batch.position_ids[idx][:, cols],
-            response_mask=batch.response_mask[idx][:, :width],
-            prompt_len=batch.prompt_len - lead,
-        ),
-        width,
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    targets: torch.Tensor
+    tcols: torch.Tensor
+    width: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[b, width]: the response layout of these rows."""
+        return self.input_ids.shape[0], self.width
+
+
+def select(batch: PackedBatch, idx: torch.Tensor, pad_id: int) -> MicroBatch:
+    """Rows ``idx`` of ``batch`` as a ``MicroBatch`` (see the module docstring)."""
+    ids, mask, resp = batch.input_ids[idx], batch.attention_mask[idx], batch.response_mask[idx]
+    p_len = mask[:, : batch.prompt_len].sum(1)  # [b] real prompt tokens
+    r_len = resp.sum(1)
+    lead = batch.prompt_len - p_len  # left padding of each row
+    length = int((p_len + r_len).max())
+    col = torch.arange(length, device=ids.device)
+    src = (col[None, :] + lead[:, None]).clamp(max=ids.shape[1] - 1)
+    real = col[None, :] < (p_len + r_len)[:, None]
+    aligned = torch.where(real, ids.gather(1, src), torch.full_like(src, pad_id))
+    rows, tcols = resp.nonzero(as_tuple=True)  # real response tokens, row-major
+    cols = p_len[rows] + tcols - 1  # the position that predicts response token t of row i
+    return MicroBatch(
+        input_ids=aligned,
+        position_ids=col[None, :].expand(len(idx), -1),
+        rows=rows,
+        cols=cols,
+        targets=aligned[rows, cols + 1],
+        tcols=tcols,
+        width=max(1, int(r_len.max())),
     )

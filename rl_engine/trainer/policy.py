@@ -41,10 +41,16 @@ from rl_engine.algos.losses import filtered_is_weights, truncated_is_weights
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad, token_logprobs_and_entropy
-from rl_engine.models.buckets import LocalWeightStream, staging_buffer
+from rl_engine.models.buckets import LocalWeightStream, StagingBuffer
 from rl_engine.models.logprobs import chunked_logprobs_and_entropy, default_chunk_tokens, linear_head_of
 from rl_engine.trainer import checkpoint as ckpt
-from rl_engine.trainer.microbatch import default_token_budget, plan_micro_batches, row_lengths, select
+from rl_engine.trainer.microbatch import (
+    MicroBatch,
+    default_token_budget,
+    plan_micro_batches,
+    row_lengths,
+    select,
+)
 from rl_engine.trainer.schedule import build_lr_multiplier
 from rl_engine.types import Sample
 
@@ -107,9 +113,9 @@ class PolicyTrainer:
         # The only extra model: the frozen initial policy, only when a KL penalty needs it, in the
         # compute dtype (it is never trained), on the same device.
         self.ref_model = self._reference() if ac.kl_coef > 0 else None
-        self._staging: torch.Tensor | None = (
-            None  # weight-sync staging buffer (one bucket), see weight_stream
-        )
+        # a weight-sync staging buffer (one bucket), kept between syncs; allocated only when a receiver
+        # does not lend its own memory (the object store does not; an in-process HF worker does)
+        self._staging = StagingBuffer()
 
     def _reference(self) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -133,14 +139,8 @@ class PolicyTrainer:
         """The policy's parameters as buckets cast to the rollout dtype (``model.dtype``), one bucket of
         ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.models.buckets``)."""
         size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
-        stream = LocalWeightStream.of(self.model.named_parameters(), dtype or self.rollout_dtype, size)
-        # One staging buffer (the largest bucket) kept between syncs: faulting in a fresh one every time
-        # cost more than the copy itself (25 MB: 8 ms vs 3.6 ms on the 2-core box).
-        self._staging = staging_buffer(
-            self._staging, stream.buffer_numel, stream.manifest.torch_dtype, self.device
-        )
-        stream.buffer = self._staging
-        return stream
+        named = self.model.named_parameters()
+        return LocalWeightStream.of(named, dtype or self.rollout_dtype, size, staging=self._staging)
 
     def mark_synced(self) -> None:
         """The rollout now has the current weights. Nothing to do: decoupled mode recomputes its proximal
@@ -151,39 +151,31 @@ class PolicyTrainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _forward(
-        self, model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool, entropy_grad: bool = False
+        self, model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Response-token log-probs and entropy [b, R] of ``model`` on ``batch`` (0 at padding)."""
-        width, p = batch.response_mask.shape[1], batch.prompt_len
-        inputs = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "position_ids": batch.position_ids,
-            "use_cache": False,
-        }
-        targets = batch.response_ids
+        """Response-token log-probs and entropy [b, width] of ``model`` on ``mb`` (0 at padding)."""
+        inputs = {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "use_cache": False}
         head = linear_head_of(model)
         with self._autocast():
             if head is None:  # not a plain projection (soft-capped logits): this micro-batch's full logits
-                logits = model(**inputs, logits_to_keep=width + 1).logits[:, :-1]
+                logits = model(**inputs).logits[mb.rows, mb.cols]
                 lp, ent = token_logprobs_and_entropy(
-                    logits, targets, self.temperature, entropy_grad=entropy_grad
+                    logits, mb.targets, self.temperature, entropy_grad=entropy_grad
                 )
-                return lp, ent
-            hidden = model.get_decoder()(**inputs).last_hidden_state
-            sel = batch.response_mask.bool()
-            # Only the positions that predict real response tokens go through the output layer.
-            lp, ent = chunked_logprobs_and_entropy(
-                hidden[:, p - 1 : p - 1 + width][sel],
-                head,
-                targets[sel],
-                self.temperature,
-                chunk_tokens=self.chunk_tokens,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-            )
-        zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)
-        return zeros.masked_scatter(sel, lp), zeros.masked_scatter(sel, ent)
+            else:  # only the positions that predict real response tokens go through the output layer
+                hidden = model.get_decoder()(**inputs).last_hidden_state
+                lp, ent = chunked_logprobs_and_entropy(
+                    hidden[mb.rows, mb.cols],
+                    head,
+                    mb.targets,
+                    self.temperature,
+                    chunk_tokens=self.chunk_tokens,
+                    with_entropy=with_entropy,
+                    entropy_grad=entropy_grad,
+                )
+        zeros = torch.zeros(mb.shape, dtype=torch.float32, device=lp.device)
+        where = (mb.rows, mb.tcols)
+        return zeros.index_put(where, lp), zeros.index_put(where, ent.float())
 
     def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor]:
         """``idx`` (rows of ``batch``) split into micro-batches by rows and token budget."""
@@ -201,8 +193,8 @@ class PolicyTrainer:
         """[B, R] float32 log-probs on the trainer's device."""
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
         for part in self._micro_batches(batch, torch.arange(batch.input_ids.shape[0], device=self.device)):
-            mb, width = select(batch, part)
-            out[part, :width] = self._forward(model, mb, with_entropy=False)[0]
+            mb = select(batch, part, self.pad_id)
+            out[part, : mb.width] = self._forward(model, mb, with_entropy=False)[0]
         return out
 
     def pack_samples(self, samples: list[Sample]) -> PackedBatch:
@@ -333,7 +325,8 @@ class PolicyTrainer:
         """Forward + backward of one micro-batch (the loss is already normalised to the mini-batch);
         adds its metric sums to ``acc``."""
         ac = self.cfg.algorithm
-        mb, w = select(data.batch, part)
+        mb = select(data.batch, part, self.pad_id)
+        w = mb.width
         mask = data.mask[part, :w]
         # Entropy is always reported, but only differentiated when it is part of the loss.
         logp, entropy = self._forward(self.model, mb, with_entropy=True, entropy_grad=ac.entropy_coef > 0)

@@ -59,7 +59,10 @@ def test_trainer_forward_equals_the_full_logits_path_on_the_tiny_model(make_cfg)
     batch = trainer.pack_samples(_scored_batch(cfg)).to(trainer.device)
     mask = batch.response_mask.bool()
     assert linear_head_of(trainer.model) is not None  # the chunked path is the one under test
-    lp, ent = trainer._forward(trainer.model, batch, with_entropy=True, entropy_grad=True)
+    # the trainer's layout (rows left-aligned, no attention mask) against the model's own forward on
+    # the shared left-padded layout with its mask (what the rollout runs)
+    mb = select(batch, torch.arange(16), trainer.pad_id)
+    lp, ent = trainer._forward(trainer.model, mb, with_entropy=True, entropy_grad=True)
     loss = (lp * mask).sum() + 0.3 * (ent * mask).sum()
     new_grads = torch.autograd.grad(loss, list(trainer.model.parameters()))
     width = batch.response_mask.shape[1]
@@ -79,22 +82,28 @@ def test_trainer_forward_equals_the_full_logits_path_on_the_tiny_model(make_cfg)
         assert (a - b).abs().max() <= 1e-5, name
 
 
-def test_token_budget_packs_rows_and_trims_padding(make_cfg):
-    # rows of (prompt, response) tokens; budget 24 padded tokens, at most 3 rows per micro-batch
+def test_token_budget_packs_rows_and_aligns_them_without_padding_on_the_left(make_cfg):
+    # rows of (prompt, response) tokens; budget 24 tokens = rows x longest row, at most 3 rows
     plan = plan_micro_batches([4, 4, 6, 2, 4, 9], [2, 3, 2, 8, 1, 20], max_rows=3, max_tokens=24)
-    # [0, 1] costs 2 * (4 + 3) = 14; adding 2 would cost 3 * (6 + 3) = 27; [2, 3] = 2 * (6 + 8) = 28;
-    # [3, 4] = 2 * (4 + 8) = 24 fits exactly; 5 alone is over the budget (29) but still runs.
-    assert plan == [[0, 1], [2], [3, 4], [5]]
+    # [0, 1, 2] costs 3 x 8 = 24; [3, 4] = 2 x 10 = 20; 5 alone is over the budget (29) but still runs
+    assert plan == [[0, 1, 2], [3, 4], [5]]
     cfg = make_cfg(*BASE, "data.task=add")
     trainer = PolicyTrainer(cfg)
-    batch = trainer.pack_samples(_scored_batch(cfg))
-    rows = torch.tensor([0, 5])
-    mb, width = select(batch, rows)
-    assert width == int(batch.response_mask[rows].sum(1).max())
-    assert int(mb.attention_mask[:, : mb.prompt_len].sum(0).eq(0).sum()) == 0  # no all-padding column
-    full, _ = trainer._forward(trainer.model, batch, with_entropy=False)
-    trimmed, _ = trainer._forward(trainer.model, mb, with_entropy=False)
-    assert (full[rows, :width] - trimmed).abs().max() <= 1e-6
+    samples = _scored_batch(cfg)
+    batch = trainer.pack_samples(samples)
+    rows = torch.tensor([5, 0])
+    mb = select(batch, rows, trainer.pad_id)
+    for k, i in enumerate(rows.tolist()):
+        s = samples[i]
+        n = len(s.prompt_ids) + len(s.response_ids)
+        assert mb.input_ids[k, :n].tolist() == s.prompt_ids + s.response_ids  # left-aligned
+        assert set(mb.input_ids[k, n:].tolist()) <= {trainer.pad_id}
+        assert mb.targets[mb.rows == k].tolist() == s.response_ids
+    full, _ = trainer._forward(
+        trainer.model, select(batch, torch.arange(16), trainer.pad_id), with_entropy=False
+    )
+    part, _ = trainer._forward(trainer.model, mb, with_entropy=False)
+    assert (full[rows, : mb.width] - part).abs().max() <= 1e-6
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])

@@ -50,13 +50,38 @@ def test_hf_worker_loads_the_trainers_stream_in_its_bf16_bucket_by_bucket(make_c
     stream = trainer.weight_stream(bucket_bytes=64 * 1024)  # 64 KB: ~3 buckets, the embedding split
     assert len(stream.manifest.buckets) > 2 and stream.manifest.dtype == "bfloat16"
     assert any(not p.whole for b in stream.manifest.buckets for p in b.pieces)
+    assert worker._flat is not None  # the HF worker keeps its parameters in one buffer
     worker.update_weights(stream, trainer.version)
     assert worker.version == 1
     for name, p in worker.model.named_parameters():
         master = dict(trainer.model.named_parameters())[name]
         assert p.dtype == torch.bfloat16 and torch.equal(p, master.detach().to(torch.bfloat16)), name
-    # the trainer keeps one staging buffer of one bucket between syncs, not a model copy
-    assert trainer._staging.numel() * 2 <= 64 * 1024
+    # the buckets landed directly in the worker's parameters: the trainer needed no staging buffer
+    assert trainer._staging.tensor is None
+    # a receiver without its own memory to lend (the object store's sender side) uses one bucket
+    assert sum(1 for _ in trainer.weight_stream(bucket_bytes=64 * 1024)) == len(stream.manifest.buckets)
+    assert trainer._staging.tensor.numel() * 2 <= 64 * 1024
+
+
+def test_flat_params_take_buckets_in_place_and_fall_back_when_the_order_differs():
+    from rl_engine.models.buckets import FlatParams, load_stream
+
+    g = torch.Generator().manual_seed(2)
+    module = torch.nn.Sequential(torch.nn.Linear(7, 10), torch.nn.Linear(10, 3))
+    flat = FlatParams.of(module)
+    params = dict(module.named_parameters())
+    start, end = flat.flat.data_ptr(), flat.flat.data_ptr() + flat.flat.numel() * 4
+    assert all(start <= p.data_ptr() < end for p in params.values())  # one buffer, same Parameters
+    src = {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+    stream = LocalWeightStream.of(src.items(), torch.float32, 4 * 16)
+    assert all(flat.region(b, torch.float32) is not None for b in stream.manifest.buckets)
+    load_stream(stream, params, flat)
+    assert stream.staging.tensor is None  # written in place: no staging buffer was needed
+    assert all(torch.equal(params[n], t) for n, t in src.items())
+    backwards = LocalWeightStream.of(reversed([(n, t * 2) for n, t in src.items()]), torch.float32, 4 * 16)
+    assert any(flat.region(b, torch.float32) is None for b in backwards.manifest.buckets)
+    load_stream(backwards, params, flat)  # pieces that are not consecutive here: copied one by one
+    assert all(torch.equal(params[n], t * 2) for n, t in src.items())
 
 
 def test_a_bad_manifest_is_rejected_before_anything_is_copied(make_cfg):
