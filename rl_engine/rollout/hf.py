@@ -9,6 +9,7 @@ multinomial draw); ``benchmarks/engine_core.py`` measures it against bare ``gene
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import warnings
@@ -58,6 +59,12 @@ def sample_top_p(logp: torch.Tensor, top_p: float, generator: torch.Generator | 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _cache_of(out: Any) -> Any:
+    """The KV cache of a forward's output (``cache`` in transformers 5.2x, ``past_key_values`` before)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 class HFRolloutWorker(RolloutWorker):
     """Rollout on a local transformers model, on ``rollout.device`` (``auto``: cuda when ``gpus`` >= 1).
 
@@ -89,6 +96,10 @@ class HFRolloutWorker(RolloutWorker):
         # in slices of it (rl_engine.models.buckets); None for mixed dtypes/devices (then piece by piece).
         self._flat = FlatParams.of(self.model)
         self._params = dict(self.model.named_parameters())
+        # transformers 5.2x names the KV cache ``cache``; earlier releases ``past_key_values``
+        self._cache_kwarg = (
+            "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        )
         self._weights_lock = threading.Lock()
 
     # --- public API -------------------------------------------------------------------------------
@@ -199,7 +210,7 @@ class HFRolloutWorker(RolloutWorker):
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
         )
-        past, logits = out.cache, out.logits[:, -1, :]
+        past, logits = _cache_of(out), out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
         budgets = torch.tensor([r.budget for r in reqs], device=dev)
         done = torch.zeros(len(reqs), dtype=torch.bool, device=dev)
@@ -219,10 +230,10 @@ class HFRolloutWorker(RolloutWorker):
                 input_ids=tok[:, None],
                 attention_mask=mask,
                 position_ids=next_pos[:, None],
-                cache=past,
+                **{self._cache_kwarg: past},
                 use_cache=True,
             )
-            past, logits = out.cache, out.logits[:, -1, :]
+            past, logits = _cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
         self._collect(reqs, torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist())
 
