@@ -42,10 +42,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HIDDEN_64 = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "intermediate_size": 128}
-SMALL_128 = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "intermediate_size": 512}
+HIDDEN_64 = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+}
+SMALL_128 = {
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+}
 
 
 # --- memory probes (Linux) ---------------------------------------------------------------------------
@@ -90,10 +100,19 @@ def _samples(n: int, prompt_len: int, response_len: int, vocab: int, seed: int =
     out = []
     for i in range(n):
         ids = torch.randint(4, vocab, (prompt_len + response_len,), generator=g).tolist()
-        out.append(Sample(prompt_uid=f"p{i}", group_id="g", prompt_ids=ids[:prompt_len],
-                          response_ids=ids[prompt_len:], logprobs=[-1.0] * response_len,
-                          finish_reason="length", param_version_start=0, param_version_end=0,
-                          reward=float(i % 2)))
+        out.append(
+            Sample(
+                prompt_uid=f"p{i}",
+                group_id="g",
+                prompt_ids=ids[:prompt_len],
+                response_ids=ids[prompt_len:],
+                logprobs=[-1.0] * response_len,
+                finish_reason="length",
+                param_version_start=0,
+                param_version_end=0,
+                reward=float(i % 2),
+            )
+        )
     return out
 
 
@@ -129,14 +148,23 @@ def child_logprobs(
             parts = [torch.tensor([i]) for i in range(seqs)]
             width = batch.response_mask.shape[1]
             for rows in parts:
-                logits = model(input_ids=batch.input_ids[rows], attention_mask=batch.attention_mask[rows],
-                               position_ids=batch.position_ids[rows], use_cache=False,
-                               logits_to_keep=width + 1).logits[:, :-1]
+                logits = model(
+                    input_ids=batch.input_ids[rows],
+                    attention_mask=batch.attention_mask[rows],
+                    position_ids=batch.position_ids[rows],
+                    use_cache=False,
+                    logits_to_keep=width + 1,
+                ).logits[:, :-1]
                 lp, ent = token_logprobs_and_entropy(logits, batch.response_ids[rows], 1.0, entropy_grad=True)
                 del logits
                 loss_of(lp, ent, rows, batch.response_mask[rows].float()).backward()
-    return {"peak_extra_mb": peak.extra_mb, "seconds": peak.seconds, "micro_batches": len(parts),
-            "chunk_tokens": trainer.chunk_tokens, "max_tokens_per_micro_batch": trainer.max_tokens}
+    return {
+        "peak_extra_mb": peak.extra_mb,
+        "seconds": peak.seconds,
+        "micro_batches": len(parts),
+        "chunk_tokens": trainer.chunk_tokens,
+        "max_tokens_per_micro_batch": trainer.max_tokens,
+    }
 
 
 def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, repeats: int) -> dict[str, Any]:
@@ -145,8 +173,15 @@ def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, rep
     from rl_engine.rollout.hf import HFRolloutWorker
     from rl_engine.trainer import PolicyTrainer
 
-    cfg = _cfg(model_dir, "model.dtype=bfloat16", f"trainer.batch_size={seqs}", f"trainer.mini_batch_size={seqs}",
-               f"rollout.n={seqs}", f"trainer.weight_sync_bucket_mb={bucket_mb}", "rollout.num_threads=2")
+    cfg = _cfg(
+        model_dir,
+        "model.dtype=bfloat16",
+        f"trainer.batch_size={seqs}",
+        f"trainer.mini_batch_size={seqs}",
+        f"rollout.n={seqs}",
+        f"trainer.weight_sync_bucket_mb={bucket_mb}",
+        "rollout.num_threads=2",
+    )
     trainer = PolicyTrainer(cfg)
     worker = HFRolloutWorker(cfg.rollout, cfg.model)
     params = sum(p.numel() for p in trainer.model.parameters())
@@ -158,7 +193,9 @@ def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, rep
     logprob_s = time.perf_counter() - t0
     with PeakRSS() as step:
         metrics = trainer.train_step(samples)
-    state = {k: v for k, v in trainer.model.state_dict().items() if k in dict(worker.model.named_parameters())}
+    state = {
+        k: v for k, v in trainer.model.state_dict().items() if k in dict(worker.model.named_parameters())
+    }
     # The worker's bf16 weights are still the safetensors file's pages (from_pretrained maps it): the
     # first write makes them private memory. Do that outside the measurement: it is not sync overhead.
     worker.model.load_state_dict(state, strict=False)
@@ -180,15 +217,28 @@ def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, rep
     stream_s, bare_s = statistics.median(timings["stream"]), statistics.median(timings["bare"])
     bound = 1.25 * bucket_mb + 0.05 * model_mb
     return {
-        "params_m": params / 1e6, "model_mb_bf16": model_mb, "bucket_mb": bucket_mb,
+        "params_m": params / 1e6,
+        "model_mb_bf16": model_mb,
+        "bucket_mb": bucket_mb,
         "buckets": len(trainer.weight_stream().manifest.buckets),
-        "logprob_pass_s": logprob_s, "step_s": step.seconds, "step_peak_extra_mb": step.extra_mb,
-        "step_tokens": seqs * response_len, "step_pg_loss": metrics["actor/pg_loss"],
-        "sync_extra_mb": first.extra_mb, "sync_extra_bound_mb": bound, "sync_extra_ok": first.extra_mb <= bound,
-        "sync_first_s": first.seconds, "sync_s": stream_s, "bare_load_state_dict_s": bare_s,
-        "sync_time_ratio": stream_s / bare_s, "sync_time_ok": stream_s / bare_s <= 1.2, "sync_exact": exact,
-        "sync_runs_s": timings["stream"], "bare_runs_s": timings["bare"],
-        "whole_copy_sync_extra_mb": old.extra_mb, "whole_copy_sync_s": old.seconds,
+        "logprob_pass_s": logprob_s,
+        "step_s": step.seconds,
+        "step_peak_extra_mb": step.extra_mb,
+        "step_tokens": seqs * response_len,
+        "step_pg_loss": metrics["actor/pg_loss"],
+        "sync_extra_mb": first.extra_mb,
+        "sync_extra_bound_mb": bound,
+        "sync_extra_ok": first.extra_mb <= bound,
+        "sync_first_s": first.seconds,
+        "sync_s": stream_s,
+        "bare_load_state_dict_s": bare_s,
+        "sync_time_ratio": stream_s / bare_s,
+        "sync_time_ok": stream_s / bare_s <= 1.2,
+        "sync_exact": exact,
+        "sync_runs_s": timings["stream"],
+        "bare_runs_s": timings["bare"],
+        "whole_copy_sync_extra_mb": old.extra_mb,
+        "whole_copy_sync_s": old.seconds,
     }
 
 
@@ -200,8 +250,11 @@ def child_bf16(model_dir: str) -> dict[str, Any]:
     base = ("trainer.batch_size=16", "trainer.mini_batch_size=16", "rollout.n=8", "trainer.lr=1e-6")
     samples = _samples(16, 12, 24, 54)
     out: dict[str, Any] = {}
-    for name, extra in (("fp32", ()), ("bf16", ("model.dtype=bfloat16",)), ("naive_bf16", ("model.dtype=bfloat16",
-                                                                                          "trainer.precision=fp32"))):
+    for name, extra in (
+        ("fp32", ()),
+        ("bf16", ("model.dtype=bfloat16",)),
+        ("naive_bf16", ("model.dtype=bfloat16", "trainer.precision=fp32")),
+    ):
         trainer = PolicyTrainer(_cfg(model_dir, *base, *extra))
         if name == "naive_bf16":  # what the trainer did before: bf16 parameters, so bf16 AdamW state
             trainer.model.to(torch.bfloat16)
@@ -211,8 +264,10 @@ def child_bf16(model_dir: str) -> dict[str, Any]:
         for _ in range(10):
             trainer.train_step(samples)
         changed = sum(int((p != before[k]).sum()) for k, p in trainer.model.named_parameters())
-        served = sum(int((p.to(torch.bfloat16) != before[k].to(torch.bfloat16)).sum())
-                     for k, p in trainer.model.named_parameters())
+        served = sum(
+            int((p.to(torch.bfloat16) != before[k].to(torch.bfloat16)).sum())
+            for k, p in trainer.model.named_parameters()
+        )
         total = sum(p.numel() for p in before.values())
         out[name] = {"changed_fraction": changed / total, "served_bf16_changed_fraction": served / total}
     out["bf16_minus_fp32"] = out["bf16"]["changed_fraction"] - out["fp32"]["changed_fraction"]
@@ -261,7 +316,10 @@ def main() -> None:
         if "logprobs" in parts:
             d = str(save_shaped_model(Path(tmp) / "h64", dtype="float32", **HIDDEN_64))
             seqs = 2 if args.quick else 16
-            res = {p: _run_child("logprobs", model_dir=d, path=p, seqs=seqs, response_len=1024) for p in ("new", "naive")}
+            res = {
+                p: _run_child("logprobs", model_dir=d, path=p, seqs=seqs, response_len=1024)
+                for p in ("new", "naive")
+            }
             res["sequences"], res["response_tokens"], res["vocab"] = seqs, 1024, 151936
             res["peak_ratio"] = res["new"]["peak_extra_mb"] / res["naive"]["peak_extra_mb"]
             res["peak_ratio_ok"] = res["peak_ratio"] <= 0.10
@@ -269,11 +327,21 @@ def main() -> None:
         if "sync" in parts:
             shape = SMALL_128 if args.quick else {}
             d = str(save_shaped_model(Path(tmp) / "qwen", dtype="bfloat16", **shape))
-            out["sync"] = _run_child("sync", model_dir=d, seqs=4, response_len=32 if args.quick else 64,
-                                     bucket_mb=4 if args.quick else 256, repeats=args.repeats)
-            out["sync"]["shape"] = "hidden 128, 2 layers" if args.quick else "Qwen2.5-0.5B (hidden 896, 24 layers)"
+            out["sync"] = _run_child(
+                "sync",
+                model_dir=d,
+                seqs=4,
+                response_len=32 if args.quick else 64,
+                bucket_mb=4 if args.quick else 256,
+                repeats=args.repeats,
+            )
+            out["sync"]["shape"] = (
+                "hidden 128, 2 layers" if args.quick else "Qwen2.5-0.5B (hidden 896, 24 layers)"
+            )
         if "bf16" in parts:
-            out["bf16"] = _run_child("bf16", model_dir=str(save_tiny_model(TinyModelSpec(), Path(tmp) / "tiny")))
+            out["bf16"] = _run_child(
+                "bf16", model_dir=str(save_tiny_model(TinyModelSpec(), Path(tmp) / "tiny"))
+            )
     out["load_avg_end"], out["seconds"] = os.getloadavg()[0], time.time() - t0
     text = json.dumps(out, default=float)
     if args.json:

@@ -115,7 +115,12 @@ class TrainerConfig(_Strict):
     batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
     mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
     micro_batch_size: int | None = Field(
-        None, ge=1, description="Samples per forward/backward (gradient accumulation); None: the mini-batch."
+        None,
+        ge=1,
+        description=(
+            "At most this many samples per forward/backward (gradient accumulation); None: no row cap, "
+            "trainer.max_tokens_per_micro_batch decides."
+        ),
     )
     ppo_epochs: int = Field(1, ge=1, le=16)
     lr: float = Field(3e-4, gt=0.0, le=1.0)
