@@ -203,18 +203,20 @@ def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, rep
         worker.update_weights(trainer.weight_stream(), trainer.version)
     named = dict(trainer.model.named_parameters())
     exact = all(torch.equal(p, named[k].detach().to(p.dtype)) for k, p in worker.model.named_parameters())
-    timings: dict[str, list[float]] = {"stream": [], "bare": []}
+    timings: dict[str, list[float]] = {"stream": [], "bare": [], "stream_cpu": [], "bare_cpu": []}
     for i in range(repeats):
         for name in ("stream", "bare") if i % 2 == 0 else ("bare", "stream"):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             if name == "stream":
                 worker.update_weights(trainer.weight_stream(), trainer.version)
             else:
                 worker.model.load_state_dict(state, strict=False)
             timings[name].append(time.perf_counter() - t)
+            timings[name + "_cpu"].append(time.process_time() - c)
     with PeakRSS() as old:  # what a sync cost before: a float32 numpy copy of the whole model, then a load
         worker.update_weights(trainer.weights_numpy(), trainer.version)
-    stream_s, bare_s = statistics.median(timings["stream"]), statistics.median(timings["bare"])
+    med = {k: statistics.median(v) for k, v in timings.items()}
+    stream_s, bare_s = med["stream"], med["bare"]
     bound = 1.25 * bucket_mb + 0.05 * model_mb
     return {
         "params_m": params / 1e6,
@@ -233,6 +235,7 @@ def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, rep
         "sync_s": stream_s,
         "bare_load_state_dict_s": bare_s,
         "sync_time_ratio": stream_s / bare_s,
+        "sync_cpu_ratio": med["stream_cpu"] / med["bare_cpu"],  # CPU time: steadier on a shared machine
         "sync_time_ok": stream_s / bare_s <= 1.2,
         "sync_exact": exact,
         "sync_runs_s": timings["stream"],

@@ -116,6 +116,7 @@ class PolicyTrainer:
         # a weight-sync staging buffer (one bucket), kept between syncs; allocated only when a receiver
         # does not lend its own memory (the object store does not; an in-process HF worker does)
         self._staging = StagingBuffer()
+        self._parts: dict[int, tuple[Any, torch.nn.Module]] = {}  # id(model) -> (output layer, body)
 
     def _reference(self) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -155,7 +156,9 @@ class PolicyTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Response-token log-probs and entropy [b, width] of ``model`` on ``mb`` (0 at padding)."""
         inputs = {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "use_cache": False}
-        head = linear_head_of(model)
+        if id(model) not in self._parts:  # looked up once per model: HF walks its modules to find them
+            self._parts[id(model)] = (linear_head_of(model), model.get_decoder())
+        head, body = self._parts[id(model)]
         with self._autocast():
             if head is None:  # not a plain projection (soft-capped logits): this micro-batch's full logits
                 logits = model(**inputs).logits[mb.rows, mb.cols]
@@ -163,7 +166,7 @@ class PolicyTrainer:
                     logits, mb.targets, self.temperature, entropy_grad=entropy_grad
                 )
             else:  # only the positions that predict real response tokens go through the output layer
-                hidden = model.get_decoder()(**inputs).last_hidden_state
+                hidden = body(**inputs).last_hidden_state
                 lp, ent = chunked_logprobs_and_entropy(
                     hidden[mb.rows, mb.cols],
                     head,

@@ -201,13 +201,13 @@ def test_gradient_checkpointing_is_honoured_and_changes_nothing_but_memory(make_
         assert torch.allclose(p, results[True][1][k], atol=1e-6), k
 
 
-def test_an_output_layer_that_cannot_be_chunked_takes_the_full_logits_path(make_cfg, monkeypatch):
+def test_an_output_layer_that_cannot_be_chunked_takes_the_full_logits_path(make_cfg):
     cfg = make_cfg(*BASE, "data.task=add")
     trainer = PolicyTrainer(cfg)
     batch = trainer.pack_samples(_scored_batch(cfg))
     mb = select(batch, torch.arange(16), trainer.pad_id)
     chunked = trainer._forward(trainer.model, mb, with_entropy=True)
-    monkeypatch.setattr("rl_engine.trainer.policy.linear_head_of", lambda model: None)  # e.g. soft-capping
+    trainer._parts[id(trainer.model)] = (None, trainer.model.get_decoder())  # as for soft-capped logits
     full = trainer._forward(trainer.model, mb, with_entropy=True)
     mask = batch.response_mask.bool()
     for a, b in zip(chunked, full, strict=True):
