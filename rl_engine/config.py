@@ -78,6 +78,11 @@ class HFRolloutConfig(_RolloutBase):
         4, ge=1, description="Decode steps between interruption checks (partial rollout granularity)."
     )
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the rollout process.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="auto: cuda when the rollouter is given a GPU (resources.rollout_gpus >= 1), else cpu.",
+    )
+
 
 
 LOGPROB_CONVENTION = (
@@ -153,7 +158,12 @@ class TrainerConfig(_Strict):
     batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
     mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
     micro_batch_size: int | None = Field(
-        None, ge=1, description="Samples per forward/backward (gradient accumulation); None: the mini-batch."
+        None,
+        ge=1,
+        description=(
+            "At most this many samples per forward/backward (gradient accumulation); None: no row cap, "
+            "trainer.max_tokens_per_micro_batch decides."
+        ),
     )
     ppo_epochs: int = Field(1, ge=1, le=16)
     lr: float = Field(3e-4, gt=0.0, le=1.0)
@@ -168,6 +178,39 @@ class TrainerConfig(_Strict):
     checkpoint_every: int = Field(0, ge=0, description="Trainer steps between checkpoints; 0: only at the end.")
     keep_checkpoints: int = Field(2, ge=1)
     resume_from: str | None = Field(None, description="A checkpoint directory to resume from.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="auto: cuda when the trainer is given a GPU (resources.trainer_gpus >= 1), else cpu.",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description=(
+            "bf16: bf16 compute (autocast) on float32 master weights and float32 AdamW state; fp32: float32 "
+            "throughout; auto: bf16 when model.dtype is bfloat16 or float16, else fp32."
+        ),
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Token budget of a forward/backward (padded prompt+response tokens); samples are packed up to it. "
+            "None: derived from the vocabulary (2 GiB of float32 logits, 512..16384 tokens)."
+        ),
+    )
+    logits_chunk_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Tokens per chunk of the output layer (log-probs and entropy never hold [tokens, vocab] for more "
+            "tokens than this). None: derived from the vocabulary (32 MiB of float32 logits)."
+        ),
+    )
+    weight_sync_bucket_mb: int = Field(
+        256,
+        ge=1,
+        le=65536,
+        description="Weights go to the rollout in buckets of this size (in the rollout dtype).",
+    )
 
     @model_validator(mode="after")
     def _batches(self) -> TrainerConfig:
@@ -475,6 +518,7 @@ class ExperimentConfig(_Strict):
                 f"algorithm.advantage '{self.algorithm.advantage}' compares responses within a group: "
                 "set rollout.n >= 2"
             )
+        self._devices_have_gpus()
         if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
             raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
         if self.eval.enabled and not has_validation_data(self.data):
@@ -483,6 +527,18 @@ class ExperimentConfig(_Strict):
                 "data.validation_path (dataset / jsonl) or data.num_validation_prompts (task)"
             )
         return self
+
+    def _devices_have_gpus(self) -> None:
+        """An explicit ``cuda`` device needs a GPU reserved for that actor (Ray only gives it one then)."""
+        if self.trainer.device == "cuda" and self.resources.trainer_gpus < 1:
+            raise ValueError(
+                "trainer.device 'cuda' needs a GPU for the trainer: set resources.trainer_gpus >= 1"
+            )
+        if getattr(self.rollout, "device", None) == "cuda" and self.resources.rollout_gpus < 1:
+            raise ValueError(
+                "rollout.device 'cuda' needs a GPU for each rollouter: set resources.rollout_gpus >= 1"
+            )
+
 
 
 # --- helpers ------------------------------------------------------------------------------------------

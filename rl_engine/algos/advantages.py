@@ -52,9 +52,14 @@ def reinforce_pp(
     rewards: torch.Tensor, group_index: torch.Tensor, *, eps: float = 1e-6, **_: object
 ) -> torch.Tensor:
     """REINFORCE++ with a group baseline: a_i = r_i - mean_g, then whitened over the whole batch
-    (a - mean(a)) / (std(a) + eps), using the unbiased batch std. [B] -> [B]."""
-    mean, _, _ = group_stats(rewards, group_index)
-    a = rewards.double() - mean
+    (a - mean(a)) / (std(a) + eps), using the unbiased batch std. [B] -> [B].
+
+    A group of one (``rollout.n = 1``) gets a zero baseline: its own mean would cancel its reward
+    (A = 0, no gradient). That is REINFORCE++ proper, which has no per-prompt baseline; the batch
+    whitening supplies the baseline (the batch mean). The group mean is the "-baseline" variant's.
+    """
+    mean, _, n = group_stats(rewards, group_index)
+    a = rewards.double() - torch.where(n > 1, mean, torch.zeros_like(mean))
     if a.numel() > 1:
         a = (a - a.mean()) / (a.std() + eps)
     return a.to(rewards.dtype)

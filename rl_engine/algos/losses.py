@@ -10,6 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
+# The log-ratio logp - old_logp is clamped to this range before exp (as verl does): a pathological old
+# log-prob (e.g. -1e4 for a token the behaviour policy "never" samples) would otherwise overflow the
+# ratio to inf, and inf * 0 in the backward of the clip turns every gradient into NaN.
+LOG_RATIO_CLAMP = 20.0
+
 
 @dataclass
 class PolicyLossOut:
@@ -32,11 +37,11 @@ def ppo_clip_loss(
 ) -> PolicyLossOut:
     """PPO clipped surrogate with asymmetric clip and optional dual clip, per token.
 
-    r = exp(logp - old_logp); L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A);
+    r = exp(clamp(logp - old_logp, -20, 20)); L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A);
     for A < 0 with dual clip: L = min(L, -c A) (caps the loss when r is far above 1).
     logp, old_logp, advantages: [B, T] -> PolicyLossOut of [B, T] tensors.
     """
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -64,6 +69,19 @@ def truncated_is_weights(
     """
     raw = torch.exp((target_logp - behaviour_logp).detach())
     return raw.clamp(max=threshold), raw > threshold
+
+
+def filtered_is_weights(
+    target_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoupled-PPO behaviour weights (AReaL's ``behav_imp_weight_cap``): w = exp(target - behaviour)
+    where it is at most ``cap``; tokens above the cap are filtered out of the loss (w = 0), not truncated.
+
+    target_logp, behaviour_logp: [B, T] -> (weights [B, T], filtered [B, T] bool), no gradient.
+    """
+    raw = torch.exp((target_logp - behaviour_logp).detach())
+    over = raw > cap
+    return raw.masked_fill(over, 0.0), over
 
 
 def aggregate(

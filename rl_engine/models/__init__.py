@@ -130,8 +130,34 @@ def torch_dtype(model_cfg: ModelConfig):
     return getattr(torch, _DTYPES[model_cfg.dtype])
 
 
-def load_model(model_cfg: ModelConfig, *, device: str = "cpu"):  # -> transformers.PreTrainedModel
-    """``AutoModelForCausalLM.from_pretrained`` with the configured dtype and ``override_config`` merged."""
+def resolve_device(setting: str, gpus: int, what: str = "trainer") -> str:
+    """``auto`` | ``cpu`` | ``cuda`` -> the torch device an actor uses.
+
+    ``auto`` is ``cuda`` exactly when the actor was given a GPU (``gpus`` = the ``resources.*_gpus`` it
+    was scheduled with; Ray does not hide the node's GPUs from an actor given none, so "CUDA is
+    visible" would be the wrong test). A ``cuda`` result in a process that sees no CUDA device is an
+    error that says which setting asked for it.
+    """
+    device = ("cuda" if gpus > 0 else "cpu") if setting == "auto" else setting
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"{what}.device resolves to cuda ({what}.device={setting}, {gpus} GPU(s) reserved) "
+                "but this process sees no CUDA device"
+            )
+    return device
+
+
+def load_model(
+    model_cfg: ModelConfig, *, device: str = "cpu", dtype: Any = None, training: bool = False
+):  # -> transformers.PreTrainedModel
+    """``AutoModelForCausalLM.from_pretrained`` with ``override_config`` merged.
+
+    ``dtype`` overrides ``model.dtype`` (the trainer keeps float32 master weights whatever the rollout
+    serves). ``training``: the trainer's copy, where ``model.gradient_checkpointing`` applies.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -143,12 +169,18 @@ def load_model(model_cfg: ModelConfig, *, device: str = "cpu"):  # -> transforme
     model = AutoModelForCausalLM.from_pretrained(
         str(path),
         config=config,
-        dtype=torch_dtype(model_cfg),
+        dtype=dtype if dtype is not None else torch_dtype(model_cfg),
         trust_remote_code=model_cfg.trust_remote_code,
         attn_implementation="sdpa",
     )
-    if model_cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if training and model_cfg.gradient_checkpointing:
+        # Non-reentrant checkpointing of every decoder layer: recomputed in the backward pass.
+        # transformers 5.2x renamed the method (the old name warns); older releases only have the old one.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model.to(device)
 
 
@@ -158,6 +190,7 @@ __all__ = [
     "load_model",
     "load_processor",
     "load_tokenizer",
+    "resolve_device",
     "special_token_ids",
     "torch_dtype",
 ]

@@ -56,6 +56,15 @@ class PackedBatch:
         """[B, R]"""
         return self.input_ids[:, self.prompt_len :]
 
+    def to(self, device: torch.device | str) -> PackedBatch:
+        return PackedBatch(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            position_ids=self.position_ids.to(device),
+            response_mask=self.response_mask.to(device),
+            prompt_len=self.prompt_len,
+        )
+
 
 def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> PackedBatch:
     """Build the shared layout from prompt and response token lists (same length lists)."""
@@ -84,6 +93,8 @@ def token_logprobs_and_entropy(
 
     logits: [..., V]; targets: [...] -> (logp [...], entropy [...] or None). Computed in float32.
     ``entropy_grad=False`` computes the entropy outside autograd (a metric only: saves a [..., V] buffer).
+    This holds several [..., V] float32 tensors: the trainer uses it only for output layers that
+    ``rl_engine.models.logprobs`` cannot chunk; it is also the reference the chunked path is tested against.
     """
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -1,21 +1,57 @@
 """ParameterSync: trainer → rollouters weight transfer behind one interface, always timed.
 
-* ``ObjectStoreSync`` (CPU, default): the trainer puts its numpy state dict into the Ray object store
-  once (``TrainerActor.publish_weights``); every rollouter ``ray.get``s it — numpy arrays come back
-  as read-only views of shared memory, no copy — and loads it in place. One put, R zero-copy gets.
-* ``NcclSync`` (GPU): a bucketed NCCL broadcast from the trainer (rank 0) to the rollouters through
-  ``ray.util.collective``. UNTESTED here: this machine has no GPU, and NCCL refuses two ranks on one
-  device; it is written against the documented ``ray.util.collective`` API and selected with
-  ``pipeline.sync_backend: nccl``.
+Both transports carry the same bucket stream (``rl_engine.models.buckets``): the trainer's parameters
+cast to the rollout dtype, one flat bucket of ``trainer.weight_sync_bucket_mb`` at a time.
+
+* ``ObjectStoreSync`` (CPU, default): ``publish_stream`` puts each bucket into the Ray object store as
+  raw bytes (``TrainerActor.publish_weights``; a one-bucket model travels inline in one put) and one
+  small ``ObjectStoreWeights`` that lists them; every rollouter ``ray.get``s that, then the buckets one
+  at a time — numpy comes back as a read-only view of shared memory, no copy — loading each in place
+  and dropping it before the next. The store holds one rollout-dtype copy until the next sync.
+* ``NcclSync`` (GPU): the same buckets broadcast from the trainer (rank 0) to the rollouters through
+  ``ray.util.collective`` (``nccl.py``). UNTESTED here: this machine has no GPU, and NCCL refuses two
+  ranks on one device; it is written against the documented ``ray.util.collective`` API and selected
+  with ``pipeline.sync_backend: nccl``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+
+from rl_engine.models.buckets import WeightBucket, WeightManifest, WeightStream
+
+
+class ObjectStoreWeights(WeightStream):
+    """A published sync: its manifest and, per bucket, an ``ObjectRef`` of the raw bytes (or the bytes
+    themselves when the model is one bucket). Iterating fetches one bucket at a time."""
+
+    def __init__(self, manifest: WeightManifest, parts: list[Any]) -> None:
+        self.manifest, self.parts = manifest, parts
+
+    def __iter__(self) -> Iterator[WeightBucket]:
+        dtype = self.manifest.torch_dtype
+        for plan, part in zip(self.manifest.buckets, self.parts, strict=True):
+            data = ray.get(part) if isinstance(part, ray.ObjectRef) else part
+            yield WeightBucket.from_bytes(plan, dtype, data)
+            del data  # the consumer has loaded it: release the mapping before fetching the next
+
+
+def publish_stream(stream: WeightStream) -> tuple[Any, list[Any]]:
+    """Put a stream into the object store -> (ref of its ``ObjectStoreWeights``, the bucket refs).
+
+    Each bucket is copied into the store before the next one is built, so the sender never holds more
+    than one bucket. Keep every returned ref alive until the receivers have loaded the sync.
+    """
+    if len(stream.manifest.buckets) <= 1:  # one put, as cheap as putting the tensors themselves
+        parts: list[Any] = [b.to_bytes() for b in stream]
+        return ray.put(ObjectStoreWeights(stream.manifest, parts)), []
+    refs = [ray.put(b.to_bytes()) for b in stream]
+    return ray.put(ObjectStoreWeights(stream.manifest, refs)), refs
 
 
 @dataclass
@@ -39,7 +75,9 @@ class ParameterSync:
     def start(self, version: int) -> tuple[list[Any], float]:
         raise NotImplementedError
 
-    def finish(self, version: int, t0: float, publish_s: float, results: list[dict[str, float]]) -> SyncTiming:
+    def finish(
+        self, version: int, t0: float, publish_s: float, results: list[dict[str, float]]
+    ) -> SyncTiming:
         timing = SyncTiming(
             version=version,
             publish_s=publish_s,
@@ -81,7 +119,11 @@ class NcclSync(ParameterSync):
 
         actors = [trainer, *rollouters]
         collective.create_collective_group(
-            actors, world_size=len(actors), ranks=list(range(len(actors))), backend="nccl", group_name=self.GROUP
+            actors,
+            world_size=len(actors),
+            ranks=list(range(len(actors))),
+            backend="nccl",
+            group_name=self.GROUP,
         )
 
     def start(self, version: int) -> tuple[list[Any], float]:

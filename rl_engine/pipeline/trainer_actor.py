@@ -3,8 +3,9 @@
 It gathers ``trainer.batch_size`` samples in pulls of ``require_batches * mini_batch_size`` samples
 (whole groups, FIFO), timing how long it waited (``trainer/idle_ratio``); the queue drops groups that
 are too stale for the current version on the way. The driver decides when to sync (every
-``trigger_parameter_sync_step`` steps): ``publish_weights`` puts the numpy state dict into the Ray
-object store once, and rollouters map it zero-copy.
+``trigger_parameter_sync_step`` steps): ``publish_weights`` streams the weights into the Ray object
+store bucket by bucket, in the rollout dtype (``rl_engine.pipeline.sync.publish_stream``), and
+rollouters load them bucket by bucket, zero-copy.
 """
 
 from __future__ import annotations
@@ -21,15 +22,10 @@ import ray
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
+from rl_engine.pipeline.sync import publish_stream
 from rl_engine.types import Sample
 
 _PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is noticed quickly
-
-
-def torch_float32() -> object:
-    import torch
-
-    return torch.float32
 
 
 class TrainerActor:
@@ -39,7 +35,7 @@ class TrainerActor:
         self.cfg, self.knobs, self.queue = cfg, knobs, queue
         self.trainer = components.trainer.build(cfg)
         self._cancel = threading.Event()
-        self._weights_ref: Any = None
+        self._published: list[Any] = []  # the last sync's object refs, kept alive until the next one
         self._rng = random.Random(cfg.seed)  # picks example samples for the sink
 
     @property
@@ -127,26 +123,24 @@ class TrainerActor:
 
     # --- weights ---------------------------------------------------------------------------------------
     def publish_weights(self) -> list[Any]:
-        """Put the current weights in the object store once; returns ``[ObjectRef]`` (boxed: not fetched)."""
-        self._weights_ref = ray.put(self._weights_for_put())
-        return [self._weights_ref]
+        """Put the current weights in the object store; returns ``[ObjectRef]`` (boxed: not fetched).
 
-    def _weights_for_put(self) -> dict[str, np.ndarray]:
-        """Numpy views of contiguous float32 CPU parameters (``ray.put`` copies them into the store
-        before returning, so views are safe and save one full copy); else ``weights_numpy()``."""
-        model = getattr(self.trainer, "model", None)
-        if model is None:
-            return self.trainer.weights_numpy()
-        params = list(model.named_parameters())
-        if not all(p.device.type == "cpu" and p.dtype == torch_float32() and p.is_contiguous() for _, p in params):
-            return self.trainer.weights_numpy()
-        return {name: p.detach().numpy() for name, p in params}
+        A trainer with ``weight_stream`` (the real one) sends buckets in the rollout dtype, one bucket of
+        extra trainer memory at a time; others (the simulated trainer) put their numpy state dict.
+        """
+        stream = getattr(self.trainer, "weight_stream", None)
+        if stream is None:
+            self._published = [ray.put(self.trainer.weights_numpy())]
+        else:
+            outer, buckets = publish_stream(stream())
+            self._published = [outer, *buckets]
+        return self._published[:1]
 
     def nccl_broadcast(self, group: str, bucket_mb: int) -> dict[str, float]:
-        """GPU sync (untested here): broadcast the parameters to the rollouters' NCCL group."""
+        """GPU sync (untested here): broadcast the weight buckets to the rollouters' NCCL group."""
         from rl_engine.pipeline.nccl import broadcast_from
 
-        return broadcast_from(self.trainer.model, group, bucket_mb)
+        return broadcast_from(self.trainer.weight_stream(bucket_bytes=bucket_mb * 2**20), group)
 
     def mark_synced(self) -> None:
         self.trainer.mark_synced()

@@ -24,7 +24,7 @@ def build_rollout_worker(cfg: ExperimentConfig, index: int = 0) -> RolloutWorker
     if backend == "hf":
         from rl_engine.rollout.hf import HFRolloutWorker
 
-        return HFRolloutWorker(cfg.rollout, cfg.model, seed=seed)
+        return HFRolloutWorker(cfg.rollout, cfg.model, seed=seed, gpus=cfg.resources.rollout_gpus)
     if backend == "vllm":
         from rl_engine.rollout.vllm import VLLMRolloutWorker
 

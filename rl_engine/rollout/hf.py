@@ -9,6 +9,7 @@ multinomial draw); ``benchmarks/engine_core.py`` measures it against bare ``gene
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import warnings
@@ -20,8 +21,9 @@ import numpy as np
 import torch
 
 from rl_engine.config import HFRolloutConfig, ModelConfig
-from rl_engine.models import load_model, load_tokenizer, special_token_ids
+from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
+from rl_engine.models.buckets import FlatParams, WeightStream, load_stream
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
 from rl_engine.types import FinishReason, Prompt, Sample
@@ -57,27 +59,47 @@ def sample_top_p(logp: torch.Tensor, top_p: float, generator: torch.Generator | 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _cache_of(out: Any) -> Any:
+    """The KV cache of a forward's output (``cache`` in transformers 5.2x, ``past_key_values`` before)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 class HFRolloutWorker(RolloutWorker):
-    """Rollout on a local transformers model (CPU here; any torch device in principle).
+    """Rollout on a local transformers model, on ``rollout.device`` (``auto``: cuda when ``gpus`` >= 1).
 
     Behaviour log-probs are of logits / temperature (no top-p renormalisation: with ``top_p < 1`` they
     are the log-probs of the temperature-scaled distribution the nucleus was cut from, matching what the
-    trainer recomputes).
+    trainer recomputes). Weights are served in ``model.dtype``.
     """
 
     def __init__(
-        self, rollout_cfg: HFRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0, device: str = "cpu"
+        self,
+        rollout_cfg: HFRolloutConfig,
+        model_cfg: ModelConfig,
+        *,
+        seed: int = 0,
+        device: str | None = None,
+        gpus: int = 0,
     ):
         super().__init__()
         self.cfg = rollout_cfg
         torch.set_num_threads(rollout_cfg.num_threads)
+        device = device or resolve_device(rollout_cfg.device, gpus, "rollout")
         self.model = load_model(model_cfg, device=device).eval()
         self.tokenizer = load_tokenizer(model_cfg)
         self.special = special_token_ids(model_cfg, self.tokenizer)
         self.device = torch.device(device)
         self._eos = torch.tensor(self.special.eos_ids, dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # Parameters in one contiguous buffer: a weight sync from the trainer lands bucket by bucket
+        # in slices of it (rl_engine.models.buckets); None for mixed dtypes/devices (then piece by piece).
+        self._flat = FlatParams.of(self.model)
         self._params = dict(self.model.named_parameters())
+        # transformers 5.2x names the KV cache ``cache``; earlier releases ``past_key_values``
+        self._cache_kwarg = (
+            "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        )
         self._weights_lock = threading.Lock()
 
     # --- public API -------------------------------------------------------------------------------
@@ -106,10 +128,19 @@ class HFRolloutWorker(RolloutWorker):
         return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        """Copy weights in place by parameter name (numpy arrays or tensors); unknown names are an error."""
+    def update_weights(self, named_tensors: Mapping[str, Any] | WeightStream, version: int) -> None:
+        """Copy weights in place by parameter name; unknown names or wrong shapes are an error.
+
+        ``named_tensors``: numpy arrays or tensors by name, or a ``WeightStream`` of buckets (the
+        trainer's sync), loaded bucket by bucket, each released before the next arrives. Either way the
+        names and shapes are checked before anything is copied, and the lock keeps generation off
+        half-loaded weights.
+        """
         with self._weights_lock:
-            self._load_weights(named_tensors)
+            if isinstance(named_tensors, WeightStream):
+                load_stream(named_tensors, self._params, self._flat)
+            else:
+                self._load_weights(named_tensors)
             self._version = int(version)
 
     @torch.no_grad()
@@ -179,7 +210,7 @@ class HFRolloutWorker(RolloutWorker):
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
         )
-        past, logits = out.cache, out.logits[:, -1, :]
+        past, logits = _cache_of(out), out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
         budgets = torch.tensor([r.budget for r in reqs], device=dev)
         done = torch.zeros(len(reqs), dtype=torch.bool, device=dev)
@@ -199,10 +230,10 @@ class HFRolloutWorker(RolloutWorker):
                 input_ids=tok[:, None],
                 attention_mask=mask,
                 position_ids=next_pos[:, None],
-                cache=past,
+                **{self._cache_kwarg: past},
                 use_cache=True,
             )
-            past, logits = out.cache, out.logits[:, -1, :]
+            past, logits = _cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
         self._collect(reqs, torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist())
 

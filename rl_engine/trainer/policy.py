@@ -4,62 +4,100 @@ Log-probs are of logits / ``rollout.temperature`` (the distribution the rollout 
 on the shared padding layout of ``rl_engine.models.batching`` so they match the rollout's to float
 precision on the same weights.
 
+Scale: the model, its AdamW state, the reference model and every batch tensor live on
+``trainer.device``. Parameters and optimizer state are float32 (master weights); ``trainer.precision
+bf16`` runs the forward/backward under bf16 autocast. The output layer runs in token chunks
+(``rl_engine.models.logprobs``): no ``[tokens, vocab]`` float32 tensor is ever materialised. Each
+mini-batch is split into micro-batches by a token budget (``trainer.microbatch``); the loss keeps the
+whole mini-batch's normalisers, so the accumulated gradient is the mini-batch gradient.
+
 Old log-probs in the PPO ratio, by ``algorithm.off_policy``:
 - ``none``: the behaviour log-probs from the rollout.
 - ``tis``: recomputed with the current weights before this step's first update; the per-token loss
   is weighted by min(exp(old - behaviour), tis_threshold) to correct for the rollout being stale.
-- ``decoupled``: the proximal policy (weights at the last ``mark_synced``); weighted like ``tis``
-  by min(exp(proximal - behaviour), tis_threshold).
+- ``decoupled``: decoupled PPO as AReaL does it: the proximal log-probs are recomputed with the current
+  weights before this step's first update (no second model copy); the behaviour weight
+  exp(proximal - behaviour) filters out tokens above tis_threshold instead of truncating them.
+
+Behaviour log-probs that are not finite (an engine returned NaN or -inf) reject their sample: it is
+left out of the loss and counted in ``error/nonfinite_behaviour_logprobs``.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import json
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rl_engine.algos import aggregate, get_advantage_fn, group_indices, kl_k3, masked_mean, ppo_clip_loss
-from rl_engine.algos.losses import truncated_is_weights
+from rl_engine.algos import aggregate, get_advantage_fn, group_indices, kl_k3, ppo_clip_loss
+from rl_engine.algos.losses import filtered_is_weights, truncated_is_weights
 from rl_engine.config import ExperimentConfig
-from rl_engine.models import load_model, load_tokenizer, special_token_ids
+from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad, token_logprobs_and_entropy
+from rl_engine.models.buckets import LocalWeightStream, StagingBuffer
+from rl_engine.models.logprobs import chunked_logprobs_and_entropy, default_chunk_tokens, linear_head_of
 from rl_engine.trainer import checkpoint as ckpt
+from rl_engine.trainer.microbatch import (
+    MicroBatch,
+    default_token_budget,
+    plan_micro_batches,
+    row_lengths,
+    select,
+)
 from rl_engine.trainer.schedule import build_lr_multiplier
 from rl_engine.types import Sample
 
 
-def _rows(batch: PackedBatch, idx: torch.Tensor) -> PackedBatch:
-    return PackedBatch(
-        input_ids=batch.input_ids[idx],
-        attention_mask=batch.attention_mask[idx],
-        position_ids=batch.position_ids[idx],
-        response_mask=batch.response_mask[idx],
-        prompt_len=batch.prompt_len,
-    )
+def resolve_precision(setting: str, model_dtype: str) -> str:
+    """``auto`` -> ``bf16`` when the model is served in a 16-bit dtype, else ``fp32``."""
+    if setting != "auto":
+        return setting
+    return "bf16" if model_dtype in ("bfloat16", "float16") else "fp32"
 
 
-def _pad_floats(rows: list[list[float]], width: int) -> torch.Tensor:
-    return right_pad(rows, 0.0, torch.float32, width)
+@dataclass
+class StepData:
+    """The fixed tensors of one trainer step, on the trainer's device. Per-token ones are [B, R]."""
+
+    batch: PackedBatch
+    adv: torch.Tensor
+    behaviour: torch.Tensor  # non-finite values replaced by 0 (their samples are rejected)
+    mask: torch.Tensor  # float response mask with rejected samples zeroed: the loss mask
+    old: torch.Tensor
+    is_w: torch.Tensor | None  # off-policy weights (tis / decoupled)
+    is_flag: torch.Tensor | None  # tokens truncated (tis) or filtered out (decoupled)
+    ref: torch.Tensor | None
+    rejected: int  # samples with non-finite behaviour log-probs
 
 
 class PolicyTrainer:
     """The policy and its optimizer; see the module docstring for the update and the contract."""
 
-    def __init__(self, cfg: ExperimentConfig, *, device: str = "cpu"):
+    def __init__(self, cfg: ExperimentConfig, *, device: str | None = None):
         self.cfg = cfg
         tc, ac = cfg.trainer, cfg.algorithm
         torch.set_num_threads(tc.num_threads)
-        self.device = torch.device(device)
-        self.model = load_model(cfg.model, device=device).train()
+        self.device = torch.device(device or resolve_device(tc.device, cfg.resources.trainer_gpus, "trainer"))
+        self.precision = resolve_precision(tc.precision, cfg.model.dtype)
+        self.rollout_dtype = torch_dtype(cfg.model)  # what the rollout serves: weights are published in it
+        # float32 master weights whatever the rollout serves: AdamW state follows the parameters' dtype,
+        # and bf16 state does not learn at small learning rates (updates round away).
+        self.model = load_model(
+            cfg.model, device=str(self.device), dtype=torch.float32, training=True
+        ).train()
         self.tokenizer = load_tokenizer(cfg.model)
         self.pad_id = special_token_ids(cfg.model, self.tokenizer).pad_id  # the rollout pads with the same id
         self.temperature = cfg.rollout.temperature
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        self.chunk_tokens = tc.logits_chunk_tokens or default_chunk_tokens(vocab)
+        self.max_tokens = tc.max_tokens_per_micro_batch or default_token_budget(vocab)
         self.version = 0
         self.optimizer_steps = 0
         self.optimizer = torch.optim.AdamW(
@@ -72,67 +110,95 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, multiplier)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self._advantage_fn = get_advantage_fn(ac.advantage)
-        # Frozen copies only when the config needs them: each costs one model's memory.
-        self.ref_model = self._frozen_copy() if ac.kl_coef > 0 else None
-        self.proximal_model = self._frozen_copy() if ac.off_policy == "decoupled" else None
+        # The only extra model: the frozen initial policy, only when a KL penalty needs it, in the
+        # compute dtype (it is never trained), on the same device.
+        self.ref_model = self._reference() if ac.kl_coef > 0 else None
+        # a weight-sync staging buffer (one bucket), kept between syncs; allocated only when a receiver
+        # does not lend its own memory (the object store does not; an in-process HF worker does)
+        self._staging = StagingBuffer()
+        self._parts: dict[int, tuple[Any, torch.nn.Module]] = {}  # id(model) -> (output layer, body)
 
-    def _frozen_copy(self) -> torch.nn.Module:
-        m = copy.deepcopy(self.model).eval()
+    def _reference(self) -> torch.nn.Module:
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        m = load_model(self.cfg.model, device=str(self.device), dtype=dtype).eval()
         for p in m.parameters():
             p.requires_grad_(False)
         return m
 
     # --- contract: weights ---------------------------------------------------------------------------
     def weights_numpy(self) -> dict[str, np.ndarray]:
-        """Contiguous CPU copies by parameter name (bf16/fp16 become float32: numpy has no bfloat16)."""
-        out = {}
-        for name, p in self.model.named_parameters():
-            t = p.detach()
-            if t.dtype in (torch.bfloat16, torch.float16):
-                t = t.float()
-            out[name] = np.ascontiguousarray(t.cpu().numpy()).copy()
-        return out
+        """Contiguous float32 CPU copies by parameter name: a whole-model copy, for tests and tools;
+        weight syncs use ``weight_stream``."""
+        return {
+            n: np.ascontiguousarray(p.detach().float().cpu().numpy()).copy()
+            for n, p in self.model.named_parameters()
+        }
 
-    @torch.no_grad()
+    def weight_stream(
+        self, dtype: torch.dtype | None = None, bucket_bytes: int | None = None
+    ) -> LocalWeightStream:
+        """The policy's parameters as buckets cast to the rollout dtype (``model.dtype``), one bucket of
+        ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.models.buckets``)."""
+        size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
+        named = self.model.named_parameters()
+        return LocalWeightStream.of(named, dtype or self.rollout_dtype, size, staging=self._staging)
+
     def mark_synced(self) -> None:
-        """The rollout now has the current weights: they become the proximal policy (decoupled mode)."""
-        if self.proximal_model is not None:
-            for dst, src in zip(self.proximal_model.parameters(), self.model.parameters(), strict=True):
-                dst.copy_(src)
+        """The rollout now has the current weights. Nothing to do: decoupled mode recomputes its proximal
+        log-probs from the current weights at each step (kept for the pipeline's contract)."""
 
     # --- log-probs -------------------------------------------------------------------------------------
-    def _forward(
-        self, model: torch.nn.Module, batch: PackedBatch, with_entropy: bool, entropy_grad: bool = False
-    ):
-        """Response-token log-probs [b, R] (and entropy [b, R]) of ``model`` on ``batch``."""
-        width = batch.response_mask.shape[1]
-        out = model(
-            input_ids=batch.input_ids.to(self.device),
-            attention_mask=batch.attention_mask.to(self.device),
-            position_ids=batch.position_ids.to(self.device),
-            use_cache=False,
-            logits_to_keep=width + 1,  # only the positions that predict response tokens (+1 dropped)
-        )
-        logits = out.logits[:, :-1, :]
-        return token_logprobs_and_entropy(
-            logits,
-            batch.response_ids.to(self.device),
-            self.temperature,
-            with_entropy,
-            entropy_grad=entropy_grad,
-        )
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
-    def _micro_size(self) -> int:
-        return self.cfg.trainer.micro_batch_size or self.cfg.trainer.mini_batch_size
+    def _forward(
+        self, model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Response-token log-probs and entropy [b, width] of ``model`` on ``mb`` (0 at padding)."""
+        inputs = {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "use_cache": False}
+        if id(model) not in self._parts:  # looked up once per model: HF walks its modules to find them
+            self._parts[id(model)] = (linear_head_of(model), model.get_decoder())
+        head, body = self._parts[id(model)]
+        with self._autocast():
+            if head is None:  # not a plain projection (soft-capped logits): this micro-batch's full logits
+                logits = model(**inputs).logits[mb.rows, mb.cols]
+                lp, ent = token_logprobs_and_entropy(
+                    logits, mb.targets, self.temperature, entropy_grad=entropy_grad
+                )
+            else:  # only the positions that predict real response tokens go through the output layer
+                hidden = body(**inputs).last_hidden_state
+                lp, ent = chunked_logprobs_and_entropy(
+                    hidden[mb.rows, mb.cols],
+                    head,
+                    mb.targets,
+                    self.temperature,
+                    chunk_tokens=self.chunk_tokens,
+                    with_entropy=with_entropy,
+                    entropy_grad=entropy_grad,
+                )
+        zeros = torch.zeros(mb.shape, dtype=torch.float32, device=lp.device)
+        where = (mb.rows, mb.tcols)
+        return zeros.index_put(where, lp), zeros.index_put(where, ent.float())
+
+    def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor]:
+        """``idx`` (rows of ``batch``) split into micro-batches by rows and token budget."""
+        prompt, response = row_lengths(batch)
+        groups = plan_micro_batches(
+            prompt[idx].tolist(),
+            response[idx].tolist(),
+            self.cfg.trainer.micro_batch_size or len(idx),
+            self.max_tokens,
+        )
+        return [idx[g] for g in groups]
 
     @torch.no_grad()
     def _logprobs_no_grad(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-        mb, rows = self._micro_size(), batch.input_ids.shape[0]
-        parts = [
-            self._forward(model, _rows(batch, torch.arange(s, min(s + mb, rows))), False)[0]
-            for s in range(0, rows, mb)
-        ]
-        return torch.cat(parts).float().cpu()
+        """[B, R] float32 log-probs on the trainer's device."""
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
+        for part in self._micro_batches(batch, torch.arange(batch.input_ids.shape[0], device=self.device)):
+            mb = select(batch, part, self.pad_id)
+            out[part, : mb.width] = self._forward(model, mb, with_entropy=False)[0]
+        return out
 
     def pack_samples(self, samples: list[Sample]) -> PackedBatch:
         return pack([s.prompt_ids for s in samples], [s.response_ids for s in samples], self.pad_id)
@@ -142,151 +208,170 @@ class PolicyTrainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            lp = self._logprobs_no_grad(self.model, self.pack_samples(samples))
+            lp = self._logprobs_no_grad(self.model, self.pack_samples(samples).to(self.device)).cpu()
         finally:
             self.model.train(was_training)
         return [lp[i, : len(s.response_ids)].tolist() for i, s in enumerate(samples)]
 
     # --- the step ----------------------------------------------------------------------------------------
-    def _prepare(self, samples: list[Sample]) -> dict[str, Any]:
-        """Advantages and the fixed per-token tensors of one trainer step (all [B, R] unless noted)."""
-        ac = self.cfg.algorithm
-        batch = self.pack_samples(samples)
+    def _prepare(self, samples: list[Sample]) -> StepData:
+        """Advantages, the loss mask and the old / reference log-probs of one trainer step."""
+        ac, dev = self.cfg.algorithm, self.device
+        batch = self.pack_samples(samples).to(dev)
         width = batch.response_mask.shape[1]
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         adv = self._advantage_fn(
             rewards, group_indices([s.group_id for s in samples]), norm_by_std=ac.norm_adv_by_std
         )
-        behaviour = _pad_floats([s.logprobs for s in samples], width)
-        prep = {"batch": batch, "adv": adv[:, None].expand(-1, width).contiguous(), "behaviour": behaviour}
-        if ac.off_policy == "none":
-            prep["old"] = behaviour
-            prep["is_w"] = None
-        else:
-            target = self.proximal_model if ac.off_policy == "decoupled" else self.model
-            prep["old"] = self._logprobs_no_grad(target, batch)
-            prep["is_w"], prep["is_trunc"] = truncated_is_weights(prep["old"], behaviour, ac.tis_threshold)
-        prep["ref"] = self._logprobs_no_grad(self.ref_model, batch) if self.ref_model is not None else None
-        return prep
+        mask = batch.response_mask.float()
+        behaviour = right_pad([s.logprobs for s in samples], 0.0, torch.float32, width).to(dev)
+        finite = torch.isfinite(behaviour)
+        rejected = ((~finite) & (mask > 0)).any(1)
+        behaviour = torch.where(finite, behaviour, torch.zeros_like(behaviour))  # no NaN into masked sums
+        mask = mask * (~rejected).float()[:, None]
+        old, is_w, is_flag = behaviour, None, None
+        if ac.off_policy != "none":
+            old = self._logprobs_no_grad(self.model, batch)  # current weights, before this step's update
+            weigh = filtered_is_weights if ac.off_policy == "decoupled" else truncated_is_weights
+            is_w, is_flag = weigh(old, behaviour, ac.tis_threshold)
+        return StepData(
+            batch=batch,
+            adv=adv.to(dev)[:, None].expand(-1, width).contiguous(),
+            behaviour=behaviour,
+            mask=mask,
+            old=old,
+            is_w=is_w,
+            is_flag=is_flag,
+            ref=self._logprobs_no_grad(self.ref_model, batch) if self.ref_model is not None else None,
+            rejected=int(rejected.sum()),
+        )
 
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """One trainer step on exactly ``trainer.batch_size`` samples; returns metrics (see DESIGN.md)."""
+        """One trainer step on exactly ``trainer.batch_size`` samples; returns metrics (docs/engine.md)."""
         tc = self.cfg.trainer
         if len(samples) != tc.batch_size:
             raise ValueError(
                 f"train_step needs trainer.batch_size={tc.batch_size} samples, got {len(samples)}"
             )
         t0 = time.perf_counter()
-        prep = self._prepare(samples)
+        data = self._prepare(samples)
         sums: dict[str, list[float]] = defaultdict(list)
         for _ in range(tc.ppo_epochs):
             order = torch.randperm(tc.batch_size, generator=self.generator)
             for start in range(0, tc.batch_size, tc.mini_batch_size):
-                for k, v in self._optimizer_step(prep, order[start : start + tc.mini_batch_size]).items():
+                for k, v in self._optimizer_step(data, order[start : start + tc.mini_batch_size]).items():
                     sums[k].append(v)
         self.version += 1
         metrics = {k: (max(v) if k.endswith("_max") else float(np.mean(v))) for k, v in sums.items()}
-        metrics.update(self._off_policy_metrics(prep, samples))
+        metrics.update(self._off_policy_metrics(data))
+        metrics["error/nonfinite_behaviour_logprobs"] = float(data.rejected)
         metrics["trainer/optimizer_steps"] = float(self.optimizer_steps)
         metrics["timing/train_s"] = time.perf_counter() - t0
         return metrics
 
-    def _off_policy_metrics(self, prep: dict[str, Any], samples: list[Sample]) -> dict[str, float]:
-        if prep["is_w"] is None:
+    def _off_policy_metrics(self, data: StepData) -> dict[str, float]:
+        if data.is_w is None:
             return {}
-        mask = prep["batch"].response_mask.bool()
-        raw = torch.exp(prep["old"] - prep["behaviour"])[mask]
-        return {
-            "off_policy/is_ratio_mean": float(raw.mean()) if raw.numel() else 1.0,
-            "off_policy/is_ratio_max": float(raw.max()) if raw.numel() else 1.0,
-            "off_policy/tis_clipfrac": float(prep["is_trunc"][mask].float().mean()) if raw.numel() else 0.0,
-        }
+        mask = data.mask.bool()
+        raw = torch.exp(data.old - data.behaviour)[mask]
+        if not raw.numel():
+            return {
+                "off_policy/is_ratio_mean": 1.0,
+                "off_policy/is_ratio_max": 1.0,
+                "off_policy/tis_clipfrac": 0.0,
+            }
+        values = torch.stack([raw.mean(), raw.max(), data.is_flag[mask].float().mean()]).tolist()
+        return dict(
+            zip(
+                ["off_policy/is_ratio_mean", "off_policy/is_ratio_max", "off_policy/tis_clipfrac"],
+                values,
+                strict=True,
+            )
+        )
 
-    def _optimizer_step(self, prep: dict[str, Any], idx: torch.Tensor) -> dict[str, float]:
-        """Gradient accumulation over micro-batches of ``idx``, then clip, AdamW step, LR step."""
+    def _optimizer_step(self, data: StepData, idx: torch.Tensor) -> dict[str, float]:
+        """Gradient accumulation over the micro-batches of ``idx``, then clip, AdamW step, LR step."""
         tc = self.cfg.trainer
-        mask_all = prep["batch"].response_mask[idx]
+        idx = idx.to(self.device)
+        mask_all = data.mask[idx]
         norm = {
-            "num_seqs": len(idx),
+            "num_seqs": int((mask_all.sum(1) > 0).sum()),  # rejected samples do not count
             "num_tokens": float(mask_all.sum()),
             "norm_len": self.cfg.rollout.max_new_tokens,
         }
         self.optimizer.zero_grad(set_to_none=True)
-        stats: dict[str, float] = defaultdict(float)
-        for s in range(0, len(idx), self._micro_size()):
-            part = idx[s : s + self._micro_size()]
-            for k, v in self._micro_loss(prep, part, norm).items():
-                # Sample-weighted mean over micro-batches (max for *_max keys).
-                stats[k] = (
-                    max(stats.get(k, v), v) if k.endswith("_max") else stats[k] + v * len(part) / len(idx)
-                )
+        acc: dict[str, torch.Tensor] = {}
+        for part in self._micro_batches(data.batch, idx):
+            self._micro_loss(data, part, norm, acc)
         max_norm = tc.grad_clip if tc.grad_clip is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        stats["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
-        stats["actor/grad_norm"] = float(grad_norm)
-        return dict(stats)
+        # One device->host transfer for every metric of the step (each float() would synchronise a GPU).
+        names = [*acc, "actor/grad_norm"]
+        values = dict(
+            zip(names, torch.stack([*acc.values(), grad_norm.float().reshape(())]).tolist(), strict=True)
+        )
+        tokens = max(values.pop("tokens"), 1.0)
+        stats = {k: v / tokens if k.endswith("_sum") else v for k, v in values.items()}
+        stats = {k.removesuffix("_sum"): v for k, v in stats.items()}
+        if stats["actor/ratio_max"] == float("-inf"):  # every token of the mini-batch was masked out
+            stats["actor/ratio_max"] = 1.0
+        stats["actor/lr"] = lr
+        return stats
 
-    def _micro_loss(self, prep: dict[str, Any], part: torch.Tensor, norm: dict[str, Any]) -> dict[str, float]:
-        """Forward + backward of one micro-batch; the loss is pre-scaled to the mini-batch normaliser."""
+    def _micro_loss(
+        self, data: StepData, part: torch.Tensor, norm: dict[str, Any], acc: dict[str, torch.Tensor]
+    ) -> None:
+        """Forward + backward of one micro-batch (the loss is already normalised to the mini-batch);
+        adds its metric sums to ``acc``."""
         ac = self.cfg.algorithm
-        batch = _rows(prep["batch"], part)
-        mask = batch.response_mask.to(self.device).float()
+        mb = select(data.batch, part, self.pad_id)
+        w = mb.width
+        mask = data.mask[part, :w]
         # Entropy is always reported, but only differentiated when it is part of the loss.
-        logp, entropy = self._forward(self.model, batch, with_entropy=True, entropy_grad=ac.entropy_coef > 0)
-        old, adv = prep["old"][part].to(self.device), prep["adv"][part].to(self.device)
+        logp, entropy = self._forward(self.model, mb, with_entropy=True, entropy_grad=ac.entropy_coef > 0)
+        old = data.old[part, :w]
         out = ppo_clip_loss(
             logp,
             old,
-            adv,
+            data.adv[part, :w],
             clip_eps_low=ac.clip_eps_low,
             clip_eps_high=ac.clip_eps_high,
             dual_clip_c=ac.dual_clip_c,
         )
-        token_loss = out.loss
-        if prep["is_w"] is not None:
-            token_loss = token_loss * prep["is_w"][part].to(self.device)
+        token_loss = out.loss if data.is_w is None else out.loss * data.is_w[part, :w]
         pg_loss = aggregate(token_loss, mask, ac.loss_agg, **norm)
         loss = pg_loss
-        frac = len(part) / norm["num_seqs"]  # aggregate() divided by the whole mini-batch's counts
-        names = ["actor/pg_loss"]
-        values = [pg_loss.detach() / frac]
-        if self.ref_model is not None:
-            kl = aggregate(kl_k3(logp, prep["ref"][part].to(self.device)), mask, ac.loss_agg, **norm)
+        parts = {"actor/pg_loss": pg_loss.detach()}
+        if data.ref is not None:
+            kl = aggregate(kl_k3(logp, data.ref[part, :w]), mask, ac.loss_agg, **norm)
             loss = loss + ac.kl_coef * kl
-            names.append("actor/kl_ref")
-            values.append(kl.detach() / frac)
+            parts["actor/kl_ref"] = kl.detach()
         if ac.entropy_coef > 0:
             loss = loss - ac.entropy_coef * aggregate(entropy, mask, ac.loss_agg, **norm)
         loss.backward()
         with torch.no_grad():
             diff = logp.detach() - old
-            ratio = out.ratio.detach().masked_fill(mask == 0, float("-inf"))
-            names += [
-                "actor/entropy",
-                "actor/clipfrac",
-                "actor/dual_clipfrac",
-                "actor/approx_kl",
-                "actor/ratio_max",
-            ]
-            values += [
-                masked_mean(entropy.detach(), mask),
-                masked_mean(out.clipped.float(), mask),
-                masked_mean(out.dual_clipped.float(), mask),
-                masked_mean(0.5 * diff**2, mask),
-                ratio.max() if mask.any() else torch.tensor(1.0),
-            ]
-            # One device->host transfer for all metrics (each float() would synchronise on a GPU).
-            return dict(
-                zip(names, torch.stack([v.float().reshape(()) for v in values]).tolist(), strict=True)
+            parts.update(
+                {
+                    "actor/entropy_sum": (entropy.detach() * mask).sum(),
+                    "actor/clipfrac_sum": (out.clipped.float() * mask).sum(),
+                    "actor/dual_clipfrac_sum": (out.dual_clipped.float() * mask).sum(),
+                    "actor/approx_kl_sum": (0.5 * diff**2 * mask).sum(),
+                    "tokens": mask.sum(),
+                }
             )
+            ratio_max = out.ratio.detach().masked_fill(mask == 0, float("-inf")).max()
+            for k, v in parts.items():
+                acc[k] = acc[k] + v if k in acc else v
+            acc["actor/ratio_max"] = torch.maximum(acc.get("actor/ratio_max", ratio_max), ratio_max)
 
     # --- checkpoint ------------------------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
         """Write model, optimizer, scheduler, version, RNG and ``extra`` atomically (see checkpoint.py)."""
-        from safetensors.torch import save_file
 
         def write(tmp: Path) -> None:
             self.model.save_pretrained(tmp / "model", safe_serialization=True)
@@ -295,11 +380,6 @@ class PolicyTrainer:
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(ckpt.rng_state(self.generator), tmp / "rng.pt")
             torch.save(extra, tmp / "extra.pt")
-            if self.proximal_model is not None:
-                save_file(
-                    {k: v.detach().contiguous() for k, v in self.proximal_model.named_parameters()},
-                    str(tmp / "proximal.safetensors"),
-                )
             state = {
                 "format_version": ckpt.FORMAT_VERSION,
                 "version": self.version,
@@ -311,9 +391,11 @@ class PolicyTrainer:
         ckpt.write_atomically(Path(path), write)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict."""
-        from safetensors.torch import load_file
+        """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict.
 
+        A ``proximal.safetensors`` written by earlier versions (decoupled mode kept a proximal copy) is
+        ignored: the proximal log-probs now come from the current weights.
+        """
         path = Path(path)
         state_file = path / "trainer_state.json"
         if not state_file.exists():
@@ -322,13 +404,10 @@ class PolicyTrainer:
         if state.get("format_version") != ckpt.FORMAT_VERSION:
             raise ValueError(f"{path}: checkpoint format {state.get('format_version')} is not supported")
         ckpt.copy_named_params(self.model, ckpt.load_safetensors_dir(path / "model"), f"{path}/model")
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        self.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        )
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-        if self.proximal_model is not None:
-            prox = path / "proximal.safetensors"
-            # A checkpoint from a run without decoupled mode: the policy itself is the proximal one.
-            tensors = load_file(str(prox)) if prox.exists() else dict(self.model.named_parameters())
-            ckpt.copy_named_params(self.proximal_model, tensors, str(prox))
         ckpt.set_rng_state(torch.load(path / "rng.pt", weights_only=False), self.generator)
         self.version = int(state["version"])
         self.optimizer_steps = int(state["optimizer_steps"])

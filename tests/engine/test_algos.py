@@ -106,3 +106,27 @@ def test_truncated_is_weights():
     )
     assert w.tolist() == pytest.approx([0.5, 2.0])
     assert trunc.tolist() == [False, True]
+
+
+def test_log_ratio_is_clamped_so_a_pathological_old_logprob_gives_finite_loss_and_gradient():
+    # old log-prob -1e4 (a token the behaviour policy "never" samples): exp(logp - old) overflows to inf
+    # without the clamp; verl clamps the log-ratio to [-20, 20] before exp.
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    old = torch.tensor([[-1e4, -1.0]])
+    for adv in (torch.tensor([[1.0, 1.0]]), torch.tensor([[-1.0, -1.0]])):
+        for dual in (None, 3.0):
+            out = ppo_clip_loss(logp, old, adv, dual_clip_c=dual)
+            assert torch.isfinite(out.loss).all() and torch.isfinite(out.ratio).all()
+            assert float(out.ratio[0, 0].detach()) == pytest.approx(math.exp(20.0), rel=1e-5)
+            (grad,) = torch.autograd.grad(out.loss.sum(), logp)
+            assert torch.isfinite(grad).all(), (adv, dual)
+
+
+def test_reinforce_pp_with_groups_of_one_uses_a_zero_baseline():
+    # rollout.n = 1: each group is one response. The group mean would be the reward itself (A = 0, no
+    # gradient); REINFORCE++ proper has no per-prompt baseline: whiten the raw rewards over the batch.
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    g = group_indices(["a", "b", "c", "d"])
+    s = math.sqrt(1 / 3)  # unbiased std of (1, 0, 1, 0)
+    want = [0.5 / s, -0.5 / s, 0.5 / s, -0.5 / s]
+    assert ADVANTAGES["reinforce_pp"](r, g, eps=0.0).tolist() == pytest.approx(want, abs=1e-6)

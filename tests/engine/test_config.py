@@ -37,8 +37,10 @@ def test_gpu_preset_uses_vllm_and_asks_for_gpus():
 
 def test_batch_not_divisible_by_group_size_says_what_to_change():
     errs = errors_of({"model": {"path": "m"}, "rollout": {"n": 3}})
-    assert errs == {"": "trainer.batch_size (64) must be a multiple of rollout.n (3): each prompt is "
-                        "answered rollout.n times (try batch_size=63)"}
+    assert errs == {
+        "": "trainer.batch_size (64) must be a multiple of rollout.n (3): each prompt is "
+        "answered rollout.n times (try batch_size=63)"
+    }
 
 
 def test_vllm_without_gpus_is_rejected_with_the_field_to_set():
@@ -47,8 +49,9 @@ def test_vllm_without_gpus_is_rejected_with_the_field_to_set():
 
 
 def test_field_errors_carry_paths_without_union_tags():
-    errs = errors_of({"model": {"path": "m"}, "rollout": {"backend": "hf", "n": "many", "bogus": 1},
-                      "trainer": {"lr": -1}})
+    errs = errors_of(
+        {"model": {"path": "m"}, "rollout": {"backend": "hf", "n": "many", "bogus": 1}, "trainer": {"lr": -1}}
+    )
     assert set(errs) == {"rollout.n", "rollout.bogus", "trainer.lr"}
     assert "valid integer" in errs["rollout.n"]
     assert "Extra inputs are not permitted" in errs["rollout.bogus"]
@@ -65,10 +68,16 @@ def test_unknown_backend_is_a_field_error():
 
 
 def test_overrides_parse_yaml_values_and_create_mappings():
-    data = apply_overrides(get_preset("demo-cpu"), [
-        "rollout.n=4", "trainer.lr=1e-4", "logging.progress_bar=false", "algorithm.off_policy=tis",
-        "model.override_config.rope_theta=10000",
-    ])
+    data = apply_overrides(
+        get_preset("demo-cpu"),
+        [
+            "rollout.n=4",
+            "trainer.lr=1e-4",
+            "logging.progress_bar=false",
+            "algorithm.off_policy=tis",
+            "model.override_config.rope_theta=10000",
+        ],
+    )
     cfg = parse_config(data)
     assert (cfg.rollout.n, cfg.trainer.lr, cfg.logging.progress_bar) == (4, 1e-4, False)
     assert cfg.algorithm.off_policy == "tis"

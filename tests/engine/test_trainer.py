@@ -150,18 +150,22 @@ def test_tis_and_decoupled_report_importance_ratios(make_cfg):
     m = trainer.train_step(batch)
     assert m["off_policy/is_ratio_max"] > 1.5 and m["off_policy/tis_clipfrac"] > 0.5
 
-    dec = PolicyTrainer(make_cfg(*base, "algorithm.off_policy=decoupled"))
+    dec = PolicyTrainer(make_cfg(*base, "algorithm.off_policy=decoupled", "algorithm.tis_threshold=2.0"))
+    # Decoupled PPO keeps no second model: the proximal log-probs come from the current weights.
+    assert [k for k, v in vars(dec).items() if isinstance(v, torch.nn.Module)] == ["model"]
     fresh = _scored_batch(make_cfg(*base))
     assert dec.train_step(fresh)["off_policy/is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
-    # Without mark_synced the proximal policy stays at the initial weights...
-    prox = [p.detach().clone() for p in dec.proximal_model.parameters()]
-    dec.train_step(fresh)
-    assert all(torch.equal(a, b) for a, b in zip(prox, dec.proximal_model.parameters(), strict=True))
-    dec.mark_synced()  # ...and mark_synced moves it to the current weights.
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(dec.model.parameters(), dec.proximal_model.parameters(), strict=True)
-    )
+    # The proximal policy is the weights before this step's update, not the initial ones: after the
+    # first step, behaviour (initial) and proximal (current) log-probs differ.
+    m = dec.train_step(fresh)
+    assert abs(m["off_policy/is_ratio_mean"] - 1.0) > 1e-4
+    # Tokens whose weight exp(proximal - behaviour) exceeds the cap are filtered out (AReaL), not
+    # truncated: shifted behaviour log-probs put every token over the cap and the update is empty.
+    for s in fresh:
+        s.logprobs = [lp - 5.0 for lp in s.logprobs]  # weights ~ e^5 >> 2 on every token
+    m = dec.train_step(fresh)
+    assert m["off_policy/tis_clipfrac"] == 1.0
+    assert m["actor/pg_loss"] == 0.0 and m["actor/grad_norm"] == 0.0
 
 
 def test_reference_model_only_with_kl(make_cfg):
@@ -244,3 +248,54 @@ def test_entropy_bonus_raises_entropy_when_advantages_are_zero(make_cfg):
     for _ in range(3):
         last = trainer.train_step(batch)["actor/entropy"]
     assert last > first + 1e-3
+
+
+def _finite_params(trainer: PolicyTrainer) -> bool:
+    return all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_a_pathological_behaviour_logprob_does_not_poison_the_update(make_cfg):
+    base = ["trainer.batch_size=16", "trainer.mini_batch_size=16", "rollout.max_new_tokens=4"]
+    for extra in ([], ["algorithm.dual_clip_c=null"]):
+        trainer = PolicyTrainer(make_cfg(*base, *extra))
+        batch = _scored_batch(make_cfg(*base))
+        batch[0].logprobs[0] = -1e4  # finite but absurd: exp(logp - old) overflows without the clamp
+        m = trainer.train_step(batch)
+        assert np.isfinite(m["actor/pg_loss"]) and np.isfinite(m["actor/grad_norm"]), extra
+        assert _finite_params(trainer), extra
+        assert m["error/nonfinite_behaviour_logprobs"] == 0.0
+
+
+def test_non_finite_behaviour_logprobs_reject_their_samples_with_an_error_metric(make_cfg):
+    base = ["trainer.batch_size=16", "trainer.mini_batch_size=8", "rollout.max_new_tokens=4"]
+    for off_policy in ("none", "tis"):
+        cfg = make_cfg(*base, f"algorithm.off_policy={off_policy}")
+        batch = _scored_batch(cfg)
+        clean = PolicyTrainer(cfg)
+        assert clean.train_step(batch)["error/nonfinite_behaviour_logprobs"] == 0.0
+        batch[1].logprobs[-1] = float("nan")
+        batch[6].logprobs[0] = float("-inf")
+        trainer = PolicyTrainer(cfg)
+        before = _params(trainer)
+        m = trainer.train_step(batch)
+        assert m["error/nonfinite_behaviour_logprobs"] == 2.0
+        assert all(np.isfinite(v) for v in m.values()), {k: v for k, v in m.items() if not np.isfinite(v)}
+        assert _finite_params(trainer)
+        assert any(not torch.equal(before[k], p) for k, p in trainer.model.named_parameters())
+
+
+def test_reinforce_pp_with_one_response_per_prompt_still_learns(make_cfg):
+    cfg = make_cfg(
+        "rollout.n=1",
+        "algorithm.advantage=reinforce_pp",
+        "trainer.batch_size=8",
+        "trainer.mini_batch_size=8",
+        "rollout.max_new_tokens=4",
+    )
+    trainer = PolicyTrainer(cfg)
+    batch = _scored_batch(cfg)
+    assert len({s.reward for s in batch}) > 1
+    before = _params(trainer)
+    trainer.train_step(batch)
+    moved = sum(not torch.equal(before[k], p) for k, p in trainer.model.named_parameters())
+    assert moved == len(before)  # every parameter got a gradient: advantages are not all zero

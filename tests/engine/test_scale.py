@@ -1,0 +1,214 @@
+"""The trainer at real scale, proven on the tiny model: chunked output-layer log-probs equal the full
+logits path (values and gradients), device placement, bf16 that learns, gradient checkpointing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.config import ConfigError
+from rl_engine.models import resolve_device
+from rl_engine.models.batching import token_logprobs_and_entropy
+from rl_engine.models.logprobs import LinearHead, chunked_logprobs_and_entropy, linear_head_of
+from rl_engine.rollout import build_rollout_worker
+from rl_engine.trainer import PolicyTrainer
+from rl_engine.trainer.microbatch import plan_micro_batches, select
+from tests.engine.test_trainer import _params, _scored_batch
+
+BASE = ["trainer.batch_size=16", "trainer.mini_batch_size=16", "rollout.max_new_tokens=6"]
+
+
+def _reference(hidden, weight, bias, targets, temperature):
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return token_logprobs_and_entropy(logits, targets, temperature, entropy_grad=True)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_head_equals_full_logits_values_and_gradients(chunk, with_bias):
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 37, 16, 101
+    # logits of order 1, as a language model's are (the tolerance is absolute)
+    hidden = (0.5 * torch.randn(n, h, generator=g)).requires_grad_()
+    weight = (0.5 * torch.randn(v, h, generator=g)).requires_grad_()
+    bias = torch.randn(v, generator=g).requires_grad_() if with_bias else None
+    targets = torch.randint(0, v, (n,), generator=g)
+    gl, ge = torch.randn(n, generator=g), torch.randn(n, generator=g)  # arbitrary upstream gradients
+    ref_lp, ref_ent = _reference(hidden, weight, bias, targets, 0.7)
+    inputs = [hidden, weight] + ([bias] if with_bias else [])
+    ref_grads = torch.autograd.grad((ref_lp * gl).sum() + (ref_ent * ge).sum(), inputs, retain_graph=True)
+    lp, ent = chunked_logprobs_and_entropy(hidden, LinearHead(weight, bias), targets, 0.7, chunk_tokens=chunk)
+    grads = torch.autograd.grad((lp * gl).sum() + (ent * ge).sum(), inputs)
+    assert (lp - ref_lp).abs().max() <= 1e-5 and (ent - ref_ent).abs().max() <= 1e-5
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert (a - b).abs().max() <= 1e-5
+    # Entropy as a metric only: no gradient flows through it, the log-prob gradient is unchanged.
+    lp, ent = chunked_logprobs_and_entropy(
+        hidden, LinearHead(weight, bias), targets, 0.7, chunk_tokens=chunk, entropy_grad=False
+    )
+    assert not ent.requires_grad
+    only_lp = torch.autograd.grad((lp * gl).sum(), inputs)
+    ref_only = torch.autograd.grad((ref_lp * gl).sum(), inputs)
+    for a, b in zip(only_lp, ref_only, strict=True):
+        assert (a - b).abs().max() <= 1e-5
+
+
+def test_trainer_forward_equals_the_full_logits_path_on_the_tiny_model(make_cfg):
+    cfg = make_cfg(*BASE, "rollout.temperature=0.7", "trainer.logits_chunk_tokens=5", "data.task=add")
+    trainer = PolicyTrainer(cfg)
+    batch = trainer.pack_samples(_scored_batch(cfg)).to(trainer.device)
+    mask = batch.response_mask.bool()
+    assert linear_head_of(trainer.model) is not None  # the chunked path is the one under test
+    # the trainer's layout (rows left-aligned, no attention mask) against the model's own forward on
+    # the shared left-padded layout with its mask (what the rollout runs)
+    mb = select(batch, torch.arange(16), trainer.pad_id)
+    lp, ent = trainer._forward(trainer.model, mb, with_entropy=True, entropy_grad=True)
+    loss = (lp * mask).sum() + 0.3 * (ent * mask).sum()
+    new_grads = torch.autograd.grad(loss, list(trainer.model.parameters()))
+    width = batch.response_mask.shape[1]
+    logits = trainer.model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=width + 1,
+    ).logits[:, :-1]
+    ref_lp, ref_ent = token_logprobs_and_entropy(logits, batch.response_ids, 0.7, entropy_grad=True)
+    ref_loss = (ref_lp * mask).sum() + 0.3 * (ref_ent * mask).sum()
+    ref_grads = torch.autograd.grad(ref_loss, list(trainer.model.parameters()))
+    assert (lp - ref_lp)[mask].abs().max() <= 1e-5
+    assert (ent - ref_ent)[mask].abs().max() <= 1e-5
+    for (name, _), a, b in zip(trainer.model.named_parameters(), new_grads, ref_grads, strict=True):
+        assert (a - b).abs().max() <= 1e-5, name
+
+
+def test_token_budget_packs_rows_and_aligns_them_without_padding_on_the_left(make_cfg):
+    # rows of (prompt, response) tokens; budget 24 tokens = rows x longest row, at most 3 rows
+    plan = plan_micro_batches([4, 4, 6, 2, 4, 9], [2, 3, 2, 8, 1, 20], max_rows=3, max_tokens=24)
+    # [0, 1, 2] costs 3 x 8 = 24; [3, 4] = 2 x 10 = 20; 5 alone is over the budget (29) but still runs
+    assert plan == [[0, 1, 2], [3, 4], [5]]
+    cfg = make_cfg(*BASE, "data.task=add")
+    trainer = PolicyTrainer(cfg)
+    samples = _scored_batch(cfg)
+    batch = trainer.pack_samples(samples)
+    rows = torch.tensor([5, 0])
+    mb = select(batch, rows, trainer.pad_id)
+    for k, i in enumerate(rows.tolist()):
+        s = samples[i]
+        n = len(s.prompt_ids) + len(s.response_ids)
+        assert mb.input_ids[k, :n].tolist() == s.prompt_ids + s.response_ids  # left-aligned
+        assert set(mb.input_ids[k, n:].tolist()) <= {trainer.pad_id}
+        assert mb.targets[mb.rows == k].tolist() == s.response_ids
+    full, _ = trainer._forward(
+        trainer.model, select(batch, torch.arange(16), trainer.pad_id), with_entropy=False
+    )
+    part, _ = trainer._forward(trainer.model, mb, with_entropy=False)
+    assert (full[rows, : mb.width] - part).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize("split", ["trainer.micro_batch_size=4", "trainer.max_tokens_per_micro_batch=40"])
+def test_token_budget_micro_batches_accumulate_to_the_mini_batch_update(make_cfg, agg, split):
+    base = [*BASE, f"algorithm.loss_agg={agg}", "data.task=add", "algorithm.entropy_coef=0.01"]
+    full, micro = PolicyTrainer(make_cfg(*base)), PolicyTrainer(make_cfg(*base, split))
+    batch = _scored_batch(make_cfg(*base))
+    assert len(micro._micro_batches(micro.pack_samples(batch), torch.arange(16))) > 2
+    assert len(full._micro_batches(full.pack_samples(batch), torch.arange(16))) == 1
+    mf, mm = full.train_step(batch), micro.train_step(batch)
+    for (k, a), b in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), k
+    for key in ("actor/pg_loss", "actor/entropy", "actor/clipfrac", "actor/grad_norm"):
+        assert mf[key] == pytest.approx(mm[key], abs=1e-6), key
+
+
+def test_everything_lives_on_the_trainer_device_and_auto_resolves_by_gpus(make_cfg, monkeypatch):
+    cfg = make_cfg(*BASE, "algorithm.kl_coef=0.1", "algorithm.off_policy=tis")
+    trainer = PolicyTrainer(cfg)
+    assert str(trainer.device) == "cpu" and cfg.trainer.device == "auto"
+    data = trainer._prepare(_scored_batch(cfg))
+    trainer.train_step(_scored_batch(cfg))
+    tensors = {
+        **{f"param {k}": p for k, p in trainer.model.named_parameters()},
+        **{f"ref {k}": p for k, p in trainer.ref_model.named_parameters()},
+        **{f"adam {k}": v for st in trainer.optimizer.state.values() for k, v in st.items() if v.dim()},
+        **{f"batch {k}": getattr(data.batch, k) for k in ("input_ids", "attention_mask", "response_mask")},
+        **{f"step {k}": getattr(data, k) for k in ("adv", "behaviour", "mask", "old", "is_w", "ref")},
+    }
+    assert any(k.startswith("adam") for k in tensors)
+    assert {str(t.device) for t in tensors.values()} == {"cpu"}
+    # master weights and optimizer state are float32 whatever the model dtype
+    assert {t.dtype for k, t in tensors.items() if k.startswith(("param", "adam"))} == {torch.float32}
+    # auto = cuda exactly when the actor was given a GPU
+    assert resolve_device("auto", 0) == "cpu" and resolve_device("cpu", 2) == "cpu"
+    with pytest.raises(RuntimeError, match=r"trainer\.device resolves to cuda .* sees no CUDA device"):
+        resolve_device("auto", 1)
+    # the HF rollout worker resolves its own device from resources.rollout_gpus the same way
+    assert str(build_rollout_worker(cfg).device) == "cpu"
+    with pytest.raises(RuntimeError, match=r"rollout\.device resolves to cuda"):
+        build_rollout_worker(make_cfg("resources.rollout_gpus=1"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto", 1, "rollout") == "cuda" and resolve_device("cuda", 1) == "cuda"
+    with pytest.raises(ConfigError, match=r"set resources\.trainer_gpus >= 1"):
+        make_cfg("trainer.device=cuda")
+    with pytest.raises(ConfigError, match=r"set resources\.rollout_gpus >= 1"):
+        make_cfg("rollout.device=cuda")
+
+
+def _changed_fraction(make_cfg, *overrides: str) -> tuple[float, PolicyTrainer]:
+    cfg = make_cfg(*BASE, "trainer.lr=1e-6", *overrides)
+    trainer = PolicyTrainer(cfg)
+    batch = _scored_batch(make_cfg(*BASE))
+    before = _params(trainer)
+    for _ in range(10):
+        trainer.train_step(batch)
+    changed = sum(int((p != before[k]).sum()) for k, p in trainer.model.named_parameters())
+    return changed / sum(p.numel() for p in before.values()), trainer
+
+
+def test_bf16_model_learns_like_fp32_at_a_small_learning_rate(make_cfg):
+    fp32, _ = _changed_fraction(make_cfg)
+    bf16, trainer = _changed_fraction(make_cfg, "model.dtype=bfloat16")
+    assert trainer.precision == "bf16" and trainer.rollout_dtype == torch.bfloat16
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}  # master weights
+    assert fp32 > 0.5  # (unused embedding rows never change)
+    assert abs(bf16 - fp32) <= 0.01, (bf16, fp32)
+    # The rollout keeps serving bf16: the weight stream is cast to it.
+    assert trainer.weight_stream().manifest.dtype == "bfloat16"
+
+
+def test_gradient_checkpointing_is_honoured_and_changes_nothing_but_memory(make_cfg, monkeypatch):
+    results = {}
+    batch = _scored_batch(make_cfg(*BASE))
+    for on in (False, True):
+        trainer = PolicyTrainer(make_cfg(*BASE, f"model.gradient_checkpointing={str(on).lower()}"))
+        mlp_cls = type(trainer.model.get_decoder().layers[0].mlp)
+        calls: list[int] = []
+        forward = mlp_cls.forward
+
+        def counted(self, *a, _calls=calls, _forward=forward, **k):
+            _calls.append(1)
+            return _forward(self, *a, **k)
+
+        # counted on the class: the recompute calls forward directly (module hooks stay outside it)
+        monkeypatch.setattr(mlp_cls, "forward", counted)
+        trainer.train_step(batch)
+        monkeypatch.setattr(mlp_cls, "forward", forward)
+        results[on] = (len(calls), _params(trainer))
+    layers = len(trainer.model.get_decoder().layers)
+    assert results[False][0] == layers  # one forward of each layer
+    assert results[True][0] == 2 * layers  # every layer ran again in the backward pass
+    for k, p in results[False][1].items():
+        assert torch.allclose(p, results[True][1][k], atol=1e-6), k
+
+
+def test_an_output_layer_that_cannot_be_chunked_takes_the_full_logits_path(make_cfg):
+    cfg = make_cfg(*BASE, "data.task=add")
+    trainer = PolicyTrainer(cfg)
+    batch = trainer.pack_samples(_scored_batch(cfg))
+    mb = select(batch, torch.arange(16), trainer.pad_id)
+    chunked = trainer._forward(trainer.model, mb, with_entropy=True)
+    trainer._parts[id(trainer.model)] = (None, trainer.model.get_decoder())  # as for soft-capped logits
+    full = trainer._forward(trainer.model, mb, with_entropy=True)
+    mask = batch.response_mask.bool()
+    for a, b in zip(chunked, full, strict=True):
+        assert (a - b)[mask].abs().max() <= 1e-5
