@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from config.env import env_bool, env_int, env_list, env_str, parse_database_url
+from config.layers import redis_channel_layer
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository root
 PLATFORM_DIR = BASE_DIR / "platform"
@@ -170,6 +171,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
+    # kombu's Redis transport, safe to use after Redis went away under a running worker (see the class).
+    CELERY_BROKER_TRANSPORT = "launcher.broker:RedisTransport"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
 else:
     _broker_dir = VAR_DIR / "celery" / "broker"
@@ -187,13 +190,13 @@ else:
     }
 
 # --- Channels ---------------------------------------------------------------------------------------
-# Websocket consumers also poll the database this often (seconds; 0 disables): with the in-process layer
-# it is how a Celery worker's status changes reach the browser.
-LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or 1.5)
+# With Redis every web process shares one layer, so a Celery worker's publish reaches every consumer and
+# the consumers' database poll is off by default (it still runs while the layer is unreachable). The
+# in-process layer of the embedded default cannot carry a worker's messages: there the poll is how status
+# changes reach the browser. LIVE_POLL_INTERVAL_S (seconds; 0: off) overrides either default.
+LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or (0 if REDIS_URL else 1.5))
 if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
-    }
+    CHANNEL_LAYERS = {"default": redis_channel_layer(REDIS_URL)}  # socket timeouts: see config/layers.py
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 

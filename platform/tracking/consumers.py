@@ -11,10 +11,13 @@ Protocol (docs/dashboard.md has the full picture):
   ``{"kind": "metrics", "series": {key: {steps, values, wall_times}}}``.
 - Events are sent in ``seq`` order without gaps or repeats: a published event that skips ahead makes the
   consumer read the gap from the database first.
-- Fallback polling: the embedded default's in-process channel layer cannot carry a message from a Celery
-  worker (status changes) to the web process, so every ``LIVE_POLL_INTERVAL_S`` (default 1.5 s) the
-  consumer also reads new events and metric points from the database. With Redis the poll finds nothing
-  new most of the time; set the interval to 0 to turn it off.
+- Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also reads new events and metric points
+  from the database. The embedded default's in-process channel layer cannot carry a message from a
+  Celery worker (status changes) to the web process, so there it polls every 1.5 s; with Redis the poll
+  is off by default (the layer carries everything).
+- A channel layer that is unreachable (Redis restarting) does not end the stream: the consumer polls the
+  database every ``FALLBACK_POLL_S`` meanwhile, retries the layer with a backoff, and once it answers
+  joins the run's group again and reads what it missed.
 """
 
 from __future__ import annotations
@@ -40,9 +43,12 @@ log = logging.getLogger(__name__)
 CATCH_UP_BATCH = 500  # events per database read while catching up
 POLL_METRIC_ROWS = 5000  # metric points per poll (the rest comes on the next poll)
 CLOSE_FORBIDDEN = 4403
+FALLBACK_POLL_S = 1.5  # database poll period while the channel layer is unreachable
+LAYER_RETRY_MAX_S = 5.0  # longest wait between two attempts to reach the layer again
 
 
 def poll_interval_s() -> float:
+    """The configured poll period (0: no poll while the layer works)."""
     return float(getattr(settings, "LIVE_POLL_INTERVAL_S", 1.5))
 
 
@@ -99,6 +105,22 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     run_id: int
     group: str
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layer_up = False  # joined the run's group on a reachable layer
+        self.admitted = asyncio.Event()  # connect() accepted a member: only then is the group joined
+
+    # Channels reads the layer through ``self.channel_receive``, which it assigns (a plain layer receive)
+    # in ``__call__`` right before it starts waiting on it. The property keeps that callable and hands
+    # Channels a receive that survives the layer going away (see ``_receive_from_layer``).
+    @property
+    def channel_receive(self) -> Any:
+        return self._receive_from_layer
+
+    @channel_receive.setter
+    def channel_receive(self, layer_receive: Any) -> None:
+        self._layer_receive = layer_receive
+
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         self.last_seq = 0
@@ -110,22 +132,60 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if await run_for_member(self.scope.get("user"), self.run_id) is None:
             await self.close(code=CLOSE_FORBIDDEN)  # before accept: the handshake is refused
             return
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        if not await self._join_group():  # the poll carries the stream until the layer is back
+            log.warning("run %s: channel layer unreachable; following the database", self.run_id)
+        self.admitted.set()
         await self.accept()
         # Metrics stored before now come from the REST history the page loads; the poll takes it from here.
         self.metric_cursor = await last_metric_id(self.run_id)
         await self.send_json({"kind": "hello", "run": await summary_of(self.run_id)})
         await self.catch_up(_query_int(self.scope, "last_seq"))
-        if poll_interval_s() > 0:
-            self.poller = asyncio.create_task(self.poll_forever())
+        self.poller = asyncio.create_task(self.poll_forever())
 
     async def disconnect(self, code: int) -> None:
         if self.poller is not None:
             self.poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.poller
-        if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.layer_up:
+            with contextlib.suppress(Exception):  # an unreachable layer forgets the membership anyway
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    # --- the channel layer, and what happens when it goes away ---------------------------------------
+
+    async def _join_group(self) -> bool:
+        try:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+        except Exception:
+            self.layer_up = False
+            return False
+        self.layer_up = True
+        return True
+
+    async def _receive_from_layer(self) -> dict[str, Any]:
+        """The next layer message. While the layer is unreachable this keeps trying to join the group
+        again (0.5 s, 1 s, 2 s, ... up to LAYER_RETRY_MAX_S apart) instead of ending the consumer; the
+        poll covers the stream meanwhile, and what was published in between is read from the database
+        once the layer is back (a restarted Redis also forgot the group)."""
+        await self.admitted.wait()
+        delay = 0.5
+        while True:
+            if not self.layer_up:
+                if not await self._join_group():
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, LAYER_RETRY_MAX_S)
+                    continue
+                log.info("run %s: channel layer reachable again", self.run_id)
+                delay = 0.5
+                if self.poller is not None:  # accepted already: catch up on what the layer missed
+                    await self._poll_quietly()
+            try:
+                return await self._layer_receive()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("run %s: channel layer lost (%r); following the database", self.run_id, exc)
+                self.layer_up = False
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
@@ -210,15 +270,20 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_json({"kind": "metrics", "count": count, "series": fresh, "source": "poll"})
 
     async def poll_forever(self) -> None:
-        interval = poll_interval_s()
+        """Poll every LIVE_POLL_INTERVAL_S, or every FALLBACK_POLL_S while the layer is unreachable."""
         while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.poll_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a failed poll (DB hiccup) must not end the stream; the next one retries
-                log.warning("live poll of run %s failed", self.run_id, exc_info=True)
+            configured = poll_interval_s()
+            await asyncio.sleep(configured if configured > 0 else FALLBACK_POLL_S)
+            if configured > 0 or not self.layer_up:
+                await self._poll_quietly()
+
+    async def _poll_quietly(self) -> None:
+        try:
+            await self.poll_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a failed poll (DB hiccup) must not end the stream; the next one retries
+            log.warning("live poll of run %s failed", self.run_id, exc_info=True)
 
 
 def _query_int(scope: dict[str, Any], name: str) -> int:
