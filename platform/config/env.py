@@ -80,3 +80,21 @@ def parse_database_url(url: str) -> DatabaseUrl:
         host=parsed.hostname or "",
         port=str(parsed.port or ""),
     )
+
+
+def platform_url_host(url: str) -> str:
+    """The host name of PLATFORM_URL as ALLOWED_HOSTS spells it (IPv6 in brackets); "" when it has none."""
+    host = urlparse(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
+
+
+def proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """DJANGO_SECURE_PROXY_SSL_HEADER (a header name such as ``X-Forwarded-Proto``) in Django's form,
+    ``("HTTP_X_FORWARDED_PROTO", "https")``; None when unset."""
+    if not name:
+        return None
+    if not all(c.isalnum() or c == "-" for c in name):
+        raise SystemExit(
+            f"error: DJANGO_SECURE_PROXY_SSL_HEADER={name!r} is not a header name (e.g. X-Forwarded-Proto)"
+        )
+    return "HTTP_" + name.upper().replace("-", "_"), "https"

@@ -11,7 +11,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config.env import env_bool, env_int, env_list, env_str, parse_database_url
+from config.env import (
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    parse_database_url,
+    platform_url_host,
+    proxy_ssl_header,
+)
 from config.layers import redis_channel_layer
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository root
@@ -30,7 +38,14 @@ if not SECRET_KEY:
         raise SystemExit("error: DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
     SECRET_KEY = _DEV_SECRET_KEY
 
+# Where the engine reports metrics back to (its HTTP sink posts to PLATFORM_URL + /api/...). In a compose
+# or cluster deployment this is an internal name (http://web:8000); it is always an allowed host, so the
+# engine's ingestion is never refused with a 400 whatever DJANGO_ALLOWED_HOSTS lists.
+PLATFORM_URL = env_str("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+_platform_host = platform_url_host(PLATFORM_URL)
+if _platform_host and _platform_host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
+    ALLOWED_HOSTS.append(_platform_host)
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -127,10 +142,16 @@ LOGIN_REDIRECT_URL = "/"
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+# Never redirected to HTTPS: the engine's ingestion (posted to PLATFORM_URL, plain HTTP on the cluster's
+# internal network; a redirected POST is a lost batch) and the health check (probed inside the network).
+SECURE_REDIRECT_EXEMPT = [r"^api/runs/\d+/(metrics|events|samples|heartbeat)$", r"^api/health/$"]
 SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0 if DEBUG else 31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Behind a TLS-terminating proxy, set DJANGO_SECURE_PROXY_SSL_HEADER to the header it sets (usually
+# X-Forwarded-Proto): requests carrying "https" there count as secure. Only then: without a proxy that
+# overwrites it, any client could send the header and pass for HTTPS.
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(env_str("DJANGO_SECURE_PROXY_SSL_HEADER"))
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
@@ -201,8 +222,6 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # --- Launcher / engine ------------------------------------------------------------------------------
-# Where the engine reports metrics back to (its HTTP sink posts to PLATFORM_URL + /api/...).
-PLATFORM_URL = env_str("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
 # "local": a Ray head started for the platform on this machine; "address": an existing cluster.
 RAY_PROVIDER = env_str("RAY_PROVIDER", "local")
 RAY_ADDRESS = env_str("RAY_ADDRESS")  # dashboard address of an existing cluster (provider "address")
