@@ -211,11 +211,12 @@ else:
     }
 
 # --- Channels ---------------------------------------------------------------------------------------
-# With Redis every web process shares one layer, so a Celery worker's publish reaches every consumer and
-# the consumers' database poll is off by default (it still runs while the layer is unreachable). The
-# in-process layer of the embedded default cannot carry a worker's messages: there the poll is how status
-# changes reach the browser. LIVE_POLL_INTERVAL_S (seconds; 0: off) overrides either default.
-LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or (0 if REDIS_URL else 1.5))
+# Websocket consumers also read the database every LIVE_POLL_INTERVAL_S seconds (0: never, except while
+# the layer is unreachable). The in-process layer of the embedded default cannot carry a Celery worker's
+# messages: there the poll is how status changes reach the browser (1.5 s). With Redis the layer carries
+# everything and the poll is only a safety net (10 s): a Redis restart that redis-py's reconnects hide
+# from the consumer empties the run's group, and each poll also joins it again.
+LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or (10.0 if REDIS_URL else 1.5))
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": redis_channel_layer(REDIS_URL)}  # socket timeouts: see config/layers.py
 else:

@@ -11,11 +11,13 @@ Protocol (docs/dashboard.md has the full picture):
   ``{"kind": "metrics", "series": {key: {steps, values, wall_times}}}``.
 - Events are sent in ``seq`` order without gaps or repeats: a published event that skips ahead makes the
   consumer read the gap from the database first.
-- Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also reads new events and metric points
+- Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also reads new metric points and events
   from the database. The embedded default's in-process channel layer cannot carry a message from a
-  Celery worker (status changes) to the web process, so there it polls every 1.5 s; with Redis the poll
-  is off by default (the layer carries everything).
-- A channel layer that is unreachable (Redis restarting) does not end the stream: the consumer polls the
+  Celery worker (status changes) to the web process, so there it polls every 1.5 s. With Redis the
+  layer carries everything and the poll (10 s) is a safety net: a Redis restart that redis-py's
+  automatic reconnect hides from the consumer loses its group membership, so each poll also joins the
+  run's group again and sends what the layer did not.
+- A channel layer that is unreachable (Redis down) does not end the stream: the consumer polls the
   database every ``FALLBACK_POLL_S`` meanwhile, retries the layer with a backoff, and once it answers
   joins the run's group again and reads what it missed.
 """
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -41,7 +44,8 @@ from tracking.services import event_payload
 log = logging.getLogger(__name__)
 
 CATCH_UP_BATCH = 500  # events per database read while catching up
-POLL_METRIC_ROWS = 5000  # metric points per poll (the rest comes on the next poll)
+POLL_METRIC_ROWS = 5000  # metric points per database read of a poll
+LIVE_SENT_MAX = 200_000  # live (key, step) pairs remembered until a poll reads them back
 CLOSE_FORBIDDEN = 4403
 FALLBACK_POLL_S = 1.5  # database poll period while the channel layer is unreachable
 LAYER_RETRY_MAX_S = 5.0  # longest wait between two attempts to reach the layer again
@@ -76,20 +80,29 @@ def _last_metric_id(run_id: int) -> int:
     return row or 0
 
 
-def _metrics_after(run_id: int, cursor: int) -> tuple[int, dict[str, dict[str, list[float]]]]:
-    """Metric points stored since ``cursor`` (a MetricPoint id), columnar per key like live payloads."""
+MetricRow = tuple[str, int, float, float]  # key, step, value, wall_time
+
+
+def _metrics_after(run_id: int, cursor: int) -> tuple[int, list[MetricRow]]:
+    """The next POLL_METRIC_ROWS metric points stored after ``cursor`` (a MetricPoint id), in id order,
+    and the id of the last one (the next cursor)."""
     rows = list(
         MetricPoint.objects.filter(run_id=run_id, id__gt=cursor)
         .order_by("id")
         .values_list("id", "key", "step", "value", "wall_time")[:POLL_METRIC_ROWS]
     )
+    return (rows[-1][0] if rows else cursor), [r[1:] for r in rows]
+
+
+def _columns(rows: list[MetricRow]) -> dict[str, dict[str, list[float]]]:
+    """Columnar per key, the shape of live payloads: {key: {"steps", "values", "wall_times"}}."""
     series: dict[str, dict[str, list[float]]] = {}
-    for _, key, step, value, wall in rows:
+    for key, step, value, wall in rows:
         s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
         s["steps"].append(step)
         s["values"].append(value)
         s["wall_times"].append(wall)
-    return (rows[-1][0] if rows else cursor), series
+    return series
 
 
 run_for_member = database_sync_to_async(_run_for_member)
@@ -125,7 +138,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         self.last_seq = 0
         self.metric_cursor = 0
-        self.sent_steps: dict[str, int] = {}  # key -> highest step sent (keeps the poll from repeating)
+        # (key, step) of points sent live that no poll has read back yet: the poll skips exactly these.
+        self.live_sent: set[tuple[str, int]] = set()
         self.lock = asyncio.Lock()
         self.poller: asyncio.Task[None] | None = None
         self.group = live.group_name(self.run_id)
@@ -230,9 +244,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.catch_up()  # it skipped ahead: the gap is in the database
         elif kind == "metrics":
             async with self.lock:
+                if len(self.live_sent) > LIVE_SENT_MAX:  # only ever points a poll did not read back
+                    self.live_sent.clear()  # (at worst the poll sends some of them again)
                 for key, s in (payload.get("series") or {}).items():
-                    if s.get("steps"):
-                        self.sent_steps[key] = max(self.sent_steps.get(key, -1), max(s["steps"]))
+                    self.live_sent.update((key, step) for step in s.get("steps") or ())
                 await self.send_json(payload)
         else:
             await self.send_json(payload)
@@ -253,29 +268,36 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                     return
 
     async def poll_once(self) -> None:
+        """Send the metric points stored since the last poll that did not come through the layer, then
+        the events after the last one sent. Page after page of POLL_METRIC_ROWS until caught up (e.g.
+        after the layer was away a while). Metrics first: a run's last points come before the status
+        event that ends it."""
+        while True:
+            async with self.lock:
+                cursor, rows = await metrics_after(self.run_id, self.metric_cursor)
+                self.metric_cursor = cursor
+                missed = [r for r in rows if (r[0], r[1]) not in self.live_sent]
+                self.live_sent.difference_update((r[0], r[1]) for r in rows)
+                if missed:
+                    await self.send_json({"kind": "metrics", "count": len(missed), "series": _columns(missed),
+                                          "source": "poll"})  # fmt: skip
+            if len(rows) < POLL_METRIC_ROWS:
+                break
         await self.catch_up()
-        async with self.lock:
-            cursor, series = await metrics_after(self.run_id, self.metric_cursor)
-            self.metric_cursor = cursor
-            fresh: dict[str, dict[str, list[float]]] = {}
-            for key, s in series.items():
-                seen = self.sent_steps.get(key, -1)
-                idx = [i for i, step in enumerate(s["steps"]) if step > seen]
-                if not idx:
-                    continue
-                fresh[key] = {name: [col[i] for i in idx] for name, col in s.items()}
-                self.sent_steps[key] = max(fresh[key]["steps"])
-            if fresh:
-                count = sum(len(s["steps"]) for s in fresh.values())
-                await self.send_json({"kind": "metrics", "count": count, "series": fresh, "source": "poll"})
 
     async def poll_forever(self) -> None:
-        """Poll every LIVE_POLL_INTERVAL_S, or every FALLBACK_POLL_S while the layer is unreachable."""
+        """Poll every LIVE_POLL_INTERVAL_S, and every FALLBACK_POLL_S while the layer is unreachable."""
+        last = time.monotonic()
         while True:
             configured = poll_interval_s()
-            await asyncio.sleep(configured if configured > 0 else FALLBACK_POLL_S)
-            if configured > 0 or not self.layer_up:
-                await self._poll_quietly()
+            await asyncio.sleep(min(configured, FALLBACK_POLL_S) if configured > 0 else FALLBACK_POLL_S)
+            due = configured > 0 and time.monotonic() - last >= configured
+            if self.layer_up and not due:
+                continue
+            if self.layer_up:
+                await self._join_group()  # restores a membership that a silent Redis restart dropped
+            last = time.monotonic()
+            await self._poll_quietly()
 
     async def _poll_quietly(self) -> None:
         try:

@@ -41,6 +41,10 @@ class IngestResult:
     inserted: int  # points that were new; a retried batch inserts 0
 
 
+# (id, key, step, value, wall_time) of a stored point
+StoredPoint = tuple[int, str, int, float, float]
+
+
 def _on_commit_publish(run_id: int, payload: dict[str, Any]) -> None:
     transaction.on_commit(lambda: live.publish(run_id, payload))
 
@@ -50,7 +54,8 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
 
     A point whose (run, key, step) already exists is ignored: **the first value stored wins**, so a
     retried or replayed batch changes nothing (also when a retry carries a different value). Within one
-    batch, the first occurrence of a (key, step) wins as well.
+    batch, the first occurrence of a (key, step) wins as well. Only the points actually inserted are
+    published to the live stream, so a browser never shows a value the database does not hold.
     """
     if not points:
         return IngestResult(received=0, inserted=0)
@@ -61,17 +66,30 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
             raise ValueError(f"{p.key}@{p.step}: steps must be >= 0")
     with transaction.atomic(), connection.cursor() as cur:
         if connection.vendor == "postgresql":
-            inserted = _insert_postgres(cur, run_id, points)
+            stored = _insert_postgres(cur, run_id, points)
         else:
-            cur.executemany(
-                f"INSERT INTO {MetricPoint._meta.db_table} (run_id, key, step, value, wall_time) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, key, step) DO NOTHING",
-                [(run_id, p.key, p.step, p.value, p.wall_time) for p in points],
-            )
-            inserted = max(cur.rowcount, 0)
-        if inserted:
-            _on_commit_publish(run_id, _metrics_payload(points))
-    return IngestResult(received=len(points), inserted=inserted)
+            stored = _insert_sqlite(cur, run_id, points)
+        if stored:
+            _on_commit_publish(run_id, _metrics_payload(stored))
+    return IngestResult(received=len(points), inserted=len(stored))
+
+
+_SQLITE_ROWS_PER_INSERT = 500  # 5 parameters a row, well under SQLite's 32,766
+
+
+def _insert_sqlite(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoint]:
+    """Multi-row INSERT ... RETURNING (executemany would discard the returned rows)."""
+    stored: list[StoredPoint] = []
+    for i in range(0, len(points), _SQLITE_ROWS_PER_INSERT):
+        chunk = points[i : i + _SQLITE_ROWS_PER_INSERT]
+        cur.execute(
+            f"INSERT INTO {MetricPoint._meta.db_table} (run_id, key, step, value, wall_time) VALUES "
+            + ", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))
+            + " ON CONFLICT (run_id, key, step) DO NOTHING RETURNING id, key, step, value, wall_time",
+            [x for p in chunk for x in (run_id, p.key, p.step, p.value, p.wall_time)],
+        )
+        stored += cur.fetchall()
+    return stored
 
 
 # One statement: insert the batch from arrays (ON CONFLICT keeps the first value), then fold exactly the
@@ -83,7 +101,7 @@ WITH ins AS (
     SELECT %(run)s, k, s, v, w FROM unnest(%(keys)s::text[], %(steps)s::bigint[], %(values)s::float8[],
                                            %(walls)s::float8[]) AS t(k, s, v, w)
     ON CONFLICT (run_id, key, step) DO NOTHING
-    RETURNING key, step, value, wall_time
+    RETURNING id, key, step, value, wall_time
 ), agg AS (
     SELECT key, width, step / width AS bucket, count(*) AS n,
            min(ARRAY[value, step::float8, wall_time]) AS lo, max(ARRAY[value, step::float8, wall_time]) AS hi
@@ -106,11 +124,12 @@ WITH ins AS (
         max_value = GREATEST(r.max_value, EXCLUDED.max_value)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM roll)
+SELECT id, key, step, value, wall_time FROM ins
 """
 
 
-def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> int:
+def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoint]:
+    """One statement (the rollups CTE runs to completion whether or not its output is read)."""
     cur.execute(
         _PG_INGEST.format(points=MetricPoint._meta.db_table, rollups=MetricRollup._meta.db_table),
         {
@@ -122,18 +141,19 @@ def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> int:
             "widths": list(ROLLUP_WIDTHS),
         },
     )
-    return int(cur.fetchone()[0])
+    return cur.fetchall()
 
 
-def _metrics_payload(points: Sequence[Point]) -> dict[str, Any]:
-    """Columnar per key, the shape charts consume: {key: {"steps": [...], "values": [...], ...}}."""
+def _metrics_payload(stored: Sequence[StoredPoint]) -> dict[str, Any]:
+    """Columnar per key, the shape charts consume: {key: {"steps": [...], "values": [...], ...}}, in step
+    order."""
     series: dict[str, dict[str, list[float]]] = {}
-    for p in points:
-        s = series.setdefault(p.key, {"steps": [], "values": [], "wall_times": []})
-        s["steps"].append(p.step)
-        s["values"].append(p.value)
-        s["wall_times"].append(p.wall_time)
-    return {"kind": "metrics", "count": len(points), "series": series}
+    for _, key, step, value, wall in sorted(stored, key=lambda r: (r[1], r[2])):
+        s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
+        s["steps"].append(step)
+        s["values"].append(value)
+        s["wall_times"].append(wall)
+    return {"kind": "metrics", "count": len(stored), "series": series}
 
 
 def event_payload(event: RunEvent) -> dict[str, Any]:

@@ -5,10 +5,7 @@ engine's HTTP sink reporting back, and the test database."""
 from __future__ import annotations
 
 import json
-import math
 import time
-from pathlib import Path
-from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
@@ -17,21 +14,9 @@ from experiments.models import Run
 from launcher import jobs
 from launcher.models import Supervision
 from tests.conftest import wait_for
+from tests.launcher.engine_runs import db_points, jsonl_points, tiny_config
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def tiny_config(tmp: Path, *, steps: int, **trainer: Any) -> dict:
-    """demo-cpu made small (16 samples a step) so a step takes a fraction of a second; every metric is
-    also written to a local JSONL file, the ground truth the platform's copy is compared with."""
-    from tests.factories import demo_config
-
-    cfg = demo_config()
-    cfg["rollout"]["n"] = 4
-    cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16, **trainer)
-    cfg["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": str(tmp / f"metrics-{time.time_ns()}.jsonl"),
-                      "log_every": 1, "progress_bar": False}  # fmt: skip
-    return cfg
 
 
 class Api:
@@ -95,22 +80,6 @@ def wait_reporting(run_id: int, min_points: int = 1, timeout_s: float = 120) -> 
     wait_for(lambda: state_of(run_id) == "running" and Run.objects.get(pk=run_id).metric_points.count() >= min_points,
              timeout_s=timeout_s, interval_s=0.2, message=f"run {run_id} to run and report")  # fmt: skip
     return Run.objects.get(pk=run_id)
-
-
-def jsonl_points(run: Run) -> set[tuple[str, int, float]]:
-    """Every (key, step, value) the engine logged, from its local JSONL file."""
-    out = set()
-    for line in Path(run.config["logging"]["jsonl_path"]).read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") == "metrics":  # non-finite values are not sent (JSON has no NaN)
-            out |= {
-                (k, int(rec["step"]), float(v)) for k, v in rec["metrics"].items() if math.isfinite(float(v))
-            }
-    return out
-
-
-def db_points(run: Run) -> list[tuple[str, int, float]]:
-    return list(run.metric_points.values_list("key", "step", "value"))
 
 
 def job_log_lines(run: Run) -> list[str]:
