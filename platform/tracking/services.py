@@ -13,10 +13,20 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F
+from django.utils import timezone
 
 from experiments.models import Run
 from tracking import live
-from tracking.models import ROLLUP_WIDTHS, Checkpoint, EventKind, MetricPoint, MetricRollup, RunEvent, Sample
+from tracking.models import (
+    ROLLUP_WIDTHS,
+    Checkpoint,
+    EventKind,
+    MetricPoint,
+    MetricRollup,
+    RunEvent,
+    RunProgress,
+    Sample,
+)
 
 MAX_POINTS_PER_BATCH = 5000
 MAX_EVENTS_PER_BATCH = 1000
@@ -70,8 +80,28 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
         else:
             stored = _insert_sqlite(cur, run_id, points)
         if stored:
+            progress_record(run_id=run_id, step=max(r[2] for r in stored))
             _on_commit_publish(run_id, _metrics_payload(stored))
     return IngestResult(received=len(points), inserted=len(stored))
+
+
+# Engine events that mean "it is moving" (an alert, e.g. the engine's own watchdog, does not).
+PROGRESS_EVENT_KINDS = frozenset({EventKind.STATUS, EventKind.CHECKPOINT})
+
+
+def progress_record(*, run_id: int, step: int | None = None) -> None:
+    """The run's engine made progress now (stored metrics of ``step``, or reported a status or a
+    checkpoint). One upsert; the highest step is kept. Read by the launcher's stall check."""
+    table = RunProgress._meta.db_table
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {table} (run_id, step, at) VALUES (%s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+            f"at = excluded.at, step = CASE WHEN excluded.step IS NULL THEN {table}.step "
+            f"WHEN {table}.step IS NULL OR excluded.step > {table}.step THEN excluded.step "
+            f"ELSE {table}.step END",
+            [run_id, step, now],
+        )
 
 
 _SQLITE_ROWS_PER_INSERT = 500  # 5 parameters a row, well under SQLite's 32,766
@@ -176,7 +206,7 @@ class NewEvent:
     data: dict[str, Any] | None = None
 
 
-def events_append_many(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEvent]:
+def events_append_many(*, run_id: int, events: Sequence[NewEvent], batch_id: str = "") -> list[RunEvent]:
     """Append events with consecutive per-run sequence numbers.
 
     The counter lives on the run row: the F() update takes the row lock until commit, so concurrent
@@ -195,7 +225,14 @@ def events_append_many(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEv
         first = last - len(events) + 1
         rows = RunEvent.objects.bulk_create(
             [
-                RunEvent(run_id=run_id, seq=first + i, kind=e.kind, message=e.message, data=e.data or {})
+                RunEvent(
+                    run_id=run_id,
+                    seq=first + i,
+                    kind=e.kind,
+                    message=e.message,
+                    data=e.data or {},
+                    batch_id=batch_id,
+                )
                 for i, e in enumerate(events)
             ]
         )
@@ -208,11 +245,26 @@ def events_append(*, run_id: int, kind: str, message: str, data: dict[str, Any] 
     return events_append_many(run_id=run_id, events=[NewEvent(kind=kind, message=message, data=data)])[0]
 
 
-def events_ingest(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEvent]:
+def _lock_run(run_id: int) -> None:
+    """Serialise this run's writers until commit (raises Run.DoesNotExist for an unknown run)."""
+    Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True).get()
+
+
+def events_ingest(*, run_id: int, events: Sequence[NewEvent], batch_id: str = "") -> list[RunEvent]:
     """Events sent by the engine. A ``checkpoint`` event whose data has ``step`` and ``path`` also
-    records the :class:`Checkpoint` (what resume uses)."""
+    records the :class:`Checkpoint` (what resume uses); a status or checkpoint event is engine progress.
+
+    With a ``batch_id`` a re-sent batch (lost reply, sender crash) stores nothing and returns the events
+    its first delivery stored: the run row is locked first, so two deliveries of one batch serialise."""
     with transaction.atomic():
-        rows = events_append_many(run_id=run_id, events=events)
+        if batch_id:
+            _lock_run(run_id)
+            stored = list(RunEvent.objects.filter(run_id=run_id, batch_id=batch_id).order_by("seq"))
+            if stored:
+                return stored
+        rows = events_append_many(run_id=run_id, events=events, batch_id=batch_id)
+        if any(e.kind in PROGRESS_EVENT_KINDS for e in events):
+            progress_record(run_id=run_id)
         for e in events:
             data = e.data or {}
             if e.kind == EventKind.CHECKPOINT and "path" in data and "step" in data:
@@ -253,13 +305,16 @@ class NewSample:
     version_end: int | None = None
 
 
-def samples_record(*, run_id: int, samples: Iterable[NewSample]) -> int:
+def samples_record(*, run_id: int, samples: Iterable[NewSample], batch_id: str = "") -> int:
     """Store samples, at most ``SAMPLES_PER_STEP_CAP`` per step (extras are dropped). Returns how many
-    were stored. The run row is locked so concurrent reporters cannot overshoot the cap."""
+    were stored. The run row is locked so concurrent reporters cannot overshoot the cap. With a
+    ``batch_id`` a re-sent batch stores nothing and returns what its first delivery stored."""
     cap = samples_per_step_cap()
     samples = list(samples)
     with transaction.atomic():
-        Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True).get()
+        _lock_run(run_id)
+        if batch_id and (already := Sample.objects.filter(run_id=run_id, batch_id=batch_id).count()):
+            return already
         steps = {s.step for s in samples}
         used = dict(
             Sample.objects.filter(run_id=run_id, step__in=steps)
@@ -282,6 +337,7 @@ def samples_record(*, run_id: int, samples: Iterable[NewSample]) -> int:
                     reward=s.reward,
                     version_start=s.version_start,
                     version_end=s.version_end,
+                    batch_id=batch_id,
                 )
             )
         Sample.objects.bulk_create(keep)
