@@ -231,6 +231,9 @@ RAY_LOCAL_DIR = env_str("RAY_LOCAL_DIR")  # state, lock and log of the local hea
 RUN_CONCURRENCY_LIMIT = env_int("RUN_CONCURRENCY_LIMIT", 2)
 RUN_CONCURRENCY_LIMIT_PER_PROJECT = env_int("RUN_CONCURRENCY_LIMIT_PER_PROJECT", 0)  # 0: no per-project cap
 RUN_HEARTBEAT_TIMEOUT_S = env_int("RUN_HEARTBEAT_TIMEOUT_S", 120)
+# A running run whose engine stores no new step and reports no status or checkpoint for this long is
+# failed and its job stopped (a deadlocked engine keeps heartbeating). 0: never.
+RUN_STALL_TIMEOUT_S = env_int("RUN_STALL_TIMEOUT_S", 1800)
 ENGINE_PYTHON = env_str("ENGINE_PYTHON")  # interpreter for the Ray job; default: the platform's own
 ENGINE_WORKDIR = env_str("ENGINE_WORKDIR")  # the job's working dir on the cluster; default: this repository
 RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)  # SIGTERM -> SIGKILL of a cancelled job (local head)

@@ -173,7 +173,7 @@ def _try(run_id: int, to: str, from_states: set[str], error: str = "") -> None:
 
 @dataclass
 class SweepResult:
-    reaped: list[int] = field(default_factory=list)
+    reaped: list[int] = field(default_factory=list)  # silent or stalled: failed
     to_start: list[int] = field(default_factory=list)  # starting runs nobody is launching
     to_supervise: list[int] = field(default_factory=list)  # running/cancelling runs nobody follows
 
@@ -199,6 +199,34 @@ def reap_silent() -> list[int]:
     return reaped
 
 
+def reap_stalled() -> list[int]:
+    """Running runs whose engine made no progress (no new step stored, no status or checkpoint reported)
+    for RUN_STALL_TIMEOUT_S become ``failed`` with that reason, and their job is stopped. The heartbeat
+    cannot tell: a deadlocked engine's sink and its supervisor keep heartbeating while the job exists."""
+    timeout = int(setting("RUN_STALL_TIMEOUT_S", 1800))
+    if timeout <= 0:
+        return []
+    cutoff = timezone.now() - timedelta(seconds=timeout)
+    stalled = Run.objects.filter(state=RunState.RUNNING).filter(
+        Q(progress__at__lt=cutoff) | Q(progress__isnull=True, started_at__lt=cutoff)
+    )
+    reaped = []
+    for run in stalled.select_related("progress"):
+        progress = getattr(run, "progress", None)
+        last = "none since it started"
+        if progress is not None:
+            step = f"step {progress.step}, " if progress.step is not None else ""
+            last = f"last: {step}{progress.at:%Y-%m-%d %H:%M:%S} UTC"
+        reason = f"the engine made no progress for over {timeout} s ({last}): stopped (RUN_STALL_TIMEOUT_S)"
+        try:
+            run_transition(run_id=run.pk, to=RunState.FAILED, from_states={RunState.RUNNING}, error=reason)
+        except InvalidTransition:
+            continue
+        job_stop_quietly(run)  # a hung engine must not keep holding the cluster
+        reaped.append(run.pk)
+    return reaped
+
+
 def find_orphans() -> tuple[list[int], list[int]]:
     """Busy runs whose lease expired (their task died): reserve them and say what to enqueue."""
     now = timezone.now()
@@ -219,6 +247,6 @@ def find_orphans() -> tuple[list[int], list[int]]:
 
 
 def sweep() -> SweepResult:
-    reaped = reap_silent()
+    reaped = reap_silent() + reap_stalled()
     to_start, to_supervise = find_orphans()
     return SweepResult(reaped=reaped, to_start=to_start, to_supervise=to_supervise)
