@@ -14,7 +14,8 @@ is harmless: metric ingestion is idempotent on (run, key, step), and event and s
 
 Configured from the environment by ``build_sinks`` (``logging.sinks: [http]``):
 ``RL_ENGINE_INGEST_URL`` (the platform's base URL), ``RL_ENGINE_INGEST_TOKEN``, ``RL_ENGINE_RUN_ID``;
-optional ``RL_ENGINE_SPOOL_DIR``, ``RL_ENGINE_HEARTBEAT_S``, ``RL_ENGINE_CLOSE_TIMEOUT_S``.
+optional ``RL_ENGINE_SPOOL_DIR``, ``RL_ENGINE_HEARTBEAT_S``, ``RL_ENGINE_CLOSE_TIMEOUT_S``,
+``RL_ENGINE_FLUSH_S`` (the wait after the first queued item, default 0.05).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         return cls(
             env["RL_ENGINE_INGEST_URL"], env["RL_ENGINE_INGEST_TOKEN"], env["RL_ENGINE_RUN_ID"],
             spool_dir=env.get("RL_ENGINE_SPOOL_DIR") or None,
+            flush_interval_s=float(env.get("RL_ENGINE_FLUSH_S", "0.05")),
             heartbeat_interval_s=float(env.get("RL_ENGINE_HEARTBEAT_S", "10")),
             close_timeout_s=float(env.get("RL_ENGINE_CLOSE_TIMEOUT_S", "60")),
         )  # fmt: skip
