@@ -143,7 +143,8 @@ class Deployment:
         if self.redis is not None:
             self.redis.stop()
             drop_postgres(self.db_name)
-        shutil.rmtree(self.var_dir, ignore_errors=True)
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(self.var_dir, ignore_errors=True)
 
 
 def tiny_config(steps: int) -> dict[str, Any]:

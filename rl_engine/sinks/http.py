@@ -1,9 +1,11 @@
 """The HTTP metrics sink: the engine reports to the platform's ingestion API like any tracking client.
 
 Points, events and samples are queued in memory and sent in batches by one background thread; a second
-thread posts heartbeats. The first item queued wakes the sender, which waits ``flush_interval_s``
-(50 ms) for the rest of that step's records and sends them together: a point reaches the platform
-within about 100 ms, and a fast engine still makes at most one request per endpoint per interval.
+thread posts heartbeats. The first point or event queued wakes the sender, which waits
+``flush_interval_s`` (50 ms) for the rest of that step's records and sends them together: a point
+reaches the platform within about 100 ms, and a fast engine still makes at most one request per
+endpoint per interval. Samples (prompts and responses, larger and only browsed) wait up to
+``samples_interval_s`` (1 s) and go in one request, so they do not delay the metrics behind them.
 
 Every batch is first appended to a JSONL spool file on disk, and a cursor file records how many bytes
 of it were delivered, after each delivered batch: while the platform is unreachable the backlog grows
@@ -58,6 +60,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         *,
         spool_dir: str | Path | None = None,
         flush_interval_s: float = 0.05,
+        samples_interval_s: float = 1.0,
         heartbeat_interval_s: float = 10.0,
         request_timeout_s: float = 10.0,
         close_timeout_s: float = 60.0,
@@ -68,6 +71,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         self.base = f"{url.rstrip('/')}/api/runs/{run_id}"
         self._headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
         self.flush_interval_s = flush_interval_s
+        self.samples_interval_s = samples_interval_s
         self.request_timeout_s = request_timeout_s
         self.close_timeout_s = close_timeout_s
         self.max_backoff_s = max_backoff_s
@@ -75,8 +79,10 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         spool_root.mkdir(parents=True, exist_ok=True)
         self.spool_path = spool_root / f"run-{run_id}.jsonl"
         self._cursor_path = spool_root / f"run-{run_id}.cursor"
-        self._pending: list[tuple[str, dict[str, Any]]] = []  # (endpoint, one point/event/sample batch)
+        self._pending: list[tuple[str, dict[str, Any]]] = []  # (endpoint, one point or event)
         self._first_pending_at = 0.0  # monotonic time the oldest pending item was queued
+        self._samples: list[dict[str, Any]] = []  # each with its step
+        self._first_sample_at = 0.0
         self._cond = threading.Condition()
         self._closing = False
         self._backoff_s = 0.0
@@ -127,8 +133,15 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         self._enqueue([("events", {"kind": kind, "message": message, "data": data or {}})])
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
-        if samples:
-            self._enqueue([("samples", {"step": int(step), "samples": samples})])
+        if not samples:
+            return
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("HttpSink is closed")
+            if not self._samples:
+                self._first_sample_at = time.monotonic()
+                self._cond.notify_all()
+            self._samples.extend({**sample, "step": int(step)} for sample in samples)
 
     def close(self) -> None:
         """Deliver everything still queued (waiting out a platform outage up to close_timeout_s)."""
@@ -161,10 +174,13 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             if len(self._pending) >= MAX_POINTS_PER_REQUEST:
                 self._cond.notify_all()
 
-    def _take_batches(self) -> list[tuple[str, dict[str, Any]]]:
-        """Group pending items into request bodies, preserving order per endpoint."""
+    def _take_batches(self, closing: bool) -> list[tuple[str, dict[str, Any]]]:
+        """Group pending items into request bodies, preserving order per endpoint (samples only once
+        they have waited samples_interval_s, or when closing)."""
         with self._cond:
             items, self._pending = self._pending, []
+            samples_due = closing or time.monotonic() >= self._first_sample_at + self.samples_interval_s
+            samples, self._samples = (self._samples, []) if samples_due else ([], self._samples)
         points = [body for ep, body in items if ep == "metrics"]
         events = [body for ep, body in items if ep == "events"]
         batches: list[tuple[str, dict[str, Any]]] = []
@@ -174,9 +190,6 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             batches.append(("events", {"events": events[i : i + MAX_POINTS_PER_REQUEST]}))
         # One request for all steps' samples (each names its step): a request per step could not keep
         # up with a fast engine, and the backlog would hold back the metrics queued behind it.
-        samples = [
-            {**s, "step": body["step"]} for ep, body in items if ep == "samples" for s in body["samples"]
-        ]
         for i in range(0, len(samples), MAX_POINTS_PER_REQUEST):
             batches.append(("samples", {"samples": samples[i : i + MAX_POINTS_PER_REQUEST]}))
         return batches
@@ -187,10 +200,13 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         (an idle sink does not wake up)."""
         while not self._closing:
             now = time.monotonic()
-            wake: float | None = None
+            due = []
             if self._pending:
                 full = len(self._pending) >= MAX_POINTS_PER_REQUEST
-                wake = now if full else self._first_pending_at + self.flush_interval_s
+                due.append(now if full else self._first_pending_at + self.flush_interval_s)
+            if self._samples:
+                due.append(self._first_sample_at + self.samples_interval_s)
+            wake: float | None = min(due) if due else None
             if self._retry_at is not None:  # the platform was unreachable: no request before the retry
                 wake = self._retry_at if wake is None else max(wake, self._retry_at)
             if wake is not None and now >= wake:
@@ -205,12 +221,12 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
                 closing = self._closing
             if closing and deadline is None:
                 deadline = time.monotonic() + self.close_timeout_s
-            for endpoint, body in self._take_batches():
+            for endpoint, body in self._take_batches(closing):
                 self._spool_append(endpoint, body)
             self._deliver_spool()
             if closing:
                 with self._cond:
-                    drained = not self._pending
+                    drained = not self._pending and not self._samples
                 if drained and self._spool_backlog() == 0:
                     return
                 if deadline is not None and time.monotonic() >= deadline:

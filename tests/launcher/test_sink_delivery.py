@@ -124,7 +124,8 @@ def test_a_sink_killed_mid_delivery_is_resumed_from_its_spool_and_stores_nothing
 import sys, time
 sys.path.insert(0, {str(REPO_ROOT)!r})
 from rl_engine.sinks.http import HttpSink
-sink = HttpSink({proxy.url!r}, {token!r}, {run.pk}, spool_dir={str(tmp_path)!r}, heartbeat_interval_s=600)
+sink = HttpSink({proxy.url!r}, {token!r}, {run.pk}, spool_dir={str(tmp_path)!r}, heartbeat_interval_s=600,
+               samples_interval_s=0)
 sink.log_event("status", "pipeline running from step 0")
 sink.log_samples(1, [{{"prompt": "p", "response": "r"}}])
 time.sleep(600)
