@@ -68,12 +68,14 @@ async def ingest(session: Any, dep: Deployment, run_id: int, stop: float, stats:
         for endpoint, body in calls:
             try:
                 async with session.post(f"{base}/{endpoint}", json=body, headers=headers) as resp:
-                    await resp.read()
-                    ok = resp.status < 300
-            except Exception:
-                ok = False
+                    answer = await resp.read()
+                    error = "" if resp.status < 300 else f"HTTP {resp.status} {endpoint}: {answer[:200]!r}"
+            except Exception as exc:
+                error = f"{type(exc).__name__} {endpoint}: {exc}"
             stats["requests"] += 1
-            stats["errors"] += 0 if ok else 1
+            if error:
+                stats["errors"] += 1
+                stats["error_kinds"][error[:60]] = stats["error_kinds"].get(error[:60], 0) + 1
         step += 1
         next_at += 0.1
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
@@ -102,7 +104,14 @@ async def follow(session: Any, dep: Deployment, run_id: int, stop: float, stats:
 async def phase(dep: Deployment, runs: list[int], clients: int, seconds: float) -> dict[str, Any]:
     import aiohttp
 
-    stats: dict[str, Any] = {"requests": 0, "errors": 0, "closed": 0, "sent": {}, "latency": []}
+    stats: dict[str, Any] = {
+        "requests": 0,
+        "errors": 0,
+        "closed": 0,
+        "sent": {},
+        "latency": [],
+        "error_kinds": {},
+    }
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         stop = time.monotonic() + 3 + seconds
@@ -125,6 +134,7 @@ async def phase(dep: Deployment, runs: list[int], clients: int, seconds: float) 
     return {
         "requests": stats["requests"],
         "errors": stats["errors"],
+        "error_kinds": stats["error_kinds"],
         "sockets_closed": stats["closed"],
         "deliveries": len(lat),
         "expected_deliveries": len(stats["sent"]) * clients // len(runs),

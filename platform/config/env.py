@@ -49,7 +49,10 @@ class DatabaseUrl:
     host: str
     port: str
 
-    def as_django(self) -> dict[str, object]:
+    def as_django(self, pool_size: int = 20) -> dict[str, object]:
+        """Connections come from a psycopg pool of at most ``pool_size`` per process (checked before
+        use). Django's own persistent connections (CONN_MAX_AGE) leak under ASGI, where each request
+        runs in a thread of its own: 20 busy runs exhausted PostgreSQL's 100 connections."""
         return {
             "ENGINE": self.engine,
             "NAME": self.name,
@@ -57,8 +60,9 @@ class DatabaseUrl:
             "PASSWORD": self.password,
             "HOST": self.host,
             "PORT": self.port,
-            "CONN_MAX_AGE": 60,
+            "CONN_MAX_AGE": 0,  # required with the pool, which keeps the connections
             "CONN_HEALTH_CHECKS": True,
+            "OPTIONS": {"pool": {"min_size": 1, "max_size": pool_size, "timeout": 30}},
         }
 
 

@@ -100,7 +100,8 @@ TEMPLATES = [
 # suite's own Celery workers and servers are pointed at it explicitly (tests/conftest.py).
 _TEST_SUFFIX = str(os.getpid())
 if DATABASE_URL:
-    _db = parse_database_url(DATABASE_URL).as_django()
+    # Per process (web, worker, beat): a worker needs one for each of its threads (--concurrency).
+    _db = parse_database_url(DATABASE_URL).as_django(pool_size=env_int("DATABASE_POOL_SIZE", 20))
     _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{_TEST_SUFFIX}"}
     DATABASES = {"default": _db}
 else:

@@ -105,6 +105,7 @@ print(json.dumps({
     "socket_timeout": host.get("socket_timeout") if isinstance(host, dict) else "not configured",
     "blocking_read": RedisChannelLayer.brpop_timeout,
     "hosts": settings.ALLOWED_HOSTS,
+    "db": {k: settings.DATABASES["default"].get(k) for k in ("CONN_MAX_AGE", "OPTIONS")},
 }))
 """
 
@@ -120,6 +121,14 @@ def test_live_poll_follows_the_layer_and_the_redis_layer_outwaits_its_blocking_r
     forced = run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://x:1/0", "LIVE_POLL_INTERVAL_S": "2"},
                        LIVE_PROBE)  # fmt: skip
     assert json.loads(forced.stdout)["poll"] == 2.0
+
+
+def test_postgresql_connections_come_from_a_bounded_pool(tmp_path):
+    """Django's persistent connections leak under ASGI (a thread per request): 20 busy runs exhausted
+    PostgreSQL's connections (HTTP 500s). A pool per process bounds them."""
+    env = {"VAR_DIR": str(tmp_path), "DATABASE_URL": "postgres://u@db:5432/rl", "DATABASE_POOL_SIZE": "12"}
+    db = json.loads(run_probe(env, LIVE_PROBE).stdout)["db"]
+    assert db == {"CONN_MAX_AGE": 0, "OPTIONS": {"pool": {"min_size": 1, "max_size": 12, "timeout": 30}}}
 
 
 def test_proxy_ssl_header_only_when_configured_and_platform_url_host_is_allowed(tmp_path):
