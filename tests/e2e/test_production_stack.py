@@ -152,10 +152,10 @@ def test_a_run_is_followed_over_the_websocket_through_cancel_resume_and_a_silent
     assert sorted(jsonl_records(config["logging"]["jsonl_path"])) == sorted(
         db_points(runs[first]) + db_points(runs[resumed])
     )
-    # And every stored point of the followed run reached the browser, once, through Redis.
-    live = ws.points()
-    assert len(live) == len(set(live))
-    assert set(live) == set(db_points(runs[resumed]))
+    # And every stored point of the followed run reached the browser, with its stored value. (A point
+    # read by the 10 s safety poll while its live message is still on the way comes twice: charts are
+    # keyed by step, so the protocol allows that.)
+    assert set(ws.points()) == set(db_points(runs[resumed]))
     ws.close()
     ws_first.close()
 
