@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -32,6 +34,39 @@ def pytest_configure(config: pytest.Config) -> None:
     # Route every task this session enqueues to the session's own queue: settings read CELERY_QUEUE,
     # and Django settings are loaded lazily, after this hook.
     os.environ["CELERY_QUEUE"] = SESSION_QUEUE
+
+
+def _answers(url: str, default_port: int) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or default_port), timeout=3
+        ):
+            return True
+    except OSError:
+        return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A suite told to use PostgreSQL or Redis fails at once when they do not answer: it must never
+    pass by skipping what it was asked to test."""
+    down = [
+        f"{name}={os.environ[name]} does not answer"
+        for name, port in (("DATABASE_URL", 5432), ("REDIS_URL", 6379))
+        if os.environ.get(name) and not _answers(os.environ[name], port)
+    ]
+    if down:
+        pytest.exit("error: " + "; ".join(down) + " (start the server, or unset the variable)", returncode=1)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The Redis of the production pass (REDIS_URL). Skipped on the embedded default, where the suite
+    runs without Redis; with REDIS_URL set it is reachable (checked at session start)."""
+    url = os.environ.get("REDIS_URL", "")
+    if not url:
+        pytest.skip("needs Redis: runs in the production pass (REDIS_URL set)")
+    return url
 
 
 def child_process_env() -> dict[str, str]:

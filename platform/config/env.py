@@ -49,7 +49,10 @@ class DatabaseUrl:
     host: str
     port: str
 
-    def as_django(self) -> dict[str, object]:
+    def as_django(self, pool_size: int = 20) -> dict[str, object]:
+        """Connections come from a psycopg pool of at most ``pool_size`` per process (checked before
+        use). Django's own persistent connections (CONN_MAX_AGE) leak under ASGI, where each request
+        runs in a thread of its own: 20 busy runs exhausted PostgreSQL's 100 connections."""
         return {
             "ENGINE": self.engine,
             "NAME": self.name,
@@ -57,8 +60,9 @@ class DatabaseUrl:
             "PASSWORD": self.password,
             "HOST": self.host,
             "PORT": self.port,
-            "CONN_MAX_AGE": 60,
+            "CONN_MAX_AGE": 0,  # required with the pool, which keeps the connections
             "CONN_HEALTH_CHECKS": True,
+            "OPTIONS": {"pool": {"min_size": 1, "max_size": pool_size, "timeout": 30}},
         }
 
 
@@ -80,3 +84,21 @@ def parse_database_url(url: str) -> DatabaseUrl:
         host=parsed.hostname or "",
         port=str(parsed.port or ""),
     )
+
+
+def platform_url_host(url: str) -> str:
+    """The host name of PLATFORM_URL as ALLOWED_HOSTS spells it (IPv6 in brackets); "" when it has none."""
+    host = urlparse(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
+
+
+def proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """DJANGO_SECURE_PROXY_SSL_HEADER (a header name such as ``X-Forwarded-Proto``) in Django's form,
+    ``("HTTP_X_FORWARDED_PROTO", "https")``; None when unset."""
+    if not name:
+        return None
+    if not all(c.isalnum() or c == "-" for c in name):
+        raise SystemExit(
+            f"error: DJANGO_SECURE_PROXY_SSL_HEADER={name!r} is not a header name (e.g. X-Forwarded-Proto)"
+        )
+    return "HTTP_" + name.upper().replace("-", "_"), "https"

@@ -11,7 +11,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config.env import env_bool, env_int, env_list, env_str, parse_database_url
+from config.env import (
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    parse_database_url,
+    platform_url_host,
+    proxy_ssl_header,
+)
+from config.layers import redis_channel_layer
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository root
 PLATFORM_DIR = BASE_DIR / "platform"
@@ -29,7 +38,14 @@ if not SECRET_KEY:
         raise SystemExit("error: DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
     SECRET_KEY = _DEV_SECRET_KEY
 
+# Where the engine reports metrics back to (its HTTP sink posts to PLATFORM_URL + /api/...). In a compose
+# or cluster deployment this is an internal name (http://web:8000); it is always an allowed host, so the
+# engine's ingestion is never refused with a 400 whatever DJANGO_ALLOWED_HOSTS lists.
+PLATFORM_URL = env_str("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+_platform_host = platform_url_host(PLATFORM_URL)
+if _platform_host and _platform_host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
+    ALLOWED_HOSTS.append(_platform_host)
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -84,7 +100,8 @@ TEMPLATES = [
 # suite's own Celery workers and servers are pointed at it explicitly (tests/conftest.py).
 _TEST_SUFFIX = str(os.getpid())
 if DATABASE_URL:
-    _db = parse_database_url(DATABASE_URL).as_django()
+    # Per process (web, worker, beat): a worker needs one for each of its threads (--concurrency).
+    _db = parse_database_url(DATABASE_URL).as_django(pool_size=env_int("DATABASE_POOL_SIZE", 20))
     _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{_TEST_SUFFIX}"}
     DATABASES = {"default": _db}
 else:
@@ -126,10 +143,16 @@ LOGIN_REDIRECT_URL = "/"
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+# Never redirected to HTTPS: the engine's ingestion (posted to PLATFORM_URL, plain HTTP on the cluster's
+# internal network; a redirected POST is a lost batch) and the health check (probed inside the network).
+SECURE_REDIRECT_EXEMPT = [r"^api/runs/\d+/(metrics|events|samples|heartbeat)$", r"^api/health/$"]
 SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0 if DEBUG else 31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Behind a TLS-terminating proxy, set DJANGO_SECURE_PROXY_SSL_HEADER to the header it sets (usually
+# X-Forwarded-Proto): requests carrying "https" there count as secure. Only then: without a proxy that
+# overwrites it, any client could send the header and pass for HTTPS.
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(env_str("DJANGO_SECURE_PROXY_SSL_HEADER"))
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
@@ -170,6 +193,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
+    # kombu's Redis transport, safe to use after Redis went away under a running worker (see the class).
+    CELERY_BROKER_TRANSPORT = "launcher.broker:RedisTransport"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
 else:
     _broker_dir = VAR_DIR / "celery" / "broker"
@@ -187,19 +212,18 @@ else:
     }
 
 # --- Channels ---------------------------------------------------------------------------------------
-# Websocket consumers also poll the database this often (seconds; 0 disables): with the in-process layer
-# it is how a Celery worker's status changes reach the browser.
-LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or 1.5)
+# Websocket consumers also read the database every LIVE_POLL_INTERVAL_S seconds (0: never, except while
+# the layer is unreachable). The in-process layer of the embedded default cannot carry a Celery worker's
+# messages: there the poll is how status changes reach the browser (1.5 s). With Redis the layer carries
+# everything and the poll is only a safety net (10 s): a Redis restart that redis-py's reconnects hide
+# from the consumer empties the run's group, and each poll also joins it again.
+LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or (10.0 if REDIS_URL else 1.5))
 if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
-    }
+    CHANNEL_LAYERS = {"default": redis_channel_layer(REDIS_URL)}  # socket timeouts: see config/layers.py
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # --- Launcher / engine ------------------------------------------------------------------------------
-# Where the engine reports metrics back to (its HTTP sink posts to PLATFORM_URL + /api/...).
-PLATFORM_URL = env_str("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
 # "local": a Ray head started for the platform on this machine; "address": an existing cluster.
 RAY_PROVIDER = env_str("RAY_PROVIDER", "local")
 RAY_ADDRESS = env_str("RAY_ADDRESS")  # dashboard address of an existing cluster (provider "address")
@@ -208,6 +232,9 @@ RAY_LOCAL_DIR = env_str("RAY_LOCAL_DIR")  # state, lock and log of the local hea
 RUN_CONCURRENCY_LIMIT = env_int("RUN_CONCURRENCY_LIMIT", 2)
 RUN_CONCURRENCY_LIMIT_PER_PROJECT = env_int("RUN_CONCURRENCY_LIMIT_PER_PROJECT", 0)  # 0: no per-project cap
 RUN_HEARTBEAT_TIMEOUT_S = env_int("RUN_HEARTBEAT_TIMEOUT_S", 120)
+# A running run whose engine stores no new step and reports no status or checkpoint for this long is
+# failed and its job stopped (a deadlocked engine keeps heartbeating). 0: never.
+RUN_STALL_TIMEOUT_S = env_int("RUN_STALL_TIMEOUT_S", 1800)
 ENGINE_PYTHON = env_str("ENGINE_PYTHON")  # interpreter for the Ray job; default: the platform's own
 ENGINE_WORKDIR = env_str("ENGINE_WORKDIR")  # the job's working dir on the cluster; default: this repository
 RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)  # SIGTERM -> SIGKILL of a cancelled job (local head)

@@ -13,6 +13,9 @@ from core.selectors import health_summary
 
 
 class HealthView(APIView):
+    """200 while this web process can reach its database (a load balancer's or compose's health check);
+    503 when it cannot. Never redirected to HTTPS (SECURE_REDIRECT_EXEMPT)."""
+
     permission_classes = [AllowAny]
     authentication_classes: list = []
 
@@ -21,12 +24,15 @@ class HealthView(APIView):
             "Health",
             fields={
                 "database": serializers.CharField(),
+                "database_ok": serializers.BooleanField(),
                 "broker": serializers.CharField(),
                 "channel_layer": serializers.CharField(),
                 "last_worker_ping": serializers.DateTimeField(allow_null=True),
                 "worker_hostname": serializers.CharField(allow_null=True),
             },
-        )
+        ),
+        description="503 (with database_ok false) when the database does not answer.",
     )
     def get(self, request: Request) -> Response:
-        return Response(health_summary())
+        summary = health_summary()
+        return Response(summary, status=200 if summary["database_ok"] else 503)

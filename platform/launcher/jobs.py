@@ -6,9 +6,11 @@ Everything takes the cluster's dashboard URL (``http://host:8265``). Errors from
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +108,84 @@ def logs(address: str, submission_id: str) -> str:
         if _is_not_found(exc):
             raise JobNotFound(submission_id) from exc
         raise ClusterUnreachable(f"cannot read logs of {submission_id} at {address}: {exc}") from exc
+
+
+class LogFollower:
+    """Follows a job's log through the Jobs API's streaming endpoint (Ray's log-tail websocket) in a
+    thread of its own: ``take()`` returns what arrived since the last call, so following a job costs
+    what it prints, not the length of its log at every poll (``logs()`` returns the whole log).
+
+    The stream starts at the beginning of the log; its first ``skip`` characters (what an earlier
+    supervisor already turned into events) are dropped as they arrive. It ends by itself once the job
+    is finished and its log read to the end; a stream that broke off sets ``error`` instead."""
+
+    RECENT_CHARS = 64_000  # kept for the error text of a failed job (its last traceback)
+
+    def __init__(self, address: str, submission_id: str, *, skip: int = 0) -> None:
+        self.address, self.submission_id = address, submission_id
+        self._skip = skip
+        self._lock = threading.Lock()
+        self._new: list[str] = []
+        self._recent = ""
+        self.received_chars = 0  # everything the stream delivered, skipped part included
+        self.ended = threading.Event()
+        self.error: str | None = None
+        self._loop = asyncio.new_event_loop()
+        self._task = self._loop.create_task(self._follow())
+        self._thread = threading.Thread(target=self._run, name=f"log-{submission_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(self._task)
+        self._loop.close()
+
+    async def _follow(self) -> None:
+        try:
+            client = _client(self.address)
+            async for chunk in client.tail_job_logs(self.submission_id):
+                self._add(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the cluster went away, the websocket broke off: the caller falls back
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.ended.set()
+
+    def _add(self, chunk: str) -> None:
+        with self._lock:
+            self.received_chars += len(chunk)
+            if self._skip:
+                dropped = min(self._skip, len(chunk))
+                chunk, self._skip = chunk[dropped:], self._skip - dropped
+            if chunk:
+                self._new.append(chunk)
+                self._recent = (self._recent + chunk)[-self.RECENT_CHARS :]
+
+    def take(self) -> str:
+        """The text that arrived since the last call."""
+        with self._lock:
+            out, self._new = "".join(self._new), []
+        return out
+
+    def recent(self) -> str:
+        """The last RECENT_CHARS characters of the log seen so far."""
+        with self._lock:
+            return self._recent
+
+    @property
+    def broken(self) -> bool:
+        return self.error is not None
+
+    def wait_finished(self, timeout: float) -> bool:
+        """True once the stream ended after the job's last line (not when it broke off)."""
+        return self.ended.wait(timeout) and not self.broken
+
+    def close(self) -> None:
+        if not self.ended.is_set():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(timeout=10)
 
 
 def stop(address: str, submission_id: str) -> bool:

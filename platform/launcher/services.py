@@ -234,6 +234,8 @@ def run_launch(*, run_id: int, owner: str) -> str:
     run = Run.objects.select_related("resumed_from_checkpoint").get(pk=run_id)
     if run.state != RunState.STARTING:
         return run.state
+    # (cluster, job id) once a submission was sent: Ray may hold the job even when the call failed.
+    submitted: tuple[str, str] | None = None
     try:
         cluster = cluster_for(run)
         sid = run.ray_job_id or submission_id_for(run)
@@ -252,11 +254,15 @@ def run_launch(*, run_id: int, owner: str) -> str:
         except jobs.JobNotFound:
             token = ingest_token_issue(run=run)
             entry = engine_entrypoint(frozen_config_file(run))
+            submitted = (cluster.address, sid)
             jobs.submit(cluster.address, submission_id=sid, entrypoint=entry, env=engine_env(run, token.secret),
                         metadata={"platform_run_id": str(run_id)})  # fmt: skip
             events_append(run_id=run_id, kind="log", message=f"submitted Ray job {sid} to {cluster.address}",
                           data={"source": "launcher", "entrypoint": entry})  # fmt: skip
     except (LaunchError, jobs.ClusterUnreachable) as exc:
+        # The run fails; a job Ray accepted anyway (the reply was lost) must not train on unsupervised.
+        # (Any other error leaves the run starting: the sweep retries the launch and re-attaches.)
+        _stop_submitted(submitted, run_id)
         _finish(run_id, RunState.FAILED, error=f"launch failed: {exc}", from_states={RunState.STARTING})
         return RunState.FAILED
     try:
@@ -270,6 +276,18 @@ def run_launch(*, run_id: int, owner: str) -> str:
             _finish(run_id, RunState.CANCELLED, from_states={RunState.CANCELLING})
         return Run.objects.get(pk=run_id).state
     return RunState.RUNNING
+
+
+def _stop_submitted(submitted: tuple[str, str] | None, run_id: int) -> None:
+    """Stop the job of a launch that failed after (or while) submitting it."""
+    if submitted is None:
+        return
+    address, sid = submitted
+    try:
+        if jobs.stop(address, sid):
+            log.warning("run %s: launch failed after Ray accepted job %s; stopped it", run_id, sid)
+    except (jobs.JobNotFound, jobs.ClusterUnreachable) as exc:
+        log.info("run %s: stop of job %s after a failed launch: %s", run_id, sid, exc)
 
 
 def job_stop_quietly(run: Run) -> None:

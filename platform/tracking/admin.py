@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from tracking.models import Checkpoint, MetricPoint, MetricRollup, RunEvent, Sample
+from tracking.models import Checkpoint, MetricPoint, MetricRollup, RunEvent, RunProgress, Sample
 
 
 @admin.register(MetricPoint)
@@ -40,6 +40,20 @@ class MetricRollupAdmin(admin.ModelAdmin):
     list_filter = ("width",)
     raw_id_fields = ("run",)
     show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(RunProgress)
+class RunProgressAdmin(admin.ModelAdmin):
+    """Kept by ingestion (read-only here): what the launcher's stall check reads."""
+
+    list_display = ("run", "step", "at")
+    raw_id_fields = ("run",)
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -176,7 +176,7 @@ class RunEventsView(IngestView):
         if refused:
             raise exceptions.ValidationError(refused)
         new = [services.NewEvent(kind=e.kind.value, message=e.message, data=e.data) for e in body.events]
-        rows = services.events_ingest(run_id=run.pk, events=new)
+        rows = services.events_ingest(run_id=run.pk, events=new, batch_id=body.batch_id or "")
         return Response(
             {"received": len(rows), "last_seq": rows[-1].seq if rows else None},
             status=status.HTTP_201_CREATED,
@@ -226,7 +226,9 @@ class RunSamplesView(IngestView):
         run = _ingest_run(request, run_id)
         body = _parse(wire.SamplesBody, request, "samples", services.MAX_SAMPLES_PER_BATCH)
         stored = services.samples_record(
-            run_id=run.pk, samples=[services.NewSample(**s.model_dump()) for s in body.samples]
+            run_id=run.pk,
+            samples=[services.NewSample(**s.model_dump()) for s in body.samples],
+            batch_id=body.batch_id or "",
         )
         return Response({"received": len(body.samples), "stored": stored}, status=status.HTTP_201_CREATED)
 

@@ -11,12 +11,17 @@ Protocol (docs/dashboard.md has the full picture):
   ``{"kind": "metrics", "series": {key: {steps, values, wall_times}}}``.
 - Events are sent in ``seq`` order without gaps or repeats: a published event that skips ahead makes the
   consumer read the gap from the database first.
-- Fallback polling: the embedded default's in-process channel layer cannot carry a message from a Celery
-  worker (status changes) to the web process, so every ``LIVE_POLL_INTERVAL_S`` (default 1.5 s) the
-  consumer also reads new events and metric points from the database. With Redis the poll finds nothing
-  new most of the time; set the interval to 0 to turn it off.
-- Membership is re-checked on every poll (every MEMBERSHIP_RECHECK_S when polling is off) and on every
-  client message: a user removed from the project (or deactivated) is disconnected with code 4403.
+- Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also reads new metric points and events
+  from the database. The embedded default's in-process channel layer cannot carry a message from a
+  Celery worker (status changes) to the web process, so there it polls every 1.5 s. With Redis the
+  layer carries everything and the poll (10 s) is a safety net: a Redis restart that redis-py's
+  automatic reconnect hides from the consumer loses its group membership, so each poll also joins the
+  run's group again and sends what the layer did not.
+- A channel layer that is unreachable (Redis down) does not end the stream: the consumer polls the
+  database every ``FALLBACK_POLL_S`` meanwhile, retries the layer with a backoff, and once it answers
+  joins the run's group again and reads what it missed.
+- Membership is re-checked on every poll, at least every ``MEMBERSHIP_RECHECK_S`` and on every client
+  message: a user removed from the project (or deactivated) is disconnected with code 4403.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -40,12 +46,16 @@ from tracking.services import event_payload
 log = logging.getLogger(__name__)
 
 CATCH_UP_BATCH = 500  # events per database read while catching up
-POLL_METRIC_ROWS = 5000  # metric points per poll (the rest comes on the next poll)
+POLL_METRIC_ROWS = 5000  # metric points per database read of a poll
+LIVE_SENT_MAX = 200_000  # live (key, step) pairs remembered until a poll reads them back
 CLOSE_FORBIDDEN = 4403
-MEMBERSHIP_RECHECK_S = 1.5  # how often membership is re-checked when the database poll is off
+MEMBERSHIP_RECHECK_S = 5.0  # longest time between two membership checks of an open stream
+FALLBACK_POLL_S = 1.5  # database poll period while the channel layer is unreachable
+LAYER_RETRY_MAX_S = 5.0  # longest wait between two attempts to reach the layer again
 
 
 def poll_interval_s() -> float:
+    """The configured poll period (0: no poll while the layer works)."""
     return float(getattr(settings, "LIVE_POLL_INTERVAL_S", 1.5))
 
 
@@ -76,20 +86,29 @@ def _last_metric_id(run_id: int) -> int:
     return row or 0
 
 
-def _metrics_after(run_id: int, cursor: int) -> tuple[int, dict[str, dict[str, list[float]]]]:
-    """Metric points stored since ``cursor`` (a MetricPoint id), columnar per key like live payloads."""
+MetricRow = tuple[str, int, float, float]  # key, step, value, wall_time
+
+
+def _metrics_after(run_id: int, cursor: int) -> tuple[int, list[MetricRow]]:
+    """The next POLL_METRIC_ROWS metric points stored after ``cursor`` (a MetricPoint id), in id order,
+    and the id of the last one (the next cursor)."""
     rows = list(
         MetricPoint.objects.filter(run_id=run_id, id__gt=cursor)
         .order_by("id")
         .values_list("id", "key", "step", "value", "wall_time")[:POLL_METRIC_ROWS]
     )
+    return (rows[-1][0] if rows else cursor), [r[1:] for r in rows]
+
+
+def _columns(rows: list[MetricRow]) -> dict[str, dict[str, list[float]]]:
+    """Columnar per key, the shape of live payloads: {key: {"steps", "values", "wall_times"}}."""
     series: dict[str, dict[str, list[float]]] = {}
-    for _, key, step, value, wall in rows:
+    for key, step, value, wall in rows:
         s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
         s["steps"].append(step)
         s["values"].append(value)
         s["wall_times"].append(wall)
-    return (rows[-1][0] if rows else cursor), series
+    return series
 
 
 run_for_member = database_sync_to_async(_run_for_member)
@@ -105,24 +124,42 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     run_id: int
     group: str
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layer_up = False  # joined the run's group on a reachable layer
+        self.member_checked = time.monotonic()  # when membership was last confirmed
+        self.admitted = asyncio.Event()  # connect() accepted a member: only then is the group joined
+
+    # Channels reads the layer through ``self.channel_receive``, which it assigns (a plain layer receive)
+    # in ``__call__`` right before it starts waiting on it. The property keeps that callable and hands
+    # Channels a receive that survives the layer going away (see ``_receive_from_layer``).
+    @property
+    def channel_receive(self) -> Any:
+        return self._receive_from_layer
+
+    @channel_receive.setter
+    def channel_receive(self, layer_receive: Any) -> None:
+        self._layer_receive = layer_receive
+
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         self.last_seq = 0
         self.metric_cursor = 0
-        self.sent_steps: dict[str, int] = {}  # key -> highest step sent (keeps the poll from repeating)
+        # (key, step) of points sent live that no poll has read back yet: the poll skips exactly these.
+        self.live_sent: set[tuple[str, int]] = set()
         self.lock = asyncio.Lock()
         self.poller: asyncio.Task[None] | None = None
         self.group = live.group_name(self.run_id)
-        if await run_for_member(self.scope.get("user"), self.run_id) is None:
-            await self.close(code=CLOSE_FORBIDDEN)  # before accept: the handshake is refused
+        if not await self.still_member():  # before accept: the handshake is refused
             return
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        if not await self._join_group():  # the poll carries the stream until the layer is back
+            log.warning("run %s: channel layer unreachable; following the database", self.run_id)
+        self.admitted.set()
         await self.accept()
         # Metrics stored before now come from the REST history the page loads; the poll takes it from here.
         self.metric_cursor = await last_metric_id(self.run_id)
         await self.send_json({"kind": "hello", "run": await summary_of(self.run_id)})
         await self.catch_up(_query_int(self.scope, "last_seq"))
-        # Always: besides polling the database (when on) it re-checks the membership.
         self.poller = asyncio.create_task(self.poll_forever())
 
     async def disconnect(self, code: int) -> None:
@@ -130,8 +167,45 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.poller
-        if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.layer_up:
+            with contextlib.suppress(Exception):  # an unreachable layer forgets the membership anyway
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    # --- the channel layer, and what happens when it goes away ---------------------------------------
+
+    async def _join_group(self) -> bool:
+        try:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+        except Exception:
+            self.layer_up = False
+            return False
+        self.layer_up = True
+        return True
+
+    async def _receive_from_layer(self) -> dict[str, Any]:
+        """The next layer message. While the layer is unreachable this keeps trying to join the group
+        again (0.5 s, 1 s, 2 s, ... up to LAYER_RETRY_MAX_S apart) instead of ending the consumer; the
+        poll covers the stream meanwhile, and what was published in between is read from the database
+        once the layer is back (a restarted Redis also forgot the group)."""
+        await self.admitted.wait()
+        delay = 0.5
+        while True:
+            if not self.layer_up:
+                if not await self._join_group():
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, LAYER_RETRY_MAX_S)
+                    continue
+                log.info("run %s: channel layer reachable again", self.run_id)
+                delay = 0.5
+                if self.poller is not None:  # accepted already: catch up on what the layer missed
+                    await self._poll_quietly()
+            try:
+                return await self._layer_receive()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("run %s: channel layer lost (%r); following the database", self.run_id, exc)
+                self.layer_up = False
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
@@ -178,9 +252,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.catch_up()  # it skipped ahead: the gap is in the database
         elif kind == "metrics":
             async with self.lock:
+                if len(self.live_sent) > LIVE_SENT_MAX:  # only ever points a poll did not read back
+                    self.live_sent.clear()  # (at worst the poll sends some of them again)
                 for key, s in (payload.get("series") or {}).items():
-                    if s.get("steps"):
-                        self.sent_steps[key] = max(self.sent_steps.get(key, -1), max(s["steps"]))
+                    self.live_sent.update((key, step) for step in s.get("steps") or ())
                 await self.send_json(payload)
         else:
             await self.send_json(payload)
@@ -201,44 +276,66 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                     return
 
     async def poll_once(self) -> None:
+        """Send the metric points stored since the last poll that did not come through the layer, then
+        the events after the last one sent. Page after page of POLL_METRIC_ROWS until caught up (e.g.
+        after the layer was away a while). Metrics first: a run's last points come before the status
+        event that ends it."""
+        while True:
+            async with self.lock:
+                cursor, rows = await metrics_after(self.run_id, self.metric_cursor)
+                self.metric_cursor = cursor
+                missed = [r for r in rows if (r[0], r[1]) not in self.live_sent]
+                self.live_sent.difference_update((r[0], r[1]) for r in rows)
+                if missed:
+                    await self.send_json({"kind": "metrics", "count": len(missed), "series": _columns(missed),
+                                          "source": "poll"})  # fmt: skip
+            if len(rows) < POLL_METRIC_ROWS:
+                break
         await self.catch_up()
-        async with self.lock:
-            cursor, series = await metrics_after(self.run_id, self.metric_cursor)
-            self.metric_cursor = cursor
-            fresh: dict[str, dict[str, list[float]]] = {}
-            for key, s in series.items():
-                seen = self.sent_steps.get(key, -1)
-                idx = [i for i, step in enumerate(s["steps"]) if step > seen]
-                if not idx:
-                    continue
-                fresh[key] = {name: [col[i] for i in idx] for name, col in s.items()}
-                self.sent_steps[key] = max(fresh[key]["steps"])
-            if fresh:
-                count = sum(len(s["steps"]) for s in fresh.values())
-                await self.send_json({"kind": "metrics", "count": count, "series": fresh, "source": "poll"})
 
     async def still_member(self) -> bool:
         """Re-check that the user may still see the run; if not, close the socket with 4403."""
+        self.member_checked = time.monotonic()
         if await run_for_member(self.scope.get("user"), self.run_id) is not None:
             return True
-        log.info("closing the live stream of run %s: the user is no longer a member", self.run_id)
+        log.info("closing the live stream of run %s: the user is not (or no longer) a member", self.run_id)
         await self.close(code=CLOSE_FORBIDDEN)
         return False
 
     async def poll_forever(self) -> None:
-        interval = poll_interval_s()
+        """Poll every LIVE_POLL_INTERVAL_S, and every FALLBACK_POLL_S while the layer is unreachable."""
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(interval if interval > 0 else MEMBERSHIP_RECHECK_S)
-            try:
-                if not await self.still_member():
-                    return
-                if interval <= 0:
-                    continue
-                await self.poll_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a failed poll (DB hiccup) must not end the stream; the next one retries
-                log.warning("live poll of run %s failed", self.run_id, exc_info=True)
+            configured = poll_interval_s()
+            await asyncio.sleep(min(configured, FALLBACK_POLL_S) if configured > 0 else FALLBACK_POLL_S)
+            now = time.monotonic()
+            due = configured > 0 and now - last >= configured
+            if (due or now - self.member_checked >= MEMBERSHIP_RECHECK_S) and not await self._still_member_quietly():
+                return
+            if self.layer_up and not due:
+                continue
+            if self.layer_up:
+                await self._join_group()  # restores a membership that a silent Redis restart dropped
+            last = time.monotonic()
+            await self._poll_quietly()
+
+    async def _still_member_quietly(self) -> bool:
+        """``still_member``; a failed check (DB hiccup) keeps the stream open until the next one."""
+        try:
+            return await self.still_member()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("membership re-check of run %s failed", self.run_id, exc_info=True)
+            return True
+
+    async def _poll_quietly(self) -> None:
+        try:
+            await self.poll_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a failed poll (DB hiccup) must not end the stream; the next one retries
+            log.warning("live poll of run %s failed", self.run_id, exc_info=True)
 
 
 def _query_int(scope: dict[str, Any], name: str) -> int:

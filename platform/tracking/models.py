@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 
 
 class MetricPoint(models.Model):
@@ -48,10 +49,14 @@ class RunEvent(models.Model):
     message = models.TextField(blank=True, default="")
     data = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+    # The id its sender gave the batch it came in (the engine's sink does): a re-sent batch is found by
+    # it and answered with these rows instead of being stored twice. "" for events without one.
+    batch_id = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["run_id", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_event_seq")]
+        indexes = [models.Index(fields=["run", "batch_id"], name="event_batch", condition=~Q(batch_id=""))]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.kind}: {self.message[:60]}"
@@ -86,10 +91,14 @@ class Sample(models.Model):
     )
     version_end = models.IntegerField(null=True, blank=True, help_text="Policy version generation ended on.")
     created = models.DateTimeField(auto_now_add=True)
+    batch_id = models.CharField(max_length=64, blank=True, default="")  # as RunEvent.batch_id
 
     class Meta:
         ordering = ["run_id", "step", "id"]
-        indexes = [models.Index(fields=["run", "step"], name="sample_run_step")]
+        indexes = [
+            models.Index(fields=["run", "step"], name="sample_run_step"),
+            models.Index(fields=["run", "batch_id"], name="sample_batch", condition=~Q(batch_id="")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}@{self.step}: {self.prompt[:40]}"
@@ -128,3 +137,18 @@ class MetricRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}[{self.bucket * self.width}, +{self.width})"
+
+
+class RunProgress(models.Model):
+    """When the run's engine last made progress: stored a new step's metrics, or reported a status or a
+    checkpoint. The launcher fails a running run whose engine made none for RUN_STALL_TIMEOUT_S (a
+    deadlocked engine would otherwise hold its concurrency slot forever: its sink keeps heartbeating)."""
+
+    run = models.OneToOneField(
+        "experiments.Run", on_delete=models.CASCADE, primary_key=True, related_name="progress"
+    )
+    step = models.BigIntegerField(null=True, blank=True, help_text="Highest step with stored metrics.")
+    at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: step {self.step} at {self.at:%H:%M:%S}"

@@ -31,8 +31,12 @@ class EventInSerializer(serializers.Serializer):
     data = serializers.DictField(required=False)
 
 
+BATCH_ID_HELP = "Optional id of this batch (1-64 of A-Z a-z 0-9 _ . : -): a re-sent batch is not stored twice."
+
+
 class EventsIngestSerializer(serializers.Serializer):
     events = EventInSerializer(many=True, help_text=f"At most {MAX_EVENTS_PER_BATCH} events.")
+    batch_id = serializers.CharField(required=False, max_length=64, help_text=BATCH_ID_HELP)
 
 
 class EventsIngestResultSerializer(serializers.Serializer):
@@ -104,6 +108,7 @@ class SamplesIngestSerializer(serializers.Serializer):
         required=False, min_value=0, max_value=MAX_STEP, help_text="Step of the samples that name none."
     )
     samples = SampleInSerializer(many=True, help_text=f"At most {MAX_SAMPLES_PER_BATCH} samples.")
+    batch_id = serializers.CharField(required=False, max_length=64, help_text=BATCH_ID_HELP)
 
 
 class SamplesIngestResultSerializer(serializers.Serializer):

@@ -13,10 +13,20 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F
+from django.utils import timezone
 
 from experiments.models import Run
 from tracking import live
-from tracking.models import ROLLUP_WIDTHS, Checkpoint, EventKind, MetricPoint, MetricRollup, RunEvent, Sample
+from tracking.models import (
+    ROLLUP_WIDTHS,
+    Checkpoint,
+    EventKind,
+    MetricPoint,
+    MetricRollup,
+    RunEvent,
+    RunProgress,
+    Sample,
+)
 
 MAX_POINTS_PER_BATCH = 5000
 MAX_EVENTS_PER_BATCH = 1000
@@ -41,6 +51,10 @@ class IngestResult:
     inserted: int  # points that were new; a retried batch inserts 0
 
 
+# (id, key, step, value, wall_time) of a stored point
+StoredPoint = tuple[int, str, int, float, float]
+
+
 def _on_commit_publish(run_id: int, payload: dict[str, Any]) -> None:
     transaction.on_commit(lambda: live.publish(run_id, payload))
 
@@ -50,7 +64,8 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
 
     A point whose (run, key, step) already exists is ignored: **the first value stored wins**, so a
     retried or replayed batch changes nothing (also when a retry carries a different value). Within one
-    batch, the first occurrence of a (key, step) wins as well.
+    batch, the first occurrence of a (key, step) wins as well. Only the points actually inserted are
+    published to the live stream, so a browser never shows a value the database does not hold.
     """
     if not points:
         return IngestResult(received=0, inserted=0)
@@ -61,17 +76,50 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
             raise ValueError(f"{p.key}@{p.step}: steps must be >= 0")
     with transaction.atomic(), connection.cursor() as cur:
         if connection.vendor == "postgresql":
-            inserted = _insert_postgres(cur, run_id, points)
+            stored = _insert_postgres(cur, run_id, points)
         else:
-            cur.executemany(
-                f"INSERT INTO {MetricPoint._meta.db_table} (run_id, key, step, value, wall_time) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, key, step) DO NOTHING",
-                [(run_id, p.key, p.step, p.value, p.wall_time) for p in points],
-            )
-            inserted = max(cur.rowcount, 0)
-        if inserted:
-            _on_commit_publish(run_id, _metrics_payload(points))
-    return IngestResult(received=len(points), inserted=inserted)
+            stored = _insert_sqlite(cur, run_id, points)
+        if stored:
+            progress_record(run_id=run_id, step=max(r[2] for r in stored))
+            _on_commit_publish(run_id, _metrics_payload(stored))
+    return IngestResult(received=len(points), inserted=len(stored))
+
+
+# Engine events that mean "it is moving" (an alert, e.g. the engine's own watchdog, does not).
+PROGRESS_EVENT_KINDS = frozenset({EventKind.STATUS, EventKind.CHECKPOINT})
+
+
+def progress_record(*, run_id: int, step: int | None = None) -> None:
+    """The run's engine made progress now (stored metrics of ``step``, or reported a status or a
+    checkpoint). One upsert; the highest step is kept. Read by the launcher's stall check."""
+    table = RunProgress._meta.db_table
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {table} (run_id, step, at) VALUES (%s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+            f"at = excluded.at, step = CASE WHEN excluded.step IS NULL THEN {table}.step "
+            f"WHEN {table}.step IS NULL OR excluded.step > {table}.step THEN excluded.step "
+            f"ELSE {table}.step END",
+            [run_id, step, now],
+        )
+
+
+_SQLITE_ROWS_PER_INSERT = 500  # 5 parameters a row, well under SQLite's 32,766
+
+
+def _insert_sqlite(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoint]:
+    """Multi-row INSERT ... RETURNING (executemany would discard the returned rows)."""
+    stored: list[StoredPoint] = []
+    for i in range(0, len(points), _SQLITE_ROWS_PER_INSERT):
+        chunk = points[i : i + _SQLITE_ROWS_PER_INSERT]
+        cur.execute(
+            f"INSERT INTO {MetricPoint._meta.db_table} (run_id, key, step, value, wall_time) VALUES "
+            + ", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))
+            + " ON CONFLICT (run_id, key, step) DO NOTHING RETURNING id, key, step, value, wall_time",
+            [x for p in chunk for x in (run_id, p.key, p.step, p.value, p.wall_time)],
+        )
+        stored += cur.fetchall()
+    return stored
 
 
 # One statement: insert the batch from arrays (ON CONFLICT keeps the first value), then fold exactly the
@@ -83,7 +131,7 @@ WITH ins AS (
     SELECT %(run)s, k, s, v, w FROM unnest(%(keys)s::text[], %(steps)s::bigint[], %(values)s::float8[],
                                            %(walls)s::float8[]) AS t(k, s, v, w)
     ON CONFLICT (run_id, key, step) DO NOTHING
-    RETURNING key, step, value, wall_time
+    RETURNING id, key, step, value, wall_time
 ), agg AS (
     SELECT key, width, step / width AS bucket, count(*) AS n,
            min(ARRAY[value, step::float8, wall_time]) AS lo, max(ARRAY[value, step::float8, wall_time]) AS hi
@@ -106,11 +154,12 @@ WITH ins AS (
         max_value = GREATEST(r.max_value, EXCLUDED.max_value)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM roll)
+SELECT id, key, step, value, wall_time FROM ins
 """
 
 
-def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> int:
+def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoint]:
+    """One statement (the rollups CTE runs to completion whether or not its output is read)."""
     cur.execute(
         _PG_INGEST.format(points=MetricPoint._meta.db_table, rollups=MetricRollup._meta.db_table),
         {
@@ -122,18 +171,19 @@ def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> int:
             "widths": list(ROLLUP_WIDTHS),
         },
     )
-    return int(cur.fetchone()[0])
+    return cur.fetchall()
 
 
-def _metrics_payload(points: Sequence[Point]) -> dict[str, Any]:
-    """Columnar per key, the shape charts consume: {key: {"steps": [...], "values": [...], ...}}."""
+def _metrics_payload(stored: Sequence[StoredPoint]) -> dict[str, Any]:
+    """Columnar per key, the shape charts consume: {key: {"steps": [...], "values": [...], ...}}, in step
+    order."""
     series: dict[str, dict[str, list[float]]] = {}
-    for p in points:
-        s = series.setdefault(p.key, {"steps": [], "values": [], "wall_times": []})
-        s["steps"].append(p.step)
-        s["values"].append(p.value)
-        s["wall_times"].append(p.wall_time)
-    return {"kind": "metrics", "count": len(points), "series": series}
+    for _, key, step, value, wall in sorted(stored, key=lambda r: (r[1], r[2])):
+        s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
+        s["steps"].append(step)
+        s["values"].append(value)
+        s["wall_times"].append(wall)
+    return {"kind": "metrics", "count": len(stored), "series": series}
 
 
 def event_payload(event: RunEvent) -> dict[str, Any]:
@@ -156,7 +206,7 @@ class NewEvent:
     data: dict[str, Any] | None = None
 
 
-def events_append_many(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEvent]:
+def events_append_many(*, run_id: int, events: Sequence[NewEvent], batch_id: str = "") -> list[RunEvent]:
     """Append events with consecutive per-run sequence numbers.
 
     The counter lives on the run row: the F() update takes the row lock until commit, so concurrent
@@ -175,7 +225,14 @@ def events_append_many(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEv
         first = last - len(events) + 1
         rows = RunEvent.objects.bulk_create(
             [
-                RunEvent(run_id=run_id, seq=first + i, kind=e.kind, message=e.message, data=e.data or {})
+                RunEvent(
+                    run_id=run_id,
+                    seq=first + i,
+                    kind=e.kind,
+                    message=e.message,
+                    data=e.data or {},
+                    batch_id=batch_id,
+                )
                 for i, e in enumerate(events)
             ]
         )
@@ -188,11 +245,26 @@ def events_append(*, run_id: int, kind: str, message: str, data: dict[str, Any] 
     return events_append_many(run_id=run_id, events=[NewEvent(kind=kind, message=message, data=data)])[0]
 
 
-def events_ingest(*, run_id: int, events: Sequence[NewEvent]) -> list[RunEvent]:
+def _lock_run(run_id: int) -> None:
+    """Serialise this run's writers until commit (raises Run.DoesNotExist for an unknown run)."""
+    Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True).get()
+
+
+def events_ingest(*, run_id: int, events: Sequence[NewEvent], batch_id: str = "") -> list[RunEvent]:
     """Events sent by the engine. A ``checkpoint`` event whose data has ``step`` and ``path`` also
-    records the :class:`Checkpoint` (what resume uses)."""
+    records the :class:`Checkpoint` (what resume uses); a status or checkpoint event is engine progress.
+
+    With a ``batch_id`` a re-sent batch (lost reply, sender crash) stores nothing and returns the events
+    its first delivery stored: the run row is locked first, so two deliveries of one batch serialise."""
     with transaction.atomic():
-        rows = events_append_many(run_id=run_id, events=events)
+        if batch_id:
+            _lock_run(run_id)
+            stored = list(RunEvent.objects.filter(run_id=run_id, batch_id=batch_id).order_by("seq"))
+            if stored:
+                return stored
+        rows = events_append_many(run_id=run_id, events=events, batch_id=batch_id)
+        if any(e.kind in PROGRESS_EVENT_KINDS for e in events):
+            progress_record(run_id=run_id)
         for e in events:
             data = e.data or {}
             if e.kind == EventKind.CHECKPOINT and "path" in data and "step" in data:
@@ -233,13 +305,16 @@ class NewSample:
     version_end: int | None = None
 
 
-def samples_record(*, run_id: int, samples: Iterable[NewSample]) -> int:
+def samples_record(*, run_id: int, samples: Iterable[NewSample], batch_id: str = "") -> int:
     """Store samples, at most ``SAMPLES_PER_STEP_CAP`` per step (extras are dropped). Returns how many
-    were stored. The run row is locked so concurrent reporters cannot overshoot the cap."""
+    were stored. The run row is locked so concurrent reporters cannot overshoot the cap. With a
+    ``batch_id`` a re-sent batch stores nothing and returns what its first delivery stored."""
     cap = samples_per_step_cap()
     samples = list(samples)
     with transaction.atomic():
-        Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True).get()
+        _lock_run(run_id)
+        if batch_id and (already := Sample.objects.filter(run_id=run_id, batch_id=batch_id).count()):
+            return already
         steps = {s.step for s in samples}
         used = dict(
             Sample.objects.filter(run_id=run_id, step__in=steps)
@@ -262,6 +337,7 @@ def samples_record(*, run_id: int, samples: Iterable[NewSample]) -> int:
                     reward=s.reward,
                     version_start=s.version_start,
                     version_end=s.version_end,
+                    batch_id=batch_id,
                 )
             )
         Sample.objects.bulk_create(keep)

@@ -109,17 +109,23 @@ def event_data_errors(events: list[EventIn]) -> dict[str, list[str]]:
     return out
 
 
+# Optional on event and sample batches: a re-sent batch with the same id is not stored twice.
+BatchId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
 class MetricsBody(_Wire):
     points: list[PointIn] = Field(max_length=MAX_POINTS_PER_BATCH)
 
 
 class EventsBody(_Wire):
     events: list[EventIn] = Field(max_length=MAX_EVENTS_PER_BATCH)
+    batch_id: BatchId | None = None
 
 
 class SamplesBody(_Wire):
     step: int | None = Field(None, ge=0, le=MAX_STEP, description="Step of samples that name none.")
     samples: list[SampleIn] = Field(max_length=MAX_SAMPLES_PER_BATCH)
+    batch_id: BatchId | None = None
 
     @model_validator(mode="after")
     def _every_sample_has_a_step(self) -> SamplesBody:

@@ -90,3 +90,55 @@ def test_check_deploy_passes_with_production_env(tmp_path):
                          env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no issues" in out.stdout
+
+
+LIVE_PROBE = """
+import json, django
+django.setup()
+from django.conf import settings
+from channels_redis.core import RedisChannelLayer
+layer = settings.CHANNEL_LAYERS["default"]
+host = (layer.get("CONFIG") or {}).get("hosts", [{}])[0]
+print(json.dumps({
+    "poll": settings.LIVE_POLL_INTERVAL_S,
+    "proxy": settings.SECURE_PROXY_SSL_HEADER,
+    "socket_timeout": host.get("socket_timeout") if isinstance(host, dict) else "not configured",
+    "blocking_read": RedisChannelLayer.brpop_timeout,
+    "hosts": settings.ALLOWED_HOSTS,
+    "db": {k: settings.DATABASES["default"].get(k) for k in ("CONN_MAX_AGE", "OPTIONS")},
+}))
+"""
+
+
+def test_live_poll_follows_the_layer_and_the_redis_layer_outwaits_its_blocking_read(tmp_path):
+    embedded = json.loads(run_probe({"VAR_DIR": str(tmp_path)}, LIVE_PROBE).stdout)
+    assert embedded["poll"] == 1.5  # the in-process layer cannot carry a worker's messages: poll
+    redis = run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://cache.internal:6380/2"}, LIVE_PROBE)
+    production = json.loads(redis.stdout)
+    assert production["poll"] == 10.0  # Redis carries everything: the poll is a slow safety net
+    # redis-py's default socket timeout (5 s) equals the layer's blocking read: idle sockets died.
+    assert production["socket_timeout"] > 2 * production["blocking_read"]
+    forced = run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://x:1/0", "LIVE_POLL_INTERVAL_S": "2"},
+                       LIVE_PROBE)  # fmt: skip
+    assert json.loads(forced.stdout)["poll"] == 2.0
+
+
+def test_postgresql_connections_come_from_a_bounded_pool(tmp_path):
+    """Django's persistent connections leak under ASGI (a thread per request): 20 busy runs exhausted
+    PostgreSQL's connections (HTTP 500s). A pool per process bounds them."""
+    env = {"VAR_DIR": str(tmp_path), "DATABASE_URL": "postgres://u@db:5432/rl", "DATABASE_POOL_SIZE": "12"}
+    db = json.loads(run_probe(env, LIVE_PROBE).stdout)["db"]
+    assert db == {"CONN_MAX_AGE": 0, "OPTIONS": {"pool": {"min_size": 1, "max_size": 12, "timeout": 30}}}
+
+
+def test_proxy_ssl_header_only_when_configured_and_platform_url_host_is_allowed(tmp_path):
+    plain = json.loads(run_probe({"VAR_DIR": str(tmp_path)}, LIVE_PROBE).stdout)
+    assert plain["proxy"] is None  # nobody may claim HTTPS with a header unless a proxy sets it
+    proxied = run_probe({"VAR_DIR": str(tmp_path), "DJANGO_SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto",
+                         "DJANGO_ALLOWED_HOSTS": "rl.example.com", "PLATFORM_URL": "http://web:8000"},
+                        LIVE_PROBE)  # fmt: skip
+    resolved = json.loads(proxied.stdout)
+    assert resolved["proxy"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+    assert resolved["hosts"] == ["rl.example.com", "web"]
+    bad = run_probe({"VAR_DIR": str(tmp_path), "DJANGO_SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto: https"})
+    assert bad.returncode != 0 and bad.stderr.strip().startswith("error: DJANGO_SECURE_PROXY_SSL_HEADER=")

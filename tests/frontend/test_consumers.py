@@ -155,6 +155,26 @@ async def test_published_event_and_metrics_are_forwarded_live(setup, no_poll):
     await comm.disconnect()
 
 
+async def test_only_points_actually_stored_are_shown_live(setup, no_poll):
+    """A retried point with another value is ignored by the database (first value wins): the live
+    stream must not show the value the database does not hold."""
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    await comm.receive_json_from(timeout=3)  # hello
+    ingest = database_sync_to_async(metrics_ingest)
+    await ingest(run_id=run.pk, points=[Point("reward/mean", 1, 0.25, 1.0)])
+    first = await comm.receive_json_from(timeout=3)
+    await ingest(run_id=run.pk, points=[Point("reward/mean", 1, 9.0, 1.5), Point("reward/mean", 2, 0.5, 2.0)])
+    second = await comm.receive_json_from(timeout=3)
+    await ingest(run_id=run.pk, points=[Point("reward/mean", 2, 7.0, 2.5)])  # nothing new: nothing sent
+    assert await comm.receive_nothing(timeout=0.5)
+    assert first["series"]["reward/mean"] == {"steps": [1], "values": [0.25], "wall_times": [1.0]}
+    assert second["series"]["reward/mean"] == {"steps": [2], "values": [0.5], "wall_times": [2.0]}
+    assert second["count"] == 1
+    await comm.disconnect()
+
+
 async def test_published_event_that_skips_ahead_is_preceded_by_the_gap_from_the_database(setup, no_poll):
     run = setup["run"]
     comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
@@ -213,3 +233,76 @@ async def test_poll_delivers_what_another_process_stored_without_a_shared_channe
     assert got_metric["series"]["actor/pg_loss"]["steps"] == [7]
     assert got_metric["series"]["actor/pg_loss"]["values"] == [-0.5]
     await comm.disconnect()
+
+
+async def test_an_idle_socket_on_redis_stays_open_past_10_s_then_receives(setup, no_poll, redis_url, caplog):
+    """channels-redis blocks on Redis in 5 s reads; with redis-py's default 5 s socket timeout an idle
+    consumer's layer read failed with TimeoutError after 5 s (the socket closed with 1011; now the
+    consumer would fall back to the poll, which the log shows). Idle for 11 s, then live, no fallback."""
+    from channels_redis.core import RedisChannelLayer
+
+    assert isinstance(get_channel_layer(), RedisChannelLayer)  # the production layer, on the real Redis
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
+    assert await comm.receive_nothing(timeout=11)  # no close frame, no error: still open
+    await database_sync_to_async(events_append)(run_id=run.pk, kind="log", message="after the silence")
+    event = (await receive_events(comm, 1, timeout=5))[0]
+    assert (event["seq"], event["message"]) == (4, "after the silence")
+    await comm.disconnect()
+    assert "channel layer lost" not in caplog.text
+
+
+async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_returns(
+    setup, settings, tmp_path
+):
+    """Redis (a private server: the shared one is never stopped) goes away under an open socket: the
+    consumer stays open and follows the database; when Redis is back it joins the run's group again
+    (a restarted Redis forgot it) and live messages flow. No point is lost or sent twice."""
+    from config.layers import redis_channel_layer
+    from tests.private_redis import PrivateRedis, require_redis_server
+
+    require_redis_server()
+    redis = PrivateRedis(tmp_path)
+    redis.start()
+    settings.CHANNEL_LAYERS = {"default": redis_channel_layer(redis.url)}
+    settings.LIVE_POLL_INTERVAL_S = 0  # as deployed with Redis: no poll while the layer works
+    run = setup["run"]
+    ingest = database_sync_to_async(metrics_ingest)
+    try:
+        comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+        assert (await comm.connect())[0]
+        assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
+        redis.stop()
+        # Stored while the layer is down: the publish fails (logged), the consumer's fallback poll delivers.
+        await database_sync_to_async(events_append)(run_id=run.pk, kind="log", message="during the outage")
+        await ingest(run_id=run.pk, points=[Point("reward/mean", 0, 0.1, 1.0)])
+        steps: list[int] = []
+        sources: list[str] = []
+        event = None
+        while event is None or not steps:
+            msg = await comm.receive_json_from(timeout=10)
+            if msg["kind"] == "event":
+                event = msg["event"]
+            elif msg["kind"] == "metrics":
+                steps += msg["series"]["reward/mean"]["steps"]
+                sources.append(msg.get("source", "live"))
+        assert (event["seq"], event["message"]) == (4, "during the outage")
+        assert steps == [0] and sources == ["poll"]
+        redis.start()  # same port, empty: the group membership is gone
+        step = 0
+        while "live" not in sources:  # until a message comes through the layer again (not the poll)
+            step += 1
+            assert step < 60, "the consumer did not rejoin the layer within 30 s"
+            await ingest(run_id=run.pk, points=[Point("reward/mean", step, 0.1, 1.0)])
+            # (a receive that times out would cancel the consumer: wait with receive_nothing instead)
+            while not await comm.receive_nothing(timeout=0.5):
+                msg = await comm.receive_json_from(timeout=3)
+                if msg["kind"] == "metrics":
+                    steps += msg["series"]["reward/mean"]["steps"]
+                    sources.append(msg.get("source", "live"))
+        assert sorted(set(steps)) == list(range(step + 1))  # every point: rejoin catch-up plus live
+        await comm.disconnect()
+    finally:
+        redis.stop()

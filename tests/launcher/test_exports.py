@@ -24,10 +24,10 @@ def _wait_export(run_id: int, step: int, timeout_s: float = 180) -> dict:
     return exports_for_run(run_id)[step]
 
 
-def test_export_of_a_run_checkpoint_through_the_api_gives_a_loadable_model(api, tmp_path):  # noqa: F811
+def test_export_of_a_run_checkpoint_through_the_api_gives_a_loadable_model(api):  # noqa: F811
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run = wait_state(api.launch(tiny_config(tmp_path, steps=3)), "succeeded")
+    run = wait_state(api.launch(tiny_config(steps=3)), "succeeded")
     ckpt = Checkpoint.objects.get(run=run, step=3)
     queued = api.post(f"/api/runs/{run.pk}/checkpoints/3/export", {})
     assert queued["state"] == "queued"

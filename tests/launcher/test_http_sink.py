@@ -77,7 +77,6 @@ def server() -> Iterator[Recorder]:
 
 def make_sink(server: Recorder, tmp_path, **kw) -> HttpSink:
     opts = {
-        "flush_interval_s": 0.05,
         "heartbeat_interval_s": 0.2,
         "max_backoff_s": 0.2,
         "close_timeout_s": 10.0,
@@ -86,7 +85,7 @@ def make_sink(server: Recorder, tmp_path, **kw) -> HttpSink:
 
 
 def test_points_events_and_samples_arrive_batched_and_once(server, tmp_path):
-    sink = make_sink(server, tmp_path, flush_interval_s=0.5)
+    sink = make_sink(server, tmp_path)  # the default 50 ms wait after the first item: one request per burst
     for step in range(50):
         sink.log_metrics(step, {"reward/mean": step / 10, "actor/pg_loss": -step, "bad": float("nan")})
     sink.log_event("checkpoint", "checkpoint at step 49", {"step": 49, "path": "/c", "size_bytes": 1})
@@ -96,7 +95,9 @@ def test_points_events_and_samples_arrive_batched_and_once(server, tmp_path):
     points = server.points()
     assert sorted(points) == sorted([("reward/mean", s, s / 10) for s in range(50)] +
                                     [("actor/pg_loss", s, -s) for s in range(50)])  # fmt: skip
-    assert server.paths().count("/api/runs/7/metrics") < 50  # batched, not one request per step
+    assert server.paths().count("/api/runs/7/metrics") < 10  # batched, not one request per step
+    batch_ids = [b.pop("batch_id") for p, b in server.requests if p.endswith(("/events", "/samples"))]
+    assert len(set(batch_ids)) == len(batch_ids) == 2  # event and sample batches carry their own id
     events = [b for p, b in server.requests if p.endswith("/events")]
     assert events == [{"events": [{"kind": "checkpoint", "message": "checkpoint at step 49",
                                    "data": {"step": 49, "path": "/c", "size_bytes": 1}}]}]  # fmt: skip
@@ -145,3 +146,41 @@ def test_missing_environment_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("RL_ENGINE_RUN_ID", "3")
     with pytest.raises(ValueError, match="RL_ENGINE_INGEST_TOKEN is not set"):
         HttpSink.from_env()
+
+
+def test_the_cursor_records_each_delivered_batch_before_the_next_is_sent(tmp_path):
+    """A crash between two deliveries must not send the first again: the cursor moves per batch."""
+    entered, gate = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.path)
+            if self.path.endswith("/events"):  # the second batch of the pass waits here
+                entered.set()
+                gate.wait(30)
+            self.send_response(201)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    sink = HttpSink(f"http://127.0.0.1:{httpd.server_port}", "t", 7, spool_dir=tmp_path, flush_interval_s=0.3,
+                    heartbeat_interval_s=600)  # fmt: skip
+    try:
+        sink.log_metrics(1, {"x": 1.0})
+        sink.log_event("status", "one pass: metrics, then this event")
+        assert entered.wait(10)
+        first_line = sink.spool_path.read_bytes().split(b"\n")[0]
+        assert b'"endpoint": "metrics"' in first_line
+        assert int(sink._cursor_path.read_text()) == len(first_line) + 1  # the metrics batch is recorded
+    finally:
+        gate.set()
+        sink.close()
+        httpd.shutdown()
+    assert [p.rsplit("/", 1)[1] for p in seen if not p.endswith("/heartbeat")] == ["metrics", "events"]

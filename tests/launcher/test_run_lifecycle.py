@@ -5,10 +5,8 @@ engine's HTTP sink reporting back, and the test database."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
-from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
@@ -18,22 +16,9 @@ from experiments.models import Run
 from launcher import jobs
 from launcher.models import Supervision
 from tests.conftest import wait_for
+from tests.launcher.engine_runs import db_points, jsonl_points, tiny_config
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def tiny_config(tmp: Path, *, steps: int, **trainer: Any) -> dict:
-    """demo-cpu made small (16 samples a step) so a step takes a fraction of a second; every metric is
-    also written to a local JSONL file (in the run's folder: the platform puts it there), the ground truth
-    the platform's copy is compared with."""
-    from tests.factories import demo_config
-
-    cfg = demo_config()
-    cfg["rollout"]["n"] = 4
-    cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16, **trainer)
-    cfg["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": "metrics.jsonl", "log_every": 1,
-                      "progress_bar": False}  # fmt: skip
-    return cfg
 
 
 class Api:
@@ -99,24 +84,6 @@ def wait_reporting(run_id: int, min_points: int = 1, timeout_s: float = 120) -> 
     return Run.objects.get(pk=run_id)
 
 
-def jsonl_points(run: Run) -> set[tuple[str, int, float]]:
-    """Every (key, step, value) the engine logged, from its local JSONL file."""
-    out = set()
-    from experiments.run_files import run_folder
-
-    for line in (run_folder(run) / run.config["logging"]["jsonl_path"]).read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") == "metrics":  # non-finite values are not sent (JSON has no NaN)
-            out |= {
-                (k, int(rec["step"]), float(v)) for k, v in rec["metrics"].items() if math.isfinite(float(v))
-            }
-    return out
-
-
-def db_points(run: Run) -> list[tuple[str, int, float]]:
-    return list(run.metric_points.values_list("key", "step", "value"))
-
-
 def job_log_lines(run: Run) -> list[str]:
     lines = jobs.logs(run.cluster_address, run.ray_job_id).splitlines()
     return [jobs.clean_log_line(ln) for ln in lines if ln.strip()]
@@ -136,8 +103,8 @@ def tailed_lines(run: Run) -> list[str]:
     return list(run.events.filter(kind="log", data={}).order_by("seq").values_list("message", flat=True))
 
 
-def test_launch_through_the_api_runs_to_success_with_metrics_and_logs(api, tmp_path):
-    run_id = api.launch(tiny_config(tmp_path, steps=3))
+def test_launch_through_the_api_runs_to_success_with_metrics_and_logs(api):
+    run_id = api.launch(tiny_config(steps=3))
     run = wait_state(run_id, "succeeded")
     assert run.ray_job_id and run.cluster_address.startswith("http://127.0.0.1:")
     assert jobs.state(run.cluster_address, run.ray_job_id).status == "SUCCEEDED"
@@ -160,8 +127,8 @@ def test_launch_through_the_api_runs_to_success_with_metrics_and_logs(api, tmp_p
     assert env["RL_ENGINE_INGEST_TOKEN_FILE"].endswith("/ingest-token")
 
 
-def test_engine_failure_marks_the_run_failed_with_the_engines_error(api, tmp_path):
-    cfg = tiny_config(tmp_path, steps=3)
+def test_engine_failure_marks_the_run_failed_with_the_engines_error(api):
+    cfg = tiny_config(steps=3)
     missing = Path(settings.MODEL_ROOTS[0]) / f"no-such-model-{time.time_ns()}"
     cfg["model"] = {"path": str(missing)}  # no `tiny`: nothing builds it
     run = wait_state(api.launch(cfg), "failed")
@@ -169,8 +136,8 @@ def test_engine_failure_marks_the_run_failed_with_the_engines_error(api, tmp_pat
     assert jobs.state(run.cluster_address, run.ray_job_id).status == "FAILED"
 
 
-def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_checkpoint(api, tmp_path):
-    run = wait_reporting(api.launch(tiny_config(tmp_path, steps=2000)), min_points=20)
+def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_checkpoint(api):
+    run = wait_reporting(api.launch(tiny_config(steps=2000)), min_points=20)
     assert alive_actors(run) >= 2  # rollouter and trainer (at least) hold the cluster
     api.post(f"/api/runs/{run.pk}/cancel", {})
     wait_state(run.pk, "cancelled", timeout_s=10)
@@ -190,8 +157,8 @@ def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_c
     wait_state(resumed_id, "cancelled", timeout_s=10)
 
 
-def test_killed_worker_is_replaced_and_the_run_reattached_not_restarted(api, launcher_stack, tmp_path):
-    run = wait_reporting(api.launch(tiny_config(tmp_path, steps=2000)), min_points=5)
+def test_killed_worker_is_replaced_and_the_run_reattached_not_restarted(api, launcher_stack):
+    run = wait_reporting(api.launch(tiny_config(steps=2000)), min_points=5)
     before = Supervision.objects.get(run_id=run.pk)
     assert before.owner
     launcher_stack.worker.kill()  # kill -9 of the worker's process group (its beat included)
@@ -214,8 +181,8 @@ def test_killed_worker_is_replaced_and_the_run_reattached_not_restarted(api, lau
     assert tailed == job_log_lines(run)[: len(tailed)]  # the log tail resumed where the dead one stopped
 
 
-def test_web_server_restart_mid_run_loses_and_duplicates_no_metric_point(api, launcher_stack, tmp_path):
-    run = wait_reporting(api.launch(tiny_config(tmp_path, steps=40)), min_points=10)
+def test_web_server_restart_mid_run_loses_and_duplicates_no_metric_point(api, launcher_stack):
+    run = wait_reporting(api.launch(tiny_config(steps=40)), min_points=10)
     launcher_stack.web.stop()
     time.sleep(4)  # the engine keeps training; its sink spools what it cannot deliver
     launcher_stack.web.start()
@@ -225,10 +192,10 @@ def test_web_server_restart_mid_run_loses_and_duplicates_no_metric_point(api, la
     assert max(step for _, step, _ in points) >= 39
 
 
-def test_two_runs_with_a_limit_of_one_the_second_waits_then_runs(api, tmp_path):
+def test_two_runs_with_a_limit_of_one_the_second_waits_then_runs(api):
     # The stack runs with RUN_CONCURRENCY_LIMIT_PER_PROJECT=1; both runs are in one project.
-    first = api.launch(tiny_config(tmp_path, steps=8))
-    second = api.launch(tiny_config(tmp_path, steps=2))
+    first = api.launch(tiny_config(steps=8))
+    second = api.launch(tiny_config(steps=2))
     wait_reporting(first)
     assert state_of(second) == "queued"
     wait_state(second, "succeeded", timeout_s=180)
@@ -275,12 +242,12 @@ def test_a_run_on_a_stopped_local_head_is_failed_at_once_with_the_reason(launche
     assert f"local Ray head at {dead} was stopped" in run.error
 
 
-def test_provider_address_runs_on_an_existing_cluster_given_by_its_dashboard_url(launcher_stack, tmp_path):
+def test_provider_address_runs_on_an_existing_cluster_given_by_its_dashboard_url(launcher_stack):
     from experiments.services import experiment_create, run_create
     from tests.factories import ProjectFactory
 
     exp = experiment_create(
-        project=ProjectFactory(), user=None, name="address", config=tiny_config(tmp_path, steps=2)
+        project=ProjectFactory(), user=None, name="address", config=tiny_config(steps=2)
     )
     run = wait_state(run_create(experiment=exp, user=None, provider="address").pk, "succeeded")
     assert run.provider == "address"
