@@ -37,9 +37,9 @@ def build_sinks(
     logging_cfg: LoggingConfig, *, total_steps: int | None = None, experiment: ExperimentConfig | None = None
 ) -> MetricsSink:
     """The sinks listed in ``logging.sinks``, plus a progress bar when ``progress_bar`` is on and
-    ``total_steps`` is given. ``http`` reads RL_ENGINE_INGEST_URL / _TOKEN / RL_ENGINE_RUN_ID. Mirrors
-    (``mlflow``, ``wandb``) get the run's name and config from ``experiment``; their failures are
-    reported as alerts through the other sinks."""
+    ``total_steps`` is given. ``http`` reads RL_ENGINE_INGEST_URL, RL_ENGINE_INGEST_TOKEN_FILE (or
+    RL_ENGINE_INGEST_TOKEN) and RL_ENGINE_RUN_ID. Mirrors (``mlflow``, ``wandb``) get the run's name and
+    config from ``experiment``; their failures are reported as alerts through the other sinks."""
     sinks: list[MetricsSink] = []
     for name in logging_cfg.sinks:
         if name == "stdout":
@@ -51,7 +51,6 @@ def build_sinks(
         elif name == "http":
             from rl_engine.sinks.http import HttpSink  # the platform client, only when asked for
 
-            _token_from_file()
             sinks.append(HttpSink.from_env())
     if logging_cfg.progress_bar and total_steps:
         sinks.append(ProgressSink(total_steps))
@@ -64,21 +63,6 @@ def build_sinks(
     ]
     sinks = mirrors + sinks
     return sinks[0] if len(sinks) == 1 else MultiSink(sinks)
-
-
-def _token_from_file() -> None:
-    """RL_ENGINE_INGEST_TOKEN_FILE (what the platform's launcher sets: the token must not travel in the
-    Ray job's environment, which the dashboard shows) -> RL_ENGINE_INGEST_TOKEN of this process only.
-    To be folded into HttpSink.from_env."""
-    import os
-
-    path = os.environ.get("RL_ENGINE_INGEST_TOKEN_FILE")
-    if path and not os.environ.get("RL_ENGINE_INGEST_TOKEN"):
-        try:
-            with open(path, encoding="ascii") as fh:
-                os.environ["RL_ENGINE_INGEST_TOKEN"] = fh.read().strip()
-        except OSError as exc:
-            raise ValueError(f"cannot read the ingest token file {path}: {exc.strerror}") from None
 
 
 __all__ = ["JsonlSink", "MetricsSink", "MirrorSink", "MultiSink", "ProgressSink", "StdoutSink", "build_sinks"]

@@ -14,10 +14,22 @@ nothing, and a crash of the engine costs at most the one batch in flight being s
 is harmless: metric ingestion is idempotent on (run, key, step), and event and sample batches carry a
 ``batch_id`` (given when spooled) that the platform stores once.
 
+What the platform answers decides what happens to a batch (``http_replies``): an outage or a 5xx is
+retried with backoff, a 429 waits for ``Retry-After``, a batch refused as too large (413) is split in
+halves, and one refused as malformed (400) is never retried: it is appended to
+``<spool_dir>/run-<id>.rejected.jsonl`` and reported as an ``alert`` event (the rest of its batch, when
+the answer names the bad items, is still sent). A refused token (401) is re-read from its file once (the
+platform may have issued a new one); if it is unchanged, the sink stops delivering and keeps the spool.
+Heartbeats also keep the token alive (the platform renews it on each): they go on every
+``heartbeat_interval_s`` whatever the spool does, and after a 429 a heartbeat that is due is sent before
+the spool resumes, so a throttled backlog never starves them.
+
 Configured from the environment by ``build_sinks`` (``logging.sinks: [http]``):
-``RL_ENGINE_INGEST_URL`` (the platform's base URL), ``RL_ENGINE_INGEST_TOKEN``, ``RL_ENGINE_RUN_ID``;
-optional ``RL_ENGINE_SPOOL_DIR``, ``RL_ENGINE_HEARTBEAT_S``, ``RL_ENGINE_CLOSE_TIMEOUT_S``,
-``RL_ENGINE_FLUSH_S`` (the wait after the first queued item, default 0.05).
+``RL_ENGINE_INGEST_URL`` (the platform's base URL), ``RL_ENGINE_INGEST_TOKEN_FILE`` (an absolute path to
+a file holding the token: what the platform's launcher sets) or ``RL_ENGINE_INGEST_TOKEN`` (the token
+itself, for a user of the CLI), ``RL_ENGINE_RUN_ID``; optional ``RL_ENGINE_SPOOL_DIR``,
+``RL_ENGINE_HEARTBEAT_S``, ``RL_ENGINE_CLOSE_TIMEOUT_S``, ``RL_ENGINE_FLUSH_S`` (the wait after the first
+queued item, default 0.05).
 """
 
 from __future__ import annotations
@@ -36,28 +48,56 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rl_engine.sinks.http_replies import (
+    AccessRefused,
+    DeliveryRejected,
+    Throttled,
+    bad_item_indices,
+    classify,
+    first_errors,
+    with_items,
+)
+
 try:  # subclass the engine's interface when it exists; the methods below are that interface
     from rl_engine.sinks import MetricsSink as _Base  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - only while the engine's sinks package is being written
     _Base = object  # type: ignore[assignment,misc]
 
 MAX_POINTS_PER_REQUEST = 1000  # the server accepts up to 5000; smaller batches retry cheaply
-_RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+_ITEMS = {"metrics": "points", "events": "events", "samples": "samples"}  # the list in each body
+_REJECTED_ALERT = "platform rejected a "  # the alert about a rejected batch (never alerted on itself)
+
+__all__ = ["AccessRefused", "DeliveryRejected", "HttpSink", "Throttled", "read_token_file"]
 
 
-class DeliveryRejected(RuntimeError):
-    """The platform answered with a non-retryable error (bad token, invalid body): do not retry."""
+def read_token_file(path: str | Path) -> str:
+    """The ingest token in ``path`` (ASCII ``rlp_…``, surrounding whitespace stripped); a clear
+    ValueError when it cannot be read or is empty."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the ingest token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the ingest token file {path} does not hold an ASCII token") from None
+    if not token:
+        raise ValueError(f"the ingest token file {path} is empty")
+    return token
 
 
 class HttpSink(_Base):  # type: ignore[misc,valid-type]
-    """MetricsSink that posts to ``{url}/api/runs/{run_id}/{metrics|events|samples|heartbeat}``."""
+    """MetricsSink that posts to ``{url}/api/runs/{run_id}/{metrics|events|samples|heartbeat}``.
+
+    ``token`` is the ingest token; with ``token_file`` (and no ``token``) it is read from that file, and
+    read again when the platform refuses it (401), in case the platform wrote a new one."""
 
     def __init__(
         self,
         url: str,
-        token: str,
+        token: str | None,
         run_id: int | str,
         *,
+        token_file: str | Path | None = None,
         spool_dir: str | Path | None = None,
         flush_interval_s: float = 0.05,
         samples_interval_s: float = 1.0,
@@ -66,12 +106,17 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         close_timeout_s: float = 60.0,
         max_backoff_s: float = 5.0,
     ) -> None:
+        self._token_file = Path(token_file) if token_file else None
+        if not token and self._token_file is not None:
+            token = read_token_file(self._token_file)
         if not url or not token or not str(run_id):
             raise ValueError("HttpSink needs the platform URL, an ingest token and the run id")
         self.base = f"{url.rstrip('/')}/api/runs/{run_id}"
-        self._headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+        self._token = token
+        self._token_lock = threading.Lock()
         self.flush_interval_s = flush_interval_s
         self.samples_interval_s = samples_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
         self.request_timeout_s = request_timeout_s
         self.close_timeout_s = close_timeout_s
         self.max_backoff_s = max_backoff_s
@@ -79,6 +124,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         spool_root.mkdir(parents=True, exist_ok=True)
         self.spool_path = spool_root / f"run-{run_id}.jsonl"
         self._cursor_path = spool_root / f"run-{run_id}.cursor"
+        self.rejected_path = spool_root / f"run-{run_id}.rejected.jsonl"  # what the platform refused
         self._pending: list[tuple[str, dict[str, Any]]] = []  # (endpoint, one point or event)
         self._first_pending_at = 0.0  # monotonic time the oldest pending item was queued
         self._samples: list[dict[str, Any]] = []  # each with its step
@@ -89,29 +135,38 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         # When to try the spooled backlog again after a failed delivery (None: nothing to retry). A spool
         # left by an earlier process (a crash) is delivered right away.
         self._retry_at: float | None = time.monotonic() if self._spool_backlog() > 0 else None
+        self._throttled = False  # the spool's last attempt was a 429
+        self._last_heartbeat_ok = time.monotonic()
+        # Set when the platform refuses the token for good: nothing more is sent, the spool is kept.
+        self.refused: AccessRefused | None = None
         self._stop_heartbeat = threading.Event()
         self.delivered_requests = 0
+        self.throttled_responses = 0  # 429 answers seen (spool and heartbeats)
         self._last_error = ""
         self._flusher = threading.Thread(target=self._flush_loop, name="http-sink-flush", daemon=True)
         self._flusher.start()
         self._heartbeat = threading.Thread(
-            target=self._heartbeat_loop, args=(heartbeat_interval_s,), name="http-sink-heartbeat", daemon=True
+            target=self._heartbeat_loop, name="http-sink-heartbeat", daemon=True
         )
         self._heartbeat.start()
 
     @classmethod
     def from_env(cls) -> HttpSink:
-        """Build from RL_ENGINE_* variables; a clear error names the one that is missing."""
+        """Build from RL_ENGINE_* variables; a clear error names the one that is missing or wrong.
+        The token file (the platform's launcher) wins over a token in the environment (the CLI's)."""
         env = os.environ
-        missing = [
-            n
-            for n in ("RL_ENGINE_INGEST_URL", "RL_ENGINE_INGEST_TOKEN", "RL_ENGINE_RUN_ID")
-            if not env.get(n)
-        ]
+        missing = [n for n in ("RL_ENGINE_INGEST_URL", "RL_ENGINE_RUN_ID") if not env.get(n)]
+        token_file = env.get("RL_ENGINE_INGEST_TOKEN_FILE") or None
+        token = env.get("RL_ENGINE_INGEST_TOKEN") or None
+        if not token_file and not token:
+            missing.insert(1, "RL_ENGINE_INGEST_TOKEN_FILE (or RL_ENGINE_INGEST_TOKEN)")
         if missing:
             raise ValueError(f"logging.sinks includes 'http' but {', '.join(missing)} is not set")
+        if token_file and not os.path.isabs(token_file):
+            raise ValueError(f"RL_ENGINE_INGEST_TOKEN_FILE must be an absolute path, got {token_file!r}")
         return cls(
-            env["RL_ENGINE_INGEST_URL"], env["RL_ENGINE_INGEST_TOKEN"], env["RL_ENGINE_RUN_ID"],
+            env["RL_ENGINE_INGEST_URL"], None if token_file else token, env["RL_ENGINE_RUN_ID"],
+            token_file=token_file,
             spool_dir=env.get("RL_ENGINE_SPOOL_DIR") or None,
             flush_interval_s=float(env.get("RL_ENGINE_FLUSH_S", "0.05")),
             heartbeat_interval_s=float(env.get("RL_ENGINE_HEARTBEAT_S", "10")),
@@ -153,7 +208,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         self._flusher.join(timeout=self.close_timeout_s + self.request_timeout_s + 5)
         self._stop_heartbeat.set()
         self._heartbeat.join(timeout=self.request_timeout_s + 1)
-        if self._spool_backlog() > 0:
+        if self._spool_backlog() > 0 and self.refused is None:  # a refusal was reported when it came
             print(
                 f"http sink: the platform was unreachable; undelivered data is in {self.spool_path}",
                 file=sys.stderr,
@@ -161,11 +216,11 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
 
     # --- internals ---------------------------------------------------------------------------------------
 
-    def _enqueue(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+    def _enqueue(self, items: list[tuple[str, dict[str, Any]]], *, internal: bool = False) -> None:
         if not items:
             return
         with self._cond:
-            if self._closing:
+            if self._closing and not internal:  # the sink's own alerts are still sent while it drains
                 raise RuntimeError("HttpSink is closed")
             if not self._pending:
                 self._first_pending_at = time.monotonic()
@@ -222,72 +277,191 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             if closing and deadline is None:
                 deadline = time.monotonic() + self.close_timeout_s
             for endpoint, body in self._take_batches(closing):
-                self._spool_append(endpoint, body)
+                self._spool_append(endpoint, body)  # kept even when nothing can be sent any more
             self._deliver_spool()
             if closing:
                 with self._cond:
                     drained = not self._pending and not self._samples
-                if drained and self._spool_backlog() == 0:
+                if drained and (self._spool_backlog() == 0 or self.refused is not None):
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
-                time.sleep(min(self._backoff_s, max(0.0, deadline - time.monotonic())) if deadline else 0)
+                if self._retry_at is not None and deadline is not None:  # a backoff or a Retry-After
+                    time.sleep(max(0.0, min(self._retry_at, deadline) - time.monotonic()))
 
     def _deliver_spool(self) -> None:
         """Send spooled requests in order from the cursor, recording the cursor after each one; stop at
-        the first retryable failure (the rest waits for the retry)."""
-        if self._spool_backlog() == 0:
+        the first failure worth retrying (the rest waits for the retry) or when the token is refused."""
+        if self.refused is not None or self._spool_backlog() == 0:
             return
         offset = self._read_cursor()
-        with open(self.spool_path, "rb") as fh:
-            fh.seek(offset)
-            for raw in fh:
-                try:
-                    record = json.loads(raw)
-                except ValueError:  # a torn last line (crash mid-write): skip it
+        try:
+            if self._throttled and time.monotonic() - self._last_heartbeat_ok >= self.heartbeat_interval_s:
+                self._send_heartbeat()  # the token lives on heartbeats: a due one goes before the backlog
+            with open(self.spool_path, "rb") as fh:
+                fh.seek(offset)
+                for raw in fh:
+                    try:
+                        record = json.loads(raw)
+                    except ValueError:  # a torn last line (crash mid-write): skip it
+                        record = None
+                    if record is not None:
+                        self._deliver(record["endpoint"], record["body"])
                     offset += len(raw)
-                    continue
-                try:
-                    self._post(record["endpoint"], record["body"])
-                except DeliveryRejected as exc:
-                    print(f"http sink: dropped a {record['endpoint']} batch the platform rejected: {exc}",
-                          file=sys.stderr)  # fmt: skip
-                except (OSError, urllib.error.URLError) as exc:
-                    self._schedule_retry(exc)
-                    return
-                else:
-                    self.delivered_requests += 1
-                offset += len(raw)
-                self._write_cursor(offset)  # a crash from here on re-sends nothing already delivered
-                self._backoff_s, self._retry_at = 0.0, None
+                    self._write_cursor(offset)  # a crash from here on re-sends nothing already delivered
+                    self._backoff_s, self._retry_at, self._throttled = 0.0, None, False
+        except AccessRefused as exc:
+            self._refuse(exc)
+            return
+        except Throttled as exc:
+            self._schedule_retry(exc, retry_after_s=exc.retry_after_s)
+            self._throttled = True
+            return
+        except (OSError, urllib.error.URLError) as exc:
+            self._schedule_retry(exc)
+            return
         if offset >= self.spool_path.stat().st_size:
             self._reset_spool()
 
-    def _schedule_retry(self, exc: BaseException) -> None:
-        """A delivery failed in a way worth retrying: back off (0.25 s, doubling up to max_backoff_s)."""
-        self._backoff_s = min(self.max_backoff_s, max(0.25, self._backoff_s * 2))
-        self._retry_at = time.monotonic() + self._backoff_s
+    def _deliver(self, endpoint: str, body: dict[str, Any]) -> None:
+        """Post one spooled batch. One refused as too large (413) is sent as two halves; the items one
+        refused as malformed (400) names are dropped and the rest sent; what cannot be sent at all is
+        recorded and reported (``_reject``), never retried. Retryable failures propagate."""
+        try:
+            self._post(endpoint, body)
+            self.delivered_requests += 1
+            return
+        except AccessRefused:
+            raise
+        except DeliveryRejected as exc:
+            rejected = exc
+        field = _ITEMS.get(endpoint, "")
+        items = body.get(field) or []
+        if rejected.status == 413 and len(items) > 1:
+            half = len(items) // 2
+            for k, part in enumerate((items[:half], items[half:])):
+                self._deliver(endpoint, with_items(body, field, part, f".{k}"))  # own ids: stored once
+            return
+        bad = bad_item_indices(rejected.response, field, len(items)) if rejected.status == 400 else None
+        if bad is None or len(bad) == len(items):
+            self._reject(endpoint, body, rejected)
+            return
+        # The answer named the malformed items: only they are dropped. Refused whole, the batch stored
+        # nothing, so the rest may keep its id.
+        self._reject(
+            endpoint, with_items(body, field, [x for i, x in enumerate(items) if i in bad]), rejected
+        )
+        self._deliver(endpoint, with_items(body, field, [x for i, x in enumerate(items) if i not in bad]))
+
+    def _reject(self, endpoint: str, body: dict[str, Any], exc: DeliveryRejected) -> None:
+        """A batch the platform will never accept: kept in the rejected log, reported by an alert event."""
+        entry = {"endpoint": endpoint, "status": exc.status, "response": exc.response, "body": body}
+        with open(self.rejected_path, "ab") as fh:
+            fh.write(json.dumps(entry).encode() + b"\n")
+        print(
+            f"http sink: the platform rejected a {endpoint} batch (HTTP {exc.status}); it is kept in "
+            f"{self.rejected_path}: {exc}",
+            file=sys.stderr,
+        )
+        own_alerts = endpoint == "events" and all(
+            e.get("kind") == "alert" and str(e.get("message", "")).startswith(_REJECTED_ALERT)
+            for e in body.get("events", [])
+        )
+        if not own_alerts:  # an alert about a refused alert could be refused in turn, forever
+            data = {"endpoint": endpoint, "status": exc.status, "errors": first_errors(exc.response)}
+            alert = {
+                "kind": "alert",
+                "message": f"{_REJECTED_ALERT}{endpoint} batch: HTTP {exc.status}",
+                "data": data,
+            }
+            self._enqueue([("events", alert)], internal=True)
+
+    def _schedule_retry(self, exc: BaseException, retry_after_s: float | None = None) -> None:
+        """A delivery failed in a way worth retrying: wait what a 429 asked for, else back off (0.25 s,
+        doubling up to max_backoff_s; at least 1 s after a 429 that named no wait)."""
+        if retry_after_s is None:
+            self._backoff_s = min(self.max_backoff_s, max(0.25, self._backoff_s * 2))
+            delay = self._backoff_s if not isinstance(exc, Throttled) else max(1.0, self._backoff_s)
+        else:
+            delay = retry_after_s
+        self._retry_at = time.monotonic() + delay
         self._last_error = str(exc)
 
-    def _post(self, endpoint: str, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
+    def _post(self, endpoint: str, body: dict[str, Any]) -> Any:
+        """POST with the current token; a 401 re-reads the token file once and tries again with a new
+        token. Raises what ``http_replies.classify`` makes of an error answer."""
+        token = self._token
+        try:
+            return self._post_once(endpoint, body, token)
+        except AccessRefused as exc:
+            if exc.status != 401 or not self._token_renewed(token):
+                raise
+        return self._post_once(endpoint, body, self._token)
+
+    def _post_once(self, endpoint: str, body: dict[str, Any], token: str) -> Any:
+        headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
         req = urllib.request.Request(
-            f"{self.base}/{endpoint}", data=data, headers=self._headers, method="POST"
+            f"{self.base}/{endpoint}", data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         try:
             with urllib.request.urlopen(req, timeout=self.request_timeout_s) as resp:
-                resp.read()
+                return resp.read()
         except urllib.error.HTTPError as exc:
-            if exc.code in _RETRYABLE_STATUS:
-                raise OSError(f"HTTP {exc.code}") from exc
-            detail = exc.read()[:300].decode(errors="replace")
-            raise DeliveryRejected(f"HTTP {exc.code}: {detail}") from exc
+            if exc.code == 429:
+                self.throttled_responses += 1
+            raise classify(exc) from exc
 
-    def _heartbeat_loop(self, interval_s: float) -> None:
+    def _token_renewed(self, refused_token: str) -> bool:
+        """After a 401: is there a newer token (in the file, or already re-read by the other thread)?"""
+        with self._token_lock:
+            if self._token != refused_token:
+                return True
+            if self._token_file is None:
+                return False
+            try:
+                token = read_token_file(self._token_file)
+            except ValueError:
+                return False
+            if token == refused_token:
+                return False
+            self._token = token
+            return True
+
+    def _refuse(self, exc: AccessRefused) -> None:
+        """The platform refuses this sink for good: stop sending (once, said once), keep the spool."""
+        with self._cond:
+            if self.refused is not None:
+                return
+            self.refused = exc
+            self._retry_at = None
+            self._cond.notify_all()
+        self._stop_heartbeat.set()
+        print(
+            f"http sink: the platform refuses this run's ingest token ({exc}); nothing more is sent. "
+            f"Everything recorded is kept in {self.spool_path} (delivered up to the byte offset in "
+            f"{self._cursor_path.name}).",
+            file=sys.stderr,
+        )
+
+    def _send_heartbeat(self) -> None:
+        self._post("heartbeat", {})
+        self._last_heartbeat_ok = time.monotonic()
+
+    def _heartbeat_loop(self) -> None:
+        """Every heartbeat_interval_s, whatever the spool does (a backlog's 429 never holds this thread);
+        after a 429 of its own, again as soon as the platform allows."""
         while True:
-            with contextlib.suppress(OSError, urllib.error.URLError, DeliveryRejected):
-                self._post("heartbeat", {})
-            if self._stop_heartbeat.wait(interval_s):
+            wait = self.heartbeat_interval_s
+            try:
+                self._send_heartbeat()
+            except AccessRefused as exc:
+                self._refuse(exc)
+                return
+            except Throttled as exc:
+                wait = min(wait, exc.retry_after_s or wait)
+            except (OSError, urllib.error.URLError, DeliveryRejected):
+                pass
+            if self._stop_heartbeat.wait(wait):
                 return
 
     # The spool: every batch is appended before it is sent, and the cursor records what was delivered,
