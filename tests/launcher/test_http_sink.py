@@ -1,4 +1,6 @@
-"""The engine's HTTP sink against a real local HTTP server that can go down and come back."""
+"""The engine's HTTP sink against a stand-in ingestion server (a local HTTP server that can go down and
+come back, or hold a request); its answers to refusals are tested against the real platform in
+test_sink_refusals.py."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from rl_engine.sinks.http import HttpSink
+from rl_engine.sinks.http_replies import MAX_RETRY_AFTER_S, retry_after_s
 from tests.conftest import wait_for
 
 
@@ -123,15 +127,6 @@ def test_an_outage_is_spooled_to_disk_and_delivered_when_the_platform_returns(se
     assert sorted(server.points()) == [("reward/mean", s, float(s)) for s in range(30)]
 
 
-def test_a_rejected_batch_is_dropped_not_retried_forever(server, tmp_path):
-    sink = make_sink(server, tmp_path)
-    sink.log_event("bogus", "the server answers 400")
-    sink.log_metrics(1, {"x": 1.0})
-    sink.close()
-    assert server.points() == [("x", 1, 1.0)]
-    assert not any(p.endswith("/events") for p in server.paths())
-
-
 def test_heartbeats_are_posted_in_the_background(server, tmp_path):
     sink = make_sink(server, tmp_path)
     wait_for(
@@ -140,12 +135,35 @@ def test_heartbeats_are_posted_in_the_background(server, tmp_path):
     sink.close()
 
 
-def test_missing_environment_is_a_clear_error(monkeypatch):
+def test_missing_or_wrong_environment_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv("RL_ENGINE_INGEST_TOKEN", raising=False)
+    monkeypatch.delenv("RL_ENGINE_INGEST_TOKEN_FILE", raising=False)
     monkeypatch.setenv("RL_ENGINE_INGEST_URL", "http://127.0.0.1:1")
     monkeypatch.setenv("RL_ENGINE_RUN_ID", "3")
-    with pytest.raises(ValueError, match="RL_ENGINE_INGEST_TOKEN is not set"):
+    with pytest.raises(
+        ValueError, match=r"RL_ENGINE_INGEST_TOKEN_FILE \(or RL_ENGINE_INGEST_TOKEN\) is not set"
+    ):
         HttpSink.from_env()
+    monkeypatch.setenv("RL_ENGINE_INGEST_TOKEN_FILE", "ingest-token")
+    with pytest.raises(ValueError, match="must be an absolute path"):
+        HttpSink.from_env()
+    monkeypatch.setenv("RL_ENGINE_INGEST_TOKEN_FILE", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match=r"cannot read the ingest token file .*absent"):
+        HttpSink.from_env()
+    (tmp_path / "blank").write_text("\n")
+    monkeypatch.setenv("RL_ENGINE_INGEST_TOKEN_FILE", str(tmp_path / "blank"))
+    with pytest.raises(ValueError, match="is empty"):
+        HttpSink.from_env()
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date_and_bounded():
+    now = 1_700_000_000.0
+    assert retry_after_s("7", now=now) == 7
+    assert retry_after_s("0", now=now) == 1  # never a busy loop
+    assert retry_after_s(formatdate(now + 42, usegmt=True), now=now) == pytest.approx(42)
+    assert retry_after_s(formatdate(now - 42, usegmt=True), now=now) == 1  # a date already past
+    assert retry_after_s("86400", now=now) == MAX_RETRY_AFTER_S  # asked again after that
+    assert retry_after_s(None) is None and retry_after_s("soon") is None  # the sink's own backoff then
 
 
 def test_the_cursor_records_each_delivered_batch_before_the_next_is_sent(tmp_path):

@@ -20,7 +20,7 @@ import pytest
 from accounts.services import ingest_token_issue
 from rl_engine.sinks.http import HttpSink
 from tests.conftest import REPO_ROOT
-from tests.factories import RunFactory
+from tests.factories import RunFactory, checkpoint_path
 from tracking.models import Checkpoint, RunEvent, Sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,7 +97,9 @@ def test_a_batch_whose_reply_was_lost_is_sent_again_and_stored_once(
     proxy = LossyProxy(live_server.url, "drop")
     proxies.append(proxy)
     sink = HttpSink(proxy.url, token, run.pk, spool_dir=tmp_path, max_backoff_s=0.2, heartbeat_interval_s=600)
-    sink.log_event("checkpoint", "checkpoint at step 3", {"step": 3, "path": "/ck/3", "size_bytes": 1})
+    sink.log_event(
+        "checkpoint", "checkpoint at step 3", {"step": 3, "path": checkpoint_path(run, 3), "size_bytes": 1}
+    )
     sink.log_samples(3, [{"prompt": "p", "response": "r", "reward": 1.0}])
     sink.log_metrics(3, {"reward/mean": 0.5})
     sink.close()

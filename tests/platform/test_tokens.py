@@ -116,13 +116,3 @@ def test_the_ingest_token_reaches_the_engine_in_a_private_file_not_the_jobs_envi
     assert Path(path).read_text() == secret
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
-
-
-def test_the_engine_reads_its_token_from_the_file(tmp_path, monkeypatch):
-    from rl_engine.sinks import _token_from_file
-
-    (tmp_path / "t").write_text("rlp_secret\n")
-    monkeypatch.delenv("RL_ENGINE_INGEST_TOKEN", raising=False)
-    monkeypatch.setenv("RL_ENGINE_INGEST_TOKEN_FILE", str(tmp_path / "t"))
-    _token_from_file()
-    assert os.environ["RL_ENGINE_INGEST_TOKEN"] == "rlp_secret"
