@@ -378,13 +378,10 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
 
     def _schedule_retry(self, exc: BaseException, retry_after_s: float | None = None) -> None:
         """A delivery failed in a way worth retrying: wait what a 429 asked for, else back off (0.25 s,
-        doubling up to max_backoff_s; at least 1 s after a 429 that named no wait)."""
+        doubling up to max_backoff_s; also after a 429 that named no wait)."""
         if retry_after_s is None:
             self._backoff_s = min(self.max_backoff_s, max(0.25, self._backoff_s * 2))
-            delay = self._backoff_s if not isinstance(exc, Throttled) else max(1.0, self._backoff_s)
-        else:
-            delay = retry_after_s
-        self._retry_at = time.monotonic() + delay
+        self._retry_at = time.monotonic() + (self._backoff_s if retry_after_s is None else retry_after_s)
         self._last_error = str(exc)
 
     def _post(self, endpoint: str, body: dict[str, Any]) -> Any:
