@@ -202,3 +202,44 @@ def test_the_cursor_records_each_delivered_batch_before_the_next_is_sent(tmp_pat
         sink.close()
         httpd.shutdown()
     assert [p.rsplit("/", 1)[1] for p in seen if not p.endswith("/heartbeat")] == ["metrics", "events"]
+
+
+def test_after_a_429_a_due_heartbeat_goes_before_the_backlog(tmp_path):
+    """A stand-in platform, because the order must be chosen: the real one counts heartbeats and batches
+    in one rate-limit window, and which reaches a reopened window first is a race there. Here the
+    heartbeat thread's request hangs (its heartbeat cannot get through) and the first batch gets a 429;
+    the heartbeat then due must be sent before the batch is retried, or the token could expire."""
+    gate, seen = threading.Event(), []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            endpoint = self.path.rsplit("/", 1)[1]
+            first = endpoint not in [e for e, _ in seen]
+            status = 429 if endpoint == "metrics" and first else 200
+            seen.append((endpoint, status))
+            if endpoint == "heartbeat" and first:
+                gate.wait(30)  # the heartbeat thread's first request: held until the test ends
+            self.send_response(status)
+            if status == 429:
+                self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    sink = HttpSink(f"http://127.0.0.1:{httpd.server_port}", "t", 7, spool_dir=tmp_path, heartbeat_interval_s=0.2,
+                    request_timeout_s=60, flush_interval_s=0)  # fmt: skip
+    try:
+        wait_for(lambda: seen, timeout_s=10, message="the heartbeat thread's first heartbeat")
+        sink.log_metrics(1, {"x": 1.0})
+        wait_for(lambda: ("metrics", 200) in seen, timeout_s=20, message="the batch to be sent again")
+    finally:
+        gate.set()
+        sink.close()
+        httpd.shutdown()
+    assert seen[:4] == [("heartbeat", 200), ("metrics", 429), ("heartbeat", 200), ("metrics", 200)]
