@@ -4,7 +4,7 @@
 |---|---|---|
 | 2xx | stored | moves on |
 | 408, 425, 5xx, no answer | the platform or the network is in trouble | retries with backoff (0.25 s doubling up to ``max_backoff_s``) |
-| 429 | rate limit | waits ``Retry-After``, retries the same batch; never drops it |
+| 429 | rate limit | waits ``Retry-After`` (none: the backoff), retries the same batch; never drops it |
 | 401 | the token is revoked or expired | re-reads the token file once; if unchanged, stops delivering |
 | 403, 404 | this token may not report to this run (or the run is gone) | stops delivering |
 | 400, 413, other 4xx | this batch is malformed or too large | splits a 413 in halves; drops the rest, logged locally and reported |
