@@ -54,7 +54,8 @@ from rl_engine.sinks.http_replies import (
     Throttled,
     bad_item_indices,
     classify,
-    first_errors,
+    is_rejection_alert,
+    rejection_alert,
     with_items,
 )
 
@@ -65,7 +66,6 @@ except ImportError:  # pragma: no cover - only while the engine's sinks package 
 
 MAX_POINTS_PER_REQUEST = 1000  # the server accepts up to 5000; smaller batches retry cheaply
 _ITEMS = {"metrics": "points", "events": "events", "samples": "samples"}  # the list in each body
-_REJECTED_ALERT = "platform rejected a "  # the alert about a rejected batch (never alerted on itself)
 
 __all__ = ["AccessRefused", "DeliveryRejected", "HttpSink", "Throttled", "read_token_file"]
 
@@ -297,7 +297,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         offset = self._read_cursor()
         try:
             if self._throttled and time.monotonic() - self._last_heartbeat_ok >= self.heartbeat_interval_s:
-                self._send_heartbeat()  # the token lives on heartbeats: a due one goes before the backlog
+                self._send_due_heartbeat()  # the token lives on heartbeats: a due one goes before the backlog
             with open(self.spool_path, "rb") as fh:
                 fh.seek(offset)
                 for raw in fh:
@@ -363,18 +363,8 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             f"{self.rejected_path}: {exc}",
             file=sys.stderr,
         )
-        own_alerts = endpoint == "events" and all(
-            e.get("kind") == "alert" and str(e.get("message", "")).startswith(_REJECTED_ALERT)
-            for e in body.get("events", [])
-        )
-        if not own_alerts:  # an alert about a refused alert could be refused in turn, forever
-            data = {"endpoint": endpoint, "status": exc.status, "errors": first_errors(exc.response)}
-            alert = {
-                "kind": "alert",
-                "message": f"{_REJECTED_ALERT}{endpoint} batch: HTTP {exc.status}",
-                "data": data,
-            }
-            self._enqueue([("events", alert)], internal=True)
+        if not is_rejection_alert(endpoint, body):  # an alert about a refused alert could be refused too
+            self._enqueue([("events", rejection_alert(endpoint, exc.status, exc.response))], internal=True)
 
     def _schedule_retry(self, exc: BaseException, retry_after_s: float | None = None) -> None:
         """A delivery failed in a way worth retrying: wait what a 429 asked for, else back off (0.25 s,
@@ -443,6 +433,15 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
     def _send_heartbeat(self) -> None:
         self._post("heartbeat", {})
         self._last_heartbeat_ok = time.monotonic()
+
+    def _send_due_heartbeat(self) -> None:
+        """The flusher's heartbeat, after a 429 (a refused token or a retryable failure propagates)."""
+        try:
+            self._send_heartbeat()
+        except AccessRefused:
+            raise
+        except DeliveryRejected:  # the heartbeat thread keeps trying; the backlog must not wait on it
+            pass
 
     def _heartbeat_loop(self) -> None:
         """Every heartbeat_interval_s, whatever the spool does (a backlog's 429 never holds this thread);
