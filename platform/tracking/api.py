@@ -208,7 +208,9 @@ class RunEventsView(IngestView):
 
 
 class RunHeartbeatView(IngestView):
-    throttle_classes = [HeartbeatThrottle]  # its own bucket: data throttled at the ingest rate never starves it
+    throttle_classes = [
+        HeartbeatThrottle
+    ]  # its own bucket: data throttled at the ingest rate never starves it
 
     @extend_schema(
         request=None,

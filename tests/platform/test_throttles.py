@@ -4,11 +4,10 @@ another. Rates are settings; the tests lower them."""
 
 from __future__ import annotations
 
-import pytest
-from django.test import Client
-
 from datetime import timedelta
 
+import pytest
+from django.test import Client
 from django.utils import timezone
 
 from accounts.models import ApiToken
@@ -113,7 +112,9 @@ def test_heartbeats_have_their_own_bucket_so_a_throttled_backlog_never_lets_the_
     issued = ingest_token_issue(run=run)
     engine, url = client_for(token=issued.secret), f"/api/runs/{run.pk}"
     point = {"points": [{"key": "k", "step": 1, "value": 1.0, "wall_time": 0.0}]}
-    assert engine.post(f"{url}/heartbeat").status_code == 200  # a heartbeat takes nothing from the data's rate
+    assert (
+        engine.post(f"{url}/heartbeat").status_code == 200
+    )  # a heartbeat takes nothing from the data's rate
     assert [engine.post(f"{url}/metrics", point, format="json").status_code for _ in range(2)] == [200, 200]
     assert_throttled(engine.post(f"{url}/metrics", point, format="json"))  # the backlog waits...
     soon = timezone.now() + timedelta(seconds=2)
