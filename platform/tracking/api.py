@@ -208,9 +208,8 @@ class RunEventsView(IngestView):
 
 
 class RunHeartbeatView(IngestView):
-    throttle_classes = [
-        HeartbeatThrottle
-    ]  # its own bucket: data throttled at the ingest rate never starves it
+    # A bucket of its own: data throttled at the ingest rate never starves the token's renewal.
+    throttle_classes = [HeartbeatThrottle]
 
     @extend_schema(
         request=None,
