@@ -47,8 +47,6 @@ JSONL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.jsonl$")
 SQLITE_NAME = re.compile(r"^sqlite:///([A-Za-z0-9][A-Za-z0-9._-]{0,99}\.db)$")
 MLFLOW_DB, MLFLOW_ARTIFACTS, WANDB_DIR = "mlflow.db", "mlflow-artifacts", "wandb"
 
-__all__ = ["PathPolicy", "check_config", "config_violations", "launch_config", "platform_preset"]
-
 OWNED_BY_PLATFORM = {
     "trainer.checkpoint_dir": "is set by the platform: every run checkpoints into its own folder; "
     "leave it empty (null)",
