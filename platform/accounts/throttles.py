@@ -1,4 +1,5 @@
-"""Rate limits (DRF throttles) on login, token creation and ingestion: 429 with ``Retry-After`` beyond them.
+"""Rate limits (DRF throttles) on login, token creation, ingestion and heartbeats: 429 with ``Retry-After``
+beyond them.
 
 Rates are ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` (settings ``THROTTLE_*``), read on every request.
 Counting is a fixed window per key in the cache (one atomic increment: O(1) per request, unlike DRF's
@@ -72,6 +73,14 @@ class IngestThrottle(FixedWindowThrottle):
         else:
             return None
         return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class HeartbeatThrottle(IngestThrottle):
+    """``POST /api/runs/{id}/heartbeat``, per ingest token or user, in a bucket of its own: heartbeats
+    renew the ingest token, so a data backlog throttled at the ingest rate must never starve them (the
+    token would expire with the run still working)."""
+
+    scope = "heartbeat"
 
 
 class LoginAddressThrottle(FixedWindowThrottle):

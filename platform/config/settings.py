@@ -259,6 +259,16 @@ CELERY_BEAT_SCHEDULE = {
 MODEL_ROOTS = [Path(p).resolve() for p in env_list("MODEL_ROOTS", [str(VAR_DIR / "models")])]
 DATA_ROOTS = [Path(p).resolve() for p in env_list("DATA_ROOTS", [str(VAR_DIR / "data")])]
 ALLOWED_MODELS = env_list("ALLOWED_MODELS", [])
+# Hub datasets (`org/name`) a config may name as data.path, as shell-style patterns ("*": any,
+# "openai/*": one organisation, "none": no hub dataset). They are resolved through the hub and the
+# datasets cache only, never as a folder in the engine's working directory.
+ALLOWED_DATASETS = env_list("ALLOWED_DATASETS", ["*"])
+# Whether data.allow_download may let `datasets` fetch a hub dataset (else: the datasets cache only).
+ALLOW_DATASET_DOWNLOADS = env_bool("ALLOW_DATASET_DOWNLOADS", True)
+# MLflow tracking servers (http(s) origins, e.g. http://mlflow:5000; "*": any) a config may log to. The
+# engine sends the cluster's MLflow credentials to the server it names, so none is allowed by default;
+# without a server a run's MLflow store lives in its own folder.
+ALLOWED_MLFLOW_SERVERS = env_list("ALLOWED_MLFLOW_SERVERS", [])
 # YAML import: documents larger than this are refused before parsing (a config is a few KB).
 YAML_IMPORT_MAX_BYTES = env_int("YAML_IMPORT_MAX_BYTES", 200_000)
 # Request bodies above this are a 413 (Django's default, 2.5 MB, would refuse a batch of 1000 samples
@@ -272,6 +282,9 @@ THROTTLE_RATES = {
     "login_address": env_str("THROTTLE_LOGIN_ADDRESS", "60/minute"),  # per client address
     "token_create": env_str("THROTTLE_TOKEN_CREATE", "60/hour"),  # per user
     "ingest": env_str("THROTTLE_INGEST", "30000/minute"),  # per ingest token (run) or user
+    # Heartbeats renew the ingest token: a bucket of their own, so a throttled backlog of data never
+    # lets the token expire. An engine beats every 1-10 s (and once more after a 429).
+    "heartbeat": env_str("THROTTLE_HEARTBEAT", "600/minute"),  # per ingest token (run) or user
 }
 REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = THROTTLE_RATES
 # Reverse proxies in front of the web server: the client address is taken that many hops back in

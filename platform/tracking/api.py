@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from accounts.access import IngestOrMember, require_ingest, require_role
 from accounts.models import Role
 from accounts.parsers import JsonOnly, query_int, query_str
-from accounts.throttles import IngestThrottle
+from accounts.throttles import HeartbeatThrottle, IngestThrottle
 from experiments.models import Run
 from experiments.run_files import checkpoint_folder, is_inside
 from experiments.services import run_heartbeat
@@ -208,6 +208,9 @@ class RunEventsView(IngestView):
 
 
 class RunHeartbeatView(IngestView):
+    # A bucket of its own: data throttled at the ingest rate never starves the token's renewal.
+    throttle_classes = [HeartbeatThrottle]
+
     @extend_schema(
         request=None,
         responses=HeartbeatSerializer,

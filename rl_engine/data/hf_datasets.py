@@ -1,6 +1,10 @@
 """Loading splits through Hugging Face ``datasets``: local files, ``save_to_disk`` directories, data
 directories laid out like a hub repository, and hub datasets already in the local cache.
 
+A hub id is ``namespace/name``; a local folder of that name in the working directory wins over the hub
+(``datasets``' own rule), except in the form ``hf://datasets/namespace/name``, which only ever means the
+hub (and the datasets cache): the platform gives the engine hub ids in that form.
+
 Offline unless ``data.allow_download``: ``datasets`` would otherwise try the hub first and, on a machine
 without network, spend tens of seconds in retries before it falls back to its cache.
 """
@@ -52,7 +56,12 @@ def _file_format(path: str, configured: str) -> str:
     return _EXTENSIONS[suffix]
 
 
+HUB_URL = "hf://datasets/"
+
+
 def _is_single_file(path: str) -> bool:
+    if path.startswith("hf://"):
+        return False
     return Path(path).expanduser().is_file() or any(ch in path for ch in "*?[")
 
 
@@ -72,8 +81,13 @@ def _pick_split(obj: Any, split: str, where: str) -> Any:
 def _load(cfg: DatasetDataConfig, path: str, split: str) -> Any:
     import datasets
 
-    p = Path(path).expanduser()
     kwargs: dict[str, Any] = {"cache_dir": cfg.cache_dir} if cfg.cache_dir else {}
+    if path.startswith("hf://"):
+        if not path.startswith(HUB_URL) or path.removeprefix(HUB_URL).count("/") != 1:
+            raise DataError(f"{path}: a hub dataset is hf://datasets/namespace/name")
+        # `datasets` resolves this form on the hub and in its cache only (never a local folder).
+        return datasets.load_dataset(path, cfg.name, split=split, **kwargs)
+    p = Path(path).expanduser()
     if p.is_dir() and _is_saved_dataset(p):
         return _pick_split(datasets.load_from_disk(str(p)), split, path)
     if _is_single_file(path):
@@ -117,7 +131,13 @@ def load_split(cfg: DatasetDataConfig, path: str, split: str) -> Any:
 
 def ensure_dataset(cfg: DatasetDataConfig) -> None:
     """Generate the synthetic dataset at ``cfg.path`` when it is configured and missing."""
-    if cfg.synthetic is None or Path(cfg.path).exists():
+    if cfg.synthetic is None:
+        return
+    if cfg.path.startswith("hf://"):
+        raise DataError(
+            f"data.synthetic writes a local dataset directory; data.path {cfg.path!r} is a hub id"
+        )
+    if Path(cfg.path).exists():
         return
     from rl_engine.data.gsm8k_style import write_dataset
 

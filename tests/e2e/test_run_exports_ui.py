@@ -5,8 +5,10 @@ metrics get their own chart group right after ``reward/``."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from playwright.sync_api import expect
 
 from accounts.services import ingest_token_issue, project_create
@@ -60,12 +62,13 @@ def test_export_a_checkpoint_from_the_run_page_and_see_val_metrics_grouped(page,
 
 def test_the_form_renders_the_dataset_preset_and_creates_it_unchanged(page, asgi_server):
     """The experiment form is rendered from the config schema: the dataset source's nested column
-    mapping, the synthetic-data spec, the eval section and the mirror settings must come through."""
+    mapping, the synthetic-data spec, the eval section and the mirror settings must come through, and
+    the preset as the platform serves it (tiny model and generated data under the configured roots)
+    passes the platform's path policy."""
     import re
 
     from experiments.models import Experiment
     from rl_engine.config import parse_config
-    from rl_engine.presets import get_preset
 
     user = UserFactory(username="gina")
     project_create(name="gsm", user=user)
@@ -78,5 +81,7 @@ def test_the_form_renders_the_dataset_preset_and_creates_it_unchanged(page, asgi
     page.click("[data-testid=create-experiment]")
     page.wait_for_url(re.compile(r"/experiments/\d+/$"))
     stored = Experiment.objects.get(name="gsm8k style").config
-    assert stored == parse_config(get_preset("gsm8k-style-tiny-cpu")).model_dump(mode="json")
+    served = page.request.get("/api/presets/gsm8k-style-tiny-cpu").json()
+    assert stored == parse_config(served).model_dump(mode="json")
+    assert stored["data"]["path"] == str(Path(settings.DATA_ROOTS[0]) / "gsm8k-style")
     assert page.js_errors == []

@@ -136,12 +136,12 @@ def test_jsonl_arrow_and_saved_dataset_formats(tmp_path, make_cfg):
     assert [p.text for p in validation_prompts(cfg, tok)] == [QUESTIONS[0]]
 
 
-def test_a_hub_dataset_from_the_local_cache_loads_offline(tmp_path, make_cfg):
-    # Stand-in for an earlier online `load_dataset("testorg/gsm8k_mini", "main")`: the same builder writes
-    # the same cache layout (<cache>/<org>___<name>/<config>/<version>/<hash>/*.arrow); there is no network.
+def _cache_hub_dataset(tmp_path: Path, rows: list[dict]) -> None:
+    """Stand-in for an earlier online `load_dataset("testorg/gsm8k_mini", "main")`: the same builder writes
+    the same cache layout (<cache>/<org>___<name>/<config>/<version>/<hash>/*.arrow); there is no network."""
     from datasets.packaged_modules.parquet.parquet import Parquet
 
-    src = _write_parquet(tmp_path / "src.parquet", ROWS)
+    src = _write_parquet(tmp_path / "src.parquet", rows)
     cache = tmp_path / "hf-cache"
     builder = Parquet(
         cache_dir=str(cache),
@@ -154,6 +154,10 @@ def test_a_hub_dataset_from_the_local_cache_loads_offline(tmp_path, make_cfg):
     cfg_dir = next((cache / "gsm8k_mini").iterdir())
     (cache / "testorg___gsm8k_mini").mkdir()
     cfg_dir.rename(cache / "testorg___gsm8k_mini" / "main")  # the hub's config directory name
+
+
+def test_a_hub_dataset_from_the_local_cache_loads_offline(tmp_path, make_cfg):
+    _cache_hub_dataset(tmp_path, ROWS)
     cfg = make_cfg(_data("testorg/gsm8k_mini", tmp_path, name="main", validation_split="test"))
     tok = load_tokenizer(cfg.model)
     assert sorted(p.text for p in PromptStream(cfg, tok).next_batch(7)) == sorted(QUESTIONS)
@@ -387,3 +391,28 @@ def test_synthetic_dataset_is_built_once_when_missing(tmp_path, make_cfg):
     mtime = os.stat(path / "train.parquet").st_mtime_ns
     PromptStream(cfg, tok)
     assert os.stat(path / "train.parquet").st_mtime_ns == mtime
+
+
+def test_the_hf_datasets_form_of_a_hub_id_never_reads_a_local_folder(tmp_path, make_cfg, monkeypatch):
+    """`namespace/name` may be a folder of the working directory (datasets' own rule); in the form
+    hf://datasets/namespace/name it is the hub's (here: the cache's) dataset only. The platform gives hub
+    ids to the engine in that form, so a config cannot read the job's working directory through one."""
+    _cache_hub_dataset(tmp_path, ROWS)
+    monkeypatch.chdir(tmp_path)
+    local = tmp_path / "testorg" / "gsm8k_mini"
+    local.mkdir(parents=True)
+    _write_parquet(
+        local / "train.parquet", [{"question": "a local secret", "solution": "#### 1", "level": 0}]
+    )
+    tok = load_tokenizer(make_cfg().model)
+    as_folder = make_cfg(_data("testorg/gsm8k_mini", tmp_path))
+    assert [p.text for p in PromptStream(as_folder, tok).next_batch(1)] == ["a local secret"]
+    hub_only = make_cfg(
+        _data("hf://datasets/testorg/gsm8k_mini", tmp_path, name="main", validation_split="test")
+    )
+    assert sorted(p.text for p in PromptStream(hub_only, tok).next_batch(7)) == sorted(QUESTIONS)
+    assert len(validation_prompts(hub_only, tok)) == 7
+    generated = make_cfg(_data("hf://datasets/testorg/new", tmp_path, synthetic={"train_size": 4}))
+    with pytest.raises(DataError, match=r"data\.synthetic writes a local dataset directory"):
+        PromptStream(generated, tok)
+    assert not (tmp_path / "hf:").exists()

@@ -226,3 +226,146 @@ def test_the_engines_own_cli_is_not_bound_by_the_platforms_policy():
     cfg["trainer"]["checkpoint_dir"] = "/tmp/ck"
     cfg["pipeline"]["ray_address"] = "auto"
     assert parse_config(cfg).trainer.checkpoint_dir == "/tmp/ck"
+
+
+# --- data (source: dataset / jsonl), trackers ------------------------------------------------------------
+
+DATA_ROOT = Path(django_settings.DATA_ROOTS[0])
+
+
+def dataset(**fields) -> dict:
+    spec = {"source": "dataset", "path": str(DATA_ROOT / "gsm"), "columns": {"prompt": "question"}}
+    return with_("data", fields if fields.get("source") == "jsonl" else {**spec, **fields})
+
+
+def post(team, cfg):
+    return client_for(team["member"]).post("/api/experiments", body(team, cfg), format="json")
+
+
+def refused(team, cfg, field: str) -> str:
+    before = Experiment.objects.count()
+    resp = post(team, cfg)
+    assert resp.status_code == 400, resp.json()
+    assert Experiment.objects.count() == before
+    return resp.json()["errors"][f"config.{field}"][0]
+
+
+DATA_REFUSED = [
+    (
+        "data.validation_path",
+        {"source": "jsonl", "path": str(DATA_ROOT / "t.jsonl"), "validation_path": "/etc/shadow"},
+    ),
+    ("data.path", {"path": "/etc"}),
+    ("data.path", {"path": "../../../../etc/*.conf"}),
+    ("data.path", {"path": f"{DATA_ROOT}/x/**/../../../secret.parquet"}),
+    ("data.path", {"path": "var/runs/rlp-run-1"}),  # a folder of the working directory, not a hub id
+    ("data.path", {"path": "json"}),  # a datasets builder name: it would read the working directory's files
+    ("data.path", {"path": "hf://buckets/org/name"}),
+    ("data.path", {"path": "hf://datasets/org/name/../../x"}),
+    ("data.validation_path", {"validation_path": "/srv/other-project/test.parquet"}),
+    ("data.cache_dir", {"cache_dir": "/tmp/hf-cache"}),
+    ("data.synthetic", {"path": "someone/dataset", "synthetic": {"train_size": 4}}),
+]
+
+
+@pytest.mark.parametrize(("field", "data"), DATA_REFUSED)
+def test_data_fields_read_only_under_the_data_roots_or_a_hub_id(team, field, data):
+    message = refused(team, dataset(**data), field)
+    assert str(DATA_ROOT) in message and "DATA_ROOTS" in message
+
+
+def test_hub_dataset_ids_are_allowed_as_the_setting_says(team, settings):
+    for path in ("openai/gsm8k", "hf://datasets/openai/gsm8k"):
+        assert post(team, dataset(path=path, validation_path="openai/gsm8k")).status_code == 201
+    settings.ALLOWED_DATASETS = ["openai/*"]
+    assert "ALLOWED_DATASETS" in refused(team, dataset(path="someone/dump"), "data.path")
+    assert post(team, dataset(path="openai/gsm8k")).status_code == 201
+
+
+def test_data_under_the_roots_is_accepted(team):
+    cfg = dataset(path=f"{DATA_ROOT}/gsm/*.parquet", cache_dir=str(DATA_ROOT / "cache"), synthetic=None)
+    assert post(team, cfg).status_code == 201
+    generated = dataset(path=str(DATA_ROOT / "generated"), synthetic={"train_size": 4})
+    assert post(team, generated).status_code == 201
+
+
+def test_downloads_are_allowed_unless_an_administrator_turns_them_off(team, settings):
+    assert post(team, dataset(path="openai/gsm8k", allow_download=True)).status_code == 201
+    settings.ALLOW_DATASET_DOWNLOADS = False
+    assert "ALLOW_DATASET_DOWNLOADS" in refused(team, dataset(allow_download=True), "data.allow_download")
+    assert post(team, dataset(allow_download=False)).status_code == 201
+
+
+MLFLOW_REFUSED = [
+    "sqlite:////etc/cron.d/x.db",
+    "sqlite:///../../x.db",
+    "file:///tmp/mlruns",
+    "./mlruns",
+    "postgresql://postgres@127.0.0.1:5432/rlplatform",
+    "databricks",
+    "http://mlflow.example.com",  # no server is allowed by default
+]
+
+
+@pytest.mark.parametrize("uri", MLFLOW_REFUSED)
+def test_mlflow_writes_only_to_the_runs_folder_or_an_allowed_server(team, uri):
+    message = refused(team, with_("logging.mlflow", {"tracking_uri": uri}), "logging.mlflow.tracking_uri")
+    assert "ALLOWED_MLFLOW_SERVERS" in message and "run's own folder" in message
+
+
+def test_allowed_mlflow_servers_match_scheme_host_port_and_path(team, settings):
+    settings.ALLOWED_MLFLOW_SERVERS = ["http://mlflow:5000", "https://ml.example.com/team-a"]
+    for uri in (
+        "sqlite:///mlflow.db",
+        "http://mlflow:5000",
+        "http://MLflow:5000/",
+        "https://ml.example.com/team-a/x",
+    ):
+        assert post(team, with_("logging.mlflow", {"tracking_uri": uri})).status_code == 201, uri
+    for uri in ("http://mlflow:5001", "https://mlflow:5000", "http://mlflow:5000@evil.example",
+                "https://ml.example.com/team-b", "https://ml.example.com/team-a/../team-b"):  # fmt: skip
+        refused(team, with_("logging.mlflow", {"tracking_uri": uri}), "logging.mlflow.tracking_uri")
+    settings.ALLOWED_MLFLOW_SERVERS = ["*"]
+    assert post(team, with_("logging.mlflow", {"tracking_uri": "https://anywhere:8443"})).status_code == 201
+    refused(team, with_("logging.mlflow", {"tracking_uri": "file:///tmp/x"}), "logging.mlflow.tracking_uri")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("logging.mlflow.artifact_location", "file:///etc"), ("logging.wandb.dir", "/tmp/w")]
+)
+def test_tracker_folders_belong_to_the_platform(team, field, value):
+    assert "set by the platform" in refused(team, with_(field, value), field)
+
+
+def test_the_job_gets_the_checked_paths_and_its_trackers_write_into_its_folder(team, experiment, settings):
+    settings.ENGINE_WORKDIR = str(DATA_ROOT.parent)
+    run = run_create(experiment=experiment, user=None)
+    folder = run_folder(run)
+    cfg = normalise_config(
+        dataset(path=f"{DATA_ROOT.name}/x/../gsm", validation_path="var/runs", cache_dir=None)
+    )
+    cfg["logging"].update(sinks=["stdout", "mlflow", "wandb"])
+    cfg["logging"]["mlflow"]["tracking_uri"] = "sqlite:///team.db"
+    cfg["model"]["path"] = f"{MODEL_ROOT.relative_to(DATA_ROOT.parent)}/tiny"
+    out = launch_config(cfg, folder=folder, resume_from=None)
+    assert out["model"]["path"] == str(MODEL_ROOT / "tiny")
+    assert out["data"]["path"] == str(DATA_ROOT / "gsm")  # absolute, as checked
+    assert out["data"]["validation_path"] == "hf://datasets/var/runs"  # the hub's, never a local folder
+    assert out["logging"]["mlflow"] == {**cfg["logging"]["mlflow"], "tracking_uri": f"sqlite:///{folder}/team.db",
+                                        "artifact_location": str(folder / "mlflow-artifacts")}  # fmt: skip
+    assert out["logging"]["wandb"]["dir"] == str(folder / "wandb")
+    cfg["logging"]["mlflow"]["tracking_uri"] = None  # the default: a store in the run's folder too
+    assert launch_config(cfg, folder=folder, resume_from=None)["logging"]["mlflow"]["tracking_uri"] == (
+        f"sqlite:///{folder}/mlflow.db"
+    )
+    cfg["logging"]["mlflow"]["tracking_uri"] = "http://mlflow:5000"
+    cfg["logging"]["mlflow"]["artifact_location"] = "/elsewhere"  # a row stored before the policy
+    server = launch_config(cfg, folder=folder, resume_from=None)["logging"]["mlflow"]
+    assert server["tracking_uri"] == "http://mlflow:5000" and server["artifact_location"] is None
+
+
+def test_the_served_dataset_preset_generates_its_data_under_a_data_root(team):
+    preset = client_for(team["member"]).get("/api/presets/gsm8k-style-tiny-cpu").json()
+    assert Path(preset["data"]["path"]).parent == DATA_ROOT and preset["data"]["synthetic"]
+    assert Path(preset["model"]["path"]).parent == MODEL_ROOT
+    assert post(team, preset).status_code == 201

@@ -4,11 +4,15 @@ another. Rates are settings; the tests lower them."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 
+from accounts.models import ApiToken
 from accounts.services import ingest_token_issue
-from accounts.throttles import IngestThrottle
+from accounts.throttles import HeartbeatThrottle, IngestThrottle
 from experiments.services import run_create
 from tests.platform.conftest import client_for
 
@@ -78,14 +82,14 @@ def test_token_creation_beyond_the_rate_is_429_per_user(team, rates):
 
 
 def test_ingestion_beyond_the_rate_is_429_per_run_token(team, experiment, rates):
-    rates(ingest="3/minute")
+    rates(ingest="3/hour")
     runs = [run_create(experiment=experiment, user=None) for _ in range(2)]
     engines = [client_for(token=ingest_token_issue(run=r).secret) for r in runs]
     point = {"points": [{"key": "k", "step": 1, "value": 1.0, "wall_time": 0.0}]}
     first = f"/api/runs/{runs[0].pk}"
     assert engines[0].post(f"{first}/metrics", point, format="json").status_code == 200
     assert engines[0].post(f"{first}/events", {"events": []}, format="json").status_code == 201
-    assert engines[0].post(f"{first}/heartbeat").status_code == 200
+    assert engines[0].post(f"{first}/samples", {"step": 1, "samples": []}, format="json").status_code == 201
     assert_throttled(engines[0].post(f"{first}/metrics", point, format="json"))
     assert engines[1].post(f"/api/runs/{runs[1].pk}/metrics", point, format="json").status_code == 200
     assert client_for(team["viewer"]).get(f"{first}/metrics").status_code == 200  # reads are not ingestion
@@ -96,3 +100,32 @@ def test_the_default_ingest_rate_leaves_ample_room_for_a_real_engine():
     second) and drains its spool back-to-back after an outage; the default must never throttle that."""
     throttle = IngestThrottle()
     assert throttle.num_requests / throttle.duration >= 200
+
+
+def test_heartbeats_have_their_own_bucket_so_a_throttled_backlog_never_lets_the_token_expire(
+    experiment, rates
+):
+    """The ingest token lives on heartbeats (it expires after the heartbeat timeout unless renewed): an
+    engine draining a backlog at the ingest rate must still get its heartbeats through."""
+    rates(ingest="2/hour", heartbeat="3/hour")
+    run = run_create(experiment=experiment, user=None)  # queued: active, so heartbeats renew its token
+    issued = ingest_token_issue(run=run)
+    engine, url = client_for(token=issued.secret), f"/api/runs/{run.pk}"
+    point = {"points": [{"key": "k", "step": 1, "value": 1.0, "wall_time": 0.0}]}
+    assert (
+        engine.post(f"{url}/heartbeat").status_code == 200
+    )  # a heartbeat takes nothing from the data's rate
+    assert [engine.post(f"{url}/metrics", point, format="json").status_code for _ in range(2)] == [200, 200]
+    assert_throttled(engine.post(f"{url}/metrics", point, format="json"))  # the backlog waits...
+    soon = timezone.now() + timedelta(seconds=2)
+    ApiToken.objects.filter(pk=issued.token.pk).update(expires_at=soon)  # ...and the token nears its end
+    assert engine.post(f"{url}/heartbeat").status_code == 200  # still renewed
+    assert ApiToken.objects.get(pk=issued.token.pk).expires_at > soon + timedelta(seconds=30)
+    assert engine.post(f"{url}/heartbeat").status_code == 200
+    assert_throttled(engine.post(f"{url}/heartbeat"))  # heartbeats have a rate of their own
+
+
+def test_the_default_heartbeat_rate_leaves_room_for_an_engine_and_its_retries():
+    """The sink beats every 1-10 s (RL_ENGINE_HEARTBEAT_S) plus one due beat after a 429."""
+    throttle = HeartbeatThrottle()
+    assert throttle.num_requests / throttle.duration >= 2

@@ -1,0 +1,123 @@
+"""Where a config that comes through the platform may point the engine: the configured roots, hub dataset
+ids, MLflow servers (settings ``MODEL_ROOTS``, ``DATA_ROOTS``, ``ALLOWED_MODELS``, ``ALLOWED_DATASETS``,
+``ALLOW_DATASET_DOWNLOADS``, ``ALLOWED_MLFLOW_SERVERS``; docs/api.md, "Trust boundary").
+
+The rules themselves (which field, which message) are in ``experiments.config_policy``; this module
+answers the questions they ask about one value.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from experiments.run_files import is_inside
+
+# The form `datasets` resolves on the hub and in its cache only, never as a local folder (datasets >= 5).
+HUB_URL = "hf://datasets/"
+# A hub dataset repository: `namespace/name`. One slash exactly: a bare name is also the name of one of
+# `datasets`' packaged builders (`json`, `parquet`...), which read the files of the working directory.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """What a data field's value names: a local path (absolute, normalised) or a hub dataset id."""
+
+    kind: Literal["path", "hub"]
+    value: str
+
+    def for_engine(self) -> str:
+        """The value the job's config gets: the path the policy checked, or the hub-only form of the id."""
+        return self.value if self.kind == "path" else HUB_URL + self.value
+
+
+@dataclass(frozen=True)
+class PathPolicy:
+    model_roots: tuple[Path, ...]
+    data_roots: tuple[Path, ...]
+    allowed_models: frozenset[str]
+    workdir: Path  # the engine job's working directory: relative paths count from there
+    allowed_datasets: tuple[str, ...] = ("*",)  # shell-style patterns of hub dataset ids
+    allow_downloads: bool = True
+    mlflow_servers: tuple[str, ...] = ()  # http(s) origins (optionally with a path prefix), or "*"
+
+    @classmethod
+    def from_settings(cls) -> PathPolicy:
+        workdir = getattr(settings, "ENGINE_WORKDIR", "") or settings.BASE_DIR
+        return cls(
+            model_roots=tuple(Path(p) for p in settings.MODEL_ROOTS),
+            data_roots=tuple(Path(p) for p in settings.DATA_ROOTS),
+            allowed_models=frozenset(settings.ALLOWED_MODELS),
+            workdir=Path(workdir),
+            allowed_datasets=tuple(getattr(settings, "ALLOWED_DATASETS", ["*"])),
+            allow_downloads=bool(getattr(settings, "ALLOW_DATASET_DOWNLOADS", True)),
+            mlflow_servers=tuple(getattr(settings, "ALLOWED_MLFLOW_SERVERS", [])),
+        )
+
+    def absolute(self, value: str) -> str:
+        """``value`` as the engine resolves it (from its working directory), with ``..`` removed."""
+        return os.path.normpath(value if os.path.isabs(value) else str(self.workdir / value))
+
+    def under(self, value: str, roots: tuple[Path, ...]) -> bool:
+        return any(is_inside(self.absolute(value), root) for root in roots)
+
+    def model_ok(self, value: str) -> bool:
+        return value in self.allowed_models or self.under(value, self.model_roots)
+
+    def data_ref(self, value: str, *, hub: bool) -> DataRef | None:
+        """A path under DATA_ROOTS, else (where ``hub``) a hub id ``namespace/name`` or its
+        ``hf://datasets/namespace/name`` form; None for anything else."""
+        if value.startswith("hf://"):
+            repo = value.removeprefix(HUB_URL) if value.startswith(HUB_URL) else ""
+            return DataRef("hub", repo) if hub and HUB_ID.match(repo) else None
+        if self.under(value, self.data_roots):
+            return DataRef("path", self.absolute(value))
+        return DataRef("hub", value) if hub and HUB_ID.match(value) else None
+
+    def dataset_allowed(self, hub_id: str) -> bool:
+        return any(fnmatchcase(hub_id, pattern) for pattern in self.allowed_datasets)
+
+    def mlflow_server_ok(self, uri: str) -> bool:
+        """An http(s) URI on one of the allowed servers (same scheme, host and port; under its path)."""
+        origin = _origin(uri)
+        if origin is None:
+            return False
+        for entry in self.mlflow_servers:
+            if entry == "*":
+                return True
+            allowed = _origin(entry)
+            if allowed is not None and allowed[:3] == origin[:3]:
+                prefix = allowed[3].rstrip("/")
+                if not prefix or origin[3] == prefix or origin[3].startswith(prefix + "/"):
+                    return True
+        return False
+
+
+def _origin(uri: str) -> tuple[str, str, int, str] | None:
+    """(scheme, host, port, normalised path) of an http(s) URI; None for anything else."""
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    path = posixpath.normpath(parts.path) if parts.path else ""
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path.rstrip("/")
+
+
+def roots_text(roots: tuple[Path, ...]) -> str:
+    return ", ".join(str(r) for r in roots) or "(none configured)"
+
+
+def list_text(items: tuple[str, ...] | frozenset[str]) -> str:
+    return ", ".join(sorted(items)) or "none"
