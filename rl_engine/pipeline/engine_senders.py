@@ -34,6 +34,7 @@ class VllmSender:
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
+        self.device = torch.device("cuda", torch.cuda.current_device())  # where trainer_init bound it
 
     @classmethod
     def join(cls, init: GroupInit) -> VllmSender:
@@ -53,8 +54,8 @@ class VllmSender:
         cuda_stream = torch.cuda.current_stream()
         for bucket in stream:
             raw = bucket.wire()
-            if raw.device.type != "cuda":
-                raw = raw.cuda()
+            if raw.device != self.device:
+                raw = raw.to(self.device)
             self.comm.broadcast(raw, src=0, stream=cuda_stream)
             # the stream's staging buffer is refilled for the next bucket: wait for this broadcast
             cuda_stream.synchronize()

@@ -19,6 +19,7 @@ the receivers on the control plane (an actor call), the bytes by one broadcast o
 from __future__ import annotations
 
 import datetime
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,13 @@ def group_device(backend: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
+def route_address(master_address: str) -> str:
+    """This host's address on the route to ``master_address`` (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((master_address, 9))
+        return s.getsockname()[0]
+
+
 def join_group(init: GroupInit) -> dist.ProcessGroup:
     """A ``backend`` group of ``init.world_size`` ranks; blocks until every rank joined (bounded)."""
     if init.backend not in BACKENDS:
@@ -77,7 +85,9 @@ def join_group(init: GroupInit) -> dist.ProcessGroup:
         return dist.ProcessGroupNCCL(prefixed, init.rank, init.world_size, opts)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+    # not create_default_device(): it binds to what the hostname resolves to, a loopback address on
+    # many hosts, which ranks on other nodes cannot reach
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=route_address(init.master_address))]
     return dist.ProcessGroupGloo(prefixed, init.rank, init.world_size, opts)
 
 
@@ -104,7 +114,7 @@ class GroupSender:
         t0, count, total = time.monotonic(), 0, 0
         for bucket in stream:
             raw = bucket.wire()
-            if raw.device.type != self.device.type:
+            if raw.device != self.device:  # e.g. a trainer on another GPU than its NCCL rank
                 raw = raw.to(self.device)
             broadcast_bytes(self.group, raw)
             count, total = count + 1, total + raw.numel()
