@@ -43,4 +43,4 @@ check-vllm check-sglang: check-%:
 	  "Create its environment: python3 -m venv DIR && DIR/bin/pip install -r requirements-gpu-$*.txt," \
 	  "then: make check-$* VENV=DIR"; exit 1; }
 	@$(VENV)/bin/python -m pytest --version >/dev/null 2>&1 || $(VENV)/bin/python -m pip install --quiet pytest
-	$(VENV)/bin/python -m pytest tests/contracts/test_engine_api.py -k $* -p no:cacheprovider -q -W ignore
+	$(VENV)/bin/python -m pytest tests/contracts -k $* -p no:cacheprovider -q -W ignore

@@ -1,4 +1,5 @@
-"""Part (c) of async_speedup.py: the pipeline's weight sync vs a bare object-store transfer."""
+"""Part (c) of async_speedup.py: the pipeline's weight sync (object store, and a gloo broadcast) vs a bare
+object-store transfer."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import knobs_from_config
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
-from rl_engine.pipeline.sync import ObjectStoreSync
+from rl_engine.pipeline.sync import BroadcastSync, ObjectStoreSync
 from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.presets import get_preset
 
@@ -66,17 +67,19 @@ def measure_sync(repeats: int) -> dict[str, Any]:
     rollouter = ray.remote(Rollouter).options(num_cpus=1, max_concurrency=4).remote(cfg, knobs, 0, 1, queue, comps)
     sender, receiver = _BareSender.options(num_cpus=1).remote(cfg), _BareReceiver.options(num_cpus=1).remote(cfg)
     mb = ray.get(sender.nbytes.remote()) / 2**20
-    syncer = ObjectStoreSync(trainer, [rollouter])
-    pipe, bare = [], []
-    for v in range(1, repeats + 1):
-        refs, publish_s = syncer.start(v)
-        t0 = time.monotonic() - publish_s
-        ray.get(refs)
-        pipe.append(syncer.finish(v, t0, publish_s, ray.get(refs[:-1])).total_s)
+    store = ObjectStoreSync(trainer, [rollouter])
+    gloo = BroadcastSync(trainer, [rollouter], "gloo", 60.0)
+    gloo.setup(lambda refs, _stage: ray.get(refs))  # trainer rank 0, the rollouter rank 1
+    pipe, bcast, bare = [], [], []
+    for v in range(1, repeats + 1):  # interleaved: object store, gloo, bare
+        for syncer, runs in ((store, pipe), (gloo, bcast)):
+            pending = syncer.start(v)
+            results = ray.get(pending.loads + pending.trainer_refs)
+            runs.append(syncer.finish(pending, results[: len(pending.loads)]).total_s)
         t0 = time.monotonic()
         ray.get(receiver.load.remote(ray.get(sender.put.remote())))
         bare.append(time.monotonic() - t0)
     for a in (queue, trainer, rollouter, sender, receiver):
         ray.kill(a)
-    return {"mb": mb, "pipeline_s": statistics.median(pipe), "bare_s": statistics.median(bare),
-            "pipeline_runs": pipe, "bare_runs": bare}
+    return {"mb": mb, "pipeline_s": statistics.median(pipe), "gloo_s": statistics.median(bcast),
+            "bare_s": statistics.median(bare), "pipeline_runs": pipe, "gloo_runs": bcast, "bare_runs": bare}

@@ -218,6 +218,8 @@ def _table(res: dict[str, Any]) -> str:
         c = res["c"]
         rows.append(f"| (c) weight sync | {c['mb']:.1f} MB state dict | pipeline {c['pipeline_s'] * 1e3:.1f} ms vs "
                     f"bare {c['bare_s'] * 1e3:.1f} ms (medians) | {c['pipeline_s'] / c['bare_s']:.2f}x bare |")
+        rows.append(f"| (c) weight sync, gloo | same, `pipeline.sync_backend: gloo` | {c['gloo_s'] * 1e3:.1f} ms "
+                    f"(median) | {c['gloo_s'] / c['bare_s']:.2f}x bare |")
     return "\n".join(rows)
 
 

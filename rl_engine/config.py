@@ -271,8 +271,20 @@ class PipelineConfig(_Strict):
         1, ge=1, le=256,
         description="Concurrent generate calls per rollouter (engines with continuous batching); hf: 1.",
     )
-    sync_backend: Literal["object_store", "nccl"] = Field(
-        "object_store", description="Weight sync transport: Ray object store (CPU) or NCCL broadcast (GPU)."
+    sync_backend: Literal["object_store", "gloo", "nccl"] = Field(
+        "object_store",
+        description=(
+            "Weight sync transport: the Ray object store (default), or a broadcast from the trainer over a "
+            "torch.distributed group: gloo (CPU) or nccl (GPUs; the engines' own receive paths)."
+        ),
+    )
+    sync_timeout_s: float = Field(
+        1800.0,
+        gt=0.0,
+        description=(
+            "gloo / nccl: longest a rank waits in the weight group (joining it, or one bucket's broadcast; "
+            "a rollouter may first finish its running generate call)."
+        ),
     )
 
 
@@ -519,6 +531,7 @@ class ExperimentConfig(_Strict):
                 "set rollout.n >= 2"
             )
         self._devices_have_gpus()
+        self._sync_backend_fits()
         if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
             raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
         if self.eval.enabled and not has_validation_data(self.data):
@@ -539,6 +552,18 @@ class ExperimentConfig(_Strict):
                 "rollout.device 'cuda' needs a GPU for each rollouter: set resources.rollout_gpus >= 1"
             )
 
+    def _sync_backend_fits(self) -> None:
+        backend = self.pipeline.sync_backend
+        if backend == "gloo" and self.rollout.backend == "vllm":
+            raise ValueError(
+                "pipeline.sync_backend 'gloo' does not work with rollout.backend 'vllm': vLLM's weight transfer "
+                "engine receives over NCCL; use 'nccl' or 'object_store'"
+            )
+        if backend == "nccl" and (self.resources.trainer_gpus < 1 or self.resources.rollout_gpus < 1):
+            raise ValueError(
+                "pipeline.sync_backend 'nccl' broadcasts between GPUs: set resources.trainer_gpus >= 1 and "
+                "resources.rollout_gpus >= 1, or use 'gloo' / 'object_store'"
+            )
 
 
 # --- helpers ------------------------------------------------------------------------------------------

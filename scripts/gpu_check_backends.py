@@ -9,7 +9,10 @@ Runs each engine importable here (in-process, no Ray) on a random Qwen2.5-0.5B-s
    resume: every response keeps its prefix and spans versions 0..1;
 2. behaviour log-probs vs the trainer's recomputation (``PolicyTrainer.compute_logprobs`` on CUDA):
    mean |diff| <= 1e-2;
-3. the weight update's wall time (``sync_s``) and the generation rate.
+3. the weight update's wall time (``sync_s``: the trainer's bucket stream, as the object-store sync
+   sends it) and the generation rate;
+4. with 2 GPUs, ``pipeline.sync_backend: nccl``: the trainer broadcasts new weights from GPU 1 while
+   the engine receives them through its own path, then log-probs agree again (``broadcast``).
 
 Prints one JSON object per engine and exits 1 if a check failed. Where neither engine nor CUDA is
 available it prints why (``{"skipped": ...}``) and exits 0.
@@ -67,7 +70,6 @@ def _config(engine: str, model_dir: Path, max_new: int):
 
 
 def check_engine(engine: str, max_new: int) -> dict:
-    import torch
 
     from rl_engine.data import PromptStream
     from rl_engine.models import ensure_model
@@ -104,11 +106,9 @@ def check_engine(engine: str, max_new: int) -> dict:
             out["interrupt_returned"] = not thread.is_alive()
             out["aborted"] = sum(s.finish_reason == "abort" for s in partial)
             worker.clear_interrupt()
-            weights = {
-                k: (torch.as_tensor(v) * 1.01).to(torch.bfloat16) for k, v in trainer.weights_numpy().items()
-            }
+            _perturb(trainer)  # new weights: version 1, synced as the pipeline's object store path does
             t_sync = time.perf_counter()
-            worker.update_weights(weights, 1)
+            worker.update_weights(trainer.weight_stream(split=False), 1)
             out["sync_s"] = round(time.perf_counter() - t_sync, 3)
             done = worker.resume(partial)
             gen_s = time.perf_counter() - t0 - out["sync_s"]
@@ -120,10 +120,71 @@ def check_engine(engine: str, max_new: int) -> dict:
             )
             out["version_span_ok"] = all(s.param_version_end == 1 for s in done if s.num_interruptions)
             out["all_finished"] = all(s.finish_reason in ("stop", "length") for s in done)
+            out["broadcast"] = check_broadcast(engine, worker, trainer, prompts[:4], cfg.rollout.n)
         finally:
             worker.close()
     keys = ("interrupt_returned", "prefixes_kept", "version_span_ok", "all_finished", "logprob_ok")
-    out["ok"] = bool(out["aborted"]) and all(out.get(k) for k in keys)
+    out["ok"] = bool(out["aborted"]) and all(out.get(k) for k in keys) and out["broadcast"].get("ok", True)
+    return out
+
+
+def _perturb(trainer) -> None:
+    import torch
+
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.mul_(1.01)
+
+
+def check_broadcast(engine: str, worker, trainer, prompts, n: int) -> dict:
+    """``pipeline.sync_backend: nccl``: the trainer's side (``open_sender``, rank 0, on GPU 1: NCCL
+    refuses two ranks on one device) broadcasts new weights while the worker receives them through the
+    engine's own path (``init_weight_transfer`` + ``receive_weights``); then the behaviour log-probs
+    must match the trainer's recomputation again (the weights landed)."""
+    import socket
+
+    import torch
+
+    from rl_engine.pipeline.transport import GroupInit, open_sender
+
+    if torch.cuda.device_count() < 2:
+        return {"skipped": "needs 2 GPUs (the trainer's NCCL rank and the engine's on different devices)"}
+    _perturb(trainer)
+    stream = trainer.weight_stream(split=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    joined, box = threading.Event(), {}
+
+    def send() -> None:
+        try:
+            torch.cuda.set_device(1)
+            sender = open_sender(GroupInit("127.0.0.1", port, 2, 0, "nccl", timeout_s=300), engine)
+            joined.set()
+            box["stats"] = sender.send(stream)
+        except Exception as exc:  # reported in the result, not a traceback from a thread
+            box["error"] = f"{type(exc).__name__}: {exc}"
+            joined.set()
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    max_bytes = stream.manifest.max_bucket_bytes
+    worker.init_weight_transfer("127.0.0.1", port, 1, 2, max_bucket_bytes=max_bytes, backend="nccl")
+    joined.wait(300)
+    t0 = time.perf_counter()
+    worker.receive_weights(stream.manifest, 2)
+    thread.join(300)
+    out: dict = {"sync_s": round(time.perf_counter() - t0, 3), "version": worker.version}
+    if "error" in box:
+        return {**out, "ok": False, "error": box["error"]}
+    fresh = worker.generate(prompts, n)
+    diffs = [
+        abs(a - b)
+        for s, r in zip(fresh, trainer.compute_logprobs(fresh), strict=True)
+        for a, b in zip(s.logprobs, r, strict=True)
+    ]
+    out["logprob_mean_abs"] = round(sum(diffs) / max(1, len(diffs)), 5)
+    out["ok"] = worker.version == 2 and out["logprob_mean_abs"] <= LOGPROB_MEAN_ABS_MAX
     return out
 
 

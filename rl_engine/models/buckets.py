@@ -22,14 +22,21 @@ A tensor larger than the room left in a bucket is split across buckets by elemen
 (``split=True``, the default): the bound holds even for a 150k x 896 embedding. Receivers that need
 whole tensors (an engine's ``load_weights``) plan with ``split=False``; a bucket then grows to hold
 its largest tensor.
+
+A bucket of whole tensors is also the GPU engines' wire format: its bytes (``WeightBucket.wire``) are
+each tensor's row-major bytes concatenated in order with no padding, which is what SGLang's
+``load_format="flattened_bucket"`` receive and vLLM's packed NCCL consumer (with a buffer at least one
+bucket large) read from one rank-0 broadcast; ``BucketPlan.fields`` gives the (names, dtypes, shapes)
+they are told on the control plane, and ``unpack`` turns the bytes back into named tensors.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,6 +63,26 @@ class BucketPlan:
     numel: int
     pieces: tuple[TensorPiece, ...]
 
+    @property
+    def whole(self) -> bool:
+        """Every piece is a whole tensor (an engine can load the bucket as it is)."""
+        return all(p.whole for p in self.pieces)
+
+    def require_whole(self) -> None:
+        if not self.whole:
+            split = next(p.name for p in self.pieces if not p.whole)
+            raise ValueError(f"bucket {self.index} holds part of {split}: plan engine syncs with split=False")
+
+    def fields(self, dtype: str) -> tuple[list[str], list[str], list[list[int]]]:
+        """(names, dtype names, shapes) of a bucket of whole tensors in ``dtype``: the metadata the GPU
+        engines take with a flat bucket."""
+        self.require_whole()
+        return (
+            [p.name for p in self.pieces],
+            [dtype] * len(self.pieces),
+            [list(p.shape) for p in self.pieces],
+        )
+
 
 @dataclass(frozen=True)
 class WeightManifest:
@@ -76,6 +103,19 @@ class WeightManifest:
     def nbytes(self) -> int:
         return self.numel * self.torch_dtype.itemsize
 
+    @property
+    def max_bucket_bytes(self) -> int:
+        return max((b.numel for b in self.buckets), default=0) * self.torch_dtype.itemsize
+
+    @property
+    def whole(self) -> bool:
+        return all(b.whole for b in self.buckets)
+
+    def require_whole(self) -> None:
+        """Raise unless every bucket holds whole tensors (an engine checks this before its first call)."""
+        for plan in self.buckets:
+            plan.require_whole()
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p.name: p.shape for b in self.buckets for p in b.pieces}
 
@@ -91,6 +131,15 @@ class WeightBucket:
         """(piece, 1-D view of its elements) for every piece of the bucket."""
         for p in self.plan.pieces:
             yield p, self.flat[p.offset : p.offset + p.numel]
+
+    def wire(self) -> torch.Tensor:
+        """The flat buffer's bytes: a 1-D ``uint8`` view (what a broadcast sends), on its device."""
+        return self.flat.detach().reshape(-1).view(torch.uint8)
+
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, view shaped as the tensor) for a bucket of whole tensors (``plan.fields`` checks that)."""
+        self.plan.require_whole()
+        return [(p.name, src.view(p.shape)) for p, src in self.pieces()]
 
     def to_bytes(self) -> np.ndarray:
         """The flat buffer as uint8 numpy (a view on CPU; numpy has no bfloat16, bytes carry any dtype)."""
@@ -312,6 +361,46 @@ class FlatParams:
         return self.flat[base : base + plan.numel] if base >= 0 else None
 
 
+def unpack(
+    raw: torch.Tensor, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+) -> list[tuple[str, torch.Tensor]]:
+    """Named views into the wire bytes ``raw`` [nbytes] (``uint8``) of a bucket of whole tensors."""
+    if not (len(names) == len(dtypes) == len(shapes)) or not names:
+        raise ValueError(
+            f"a weight bucket needs as many names, dtypes and shapes (>= 1): got "
+            f"{len(names)}, {len(dtypes)}, {len(shapes)}"
+        )
+    kinds = [getattr(torch, d, None) for d in dtypes]
+    if not all(isinstance(k, torch.dtype) for k in kinds):
+        raise ValueError(f"unknown dtype name in a weight bucket: {list(dtypes)}")
+    sizes = [math.prod(s) * k.itemsize for s, k in zip(shapes, kinds, strict=True)]
+    if raw.dtype != torch.uint8 or raw.dim() != 1 or raw.numel() != sum(sizes):
+        raise ValueError(f"expected {sum(sizes)} bytes (1-D uint8), got {tuple(raw.shape)} {raw.dtype}")
+    parts = raw.split(sizes)
+    return [
+        (n, part.view(k).view(tuple(s))) for n, k, s, part in zip(names, kinds, shapes, parts, strict=True)
+    ]
+
+
+def as_stream(
+    weights: WeightStream | Mapping[str, Any], dtype: torch.dtype, bucket_bytes: int, *, split: bool = True
+) -> WeightStream:
+    """A ``WeightStream`` as it is; named tensors or numpy arrays planned into buckets of ``dtype``
+    (the in-process path: tests, tools, a whole state dict)."""
+    if isinstance(weights, WeightStream):
+        return weights
+    named = ((n, v if isinstance(v, torch.Tensor) else _from_numpy(v)) for n, v in weights.items())
+    return LocalWeightStream.of(named, dtype, bucket_bytes, split=split)
+
+
+def _from_numpy(value: Any) -> torch.Tensor:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # object-store arrays are read-only views: only read
+        return torch.from_numpy(np.asarray(value))
+
+
 def load_stream(
     stream: WeightStream, params: Mapping[str, torch.Tensor], flat: FlatParams | None = None
 ) -> None:
@@ -323,7 +412,9 @@ def load_stream(
         plan.index: flat.region(plan, dtype) if flat is not None else None for plan in stream.manifest.buckets
     }
     for bucket in stream.iter_into(lambda plan: regions[plan.index]):
-        if regions[bucket.plan.index] is None:
+        region = regions[bucket.plan.index]
+        # a stream may decline the region (a transport that receives on another device): copy then
+        if region is None or bucket.flat.data_ptr() != region.data_ptr():
             load_bucket(bucket, params)
 
 
@@ -336,8 +427,10 @@ __all__ = [
     "WeightBucket",
     "WeightManifest",
     "WeightStream",
+    "as_stream",
     "check_against",
     "load_bucket",
     "load_stream",
     "plan_buckets",
+    "unpack",
 ]

@@ -30,7 +30,7 @@ from rl_engine.pipeline.knobs import Knobs, knobs_from_config
 from rl_engine.pipeline.metrics import step_metrics, sum_counters
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
-from rl_engine.pipeline.sync import build_sync
+from rl_engine.pipeline.sync import PendingSync, build_sync
 from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
 
@@ -180,9 +180,9 @@ class _Run:
             "build",
             check_health=False,
         )
-        self.syncer = build_sync(cfg.pipeline.sync_backend, self.trainer, self.rollouters)
-        self.object_store = cfg.pipeline.sync_backend == "object_store"
-        self._pending_sync: tuple | None = None
+        self.syncer = build_sync(cfg, self.trainer, self.rollouters)
+        self.syncer.setup(self.waiter.wait_all)  # a broadcast transport joins its group here
+        self._pending_sync: PendingSync | None = None
         self.synced_version = 0  # the weights the rollouters hold (or are loading) after the last sync
         self.evals = EvalSchedule(cfg, self.rollouters[0], self.sink, self.waiter)
 
@@ -202,7 +202,7 @@ class _Run:
         t_last = time.monotonic()
         while self.step < total and not self.stop.is_set():
             nxt = self.step + 1
-            publish = self.object_store and self._syncs_after(nxt)
+            publish = self.syncer.publishes_with_step and self._syncs_after(nxt)
             ref = self.trainer.train_step.remote(self.cfg.logging.samples_per_step, publish)
             if pending_log is not None:
                 self._log(*pending_log)  # overlaps with the running step
@@ -215,8 +215,8 @@ class _Run:
                 if result.get("weights_box"):
                     self._finish_sync()  # the previous sync, normally long done
                     self._start_sync(result)
-                elif not self.object_store and self._syncs_after(self.step):
-                    self._sync(self.step)
+                elif not self.syncer.publishes_with_step and self._syncs_after(self.step):
+                    result["sync_s"] = self._sync(self.step)  # blocking: the trainer sends it
             except StopWaitAbandoned as exc:
                 self.sink.log_event(
                     "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
@@ -270,18 +270,16 @@ class _Run:
     # staleness bound and sync/on-policy parity are unaffected.
     def _start_sync(self, result: dict[str, Any]) -> None:
         version = result["version"]
-        refs = [r.update_weights.remote(result["weights_box"], version) for r in self.rollouters]
+        self._pending_sync = self.syncer.dispatch(version, result["weights_box"], result["publish_s"])
         self.synced_version = version
-        self._pending_sync = (version, time.monotonic() - result["publish_s"], result["publish_s"], refs)
 
     def _finish_sync(self) -> float | None:
         pending = getattr(self, "_pending_sync", None)
         if pending is None:
             return None
-        version, t0, publish_s, refs = pending
-        results = self.waiter.wait_all(refs, "weight sync")
+        results = self.waiter.wait_all(pending.loads + pending.trainer_refs, "weight sync")
         self._pending_sync = None
-        return self.syncer.finish(version, t0, publish_s, results).total_s
+        return self.syncer.finish(pending, results[: len(pending.loads)]).total_s
 
     def _finish_sync_quietly(self) -> float | None:
         try:
@@ -293,17 +291,19 @@ class _Run:
             )
             return None
 
-    def _sync(self, version: int) -> float:
-        """Blocking sync: at resume, and for transports where the trainer takes part (NCCL)."""
-        refs, publish_s = self.syncer.start(version)
+    def _sync(self, version: int) -> float | None:
+        """Blocking sync: at resume, and for transports where the trainer takes part (gloo, nccl)."""
+        self._finish_sync()
+        self._pending_sync = self.syncer.start(version)
         self.synced_version = version
-        t0 = time.monotonic() - publish_s
-        results = self.waiter.wait_all(refs, "weight sync")
-        return self.syncer.finish(version, t0, publish_s, [r for r in results if r]).total_s
+        return self._finish_sync()
 
     def _log(self, step: int, result: dict, wall: float, qref: Any, href: list) -> None:
         pending = getattr(self, "_pending_sync", None)
-        sync_s = self._finish_sync_quietly() if pending is not None and pending[0] == step else None
+        if pending is not None and pending.version == step:
+            sync_s = self._finish_sync_quietly()
+        else:
+            sync_s = result.get("sync_s")
         qstats = self.waiter.get(qref, "queue")
         health = [self.waiter.get(h, f"rollouter {i}") for i, h in enumerate(href)]
         prev = getattr(self, "_prev_busy", None)

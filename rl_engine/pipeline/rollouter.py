@@ -13,7 +13,7 @@ Threads inside the actor (created with ``max_concurrency`` >= 6):
   on the actor's other threads. ``update_weights`` with partial rollout interrupts the running call at
   the next chunk boundary: unfinished responses keep their prefix and behaviour log-probs and are
   continued on the new weights, so the sample spans ``param_version_start..param_version_end``.
-* **the worker-exclusive section**: ``update_weights``, ``nccl_receive``, ``pause`` (until ``unpause``)
+* **the worker-exclusive section**: ``update_weights``, ``receive_weights``, ``pause`` (until ``unpause``)
   and each chunk of an evaluation take the worker one at a time, in arrival order, and hold the loop
   off meanwhile. So a weight update lands between two evaluation chunks, never inside one, and between
   chunks the evaluation lets a loop thread take a turn (training generation interleaves with it).
@@ -295,27 +295,54 @@ class Rollouter:
                 self._leave_section()
 
     def update_weights(self, ref_box: list[Any], version: int) -> dict[str, float]:
-        """Load weights published by the trainer (``[ObjectRef]`` of a numpy dict) as ``version``."""
+        """Object store sync: load ``[ObjectRef]`` (of an ``ObjectStoreWeights`` stream, or of named
+        arrays) as ``version``; the buckets are fetched one at a time while the worker loads them."""
         t0 = time.monotonic()
         self._acquire_worker(interrupt=self.knobs.partial_rollout)
         t_wait = time.monotonic() - t0
         try:
             weights = ray.get(ref_box[0])  # numpy arrays map the object store: no copy here
             t_get = time.monotonic() - t0 - t_wait
-            self.worker.update_weights(weights, version)
+            self._load(lambda: self.worker.update_weights(weights, version), version)
         finally:
             self._release_worker()
         return {"wait_s": t_wait, "get_s": t_get, "total_s": time.monotonic() - t0}
 
-    def nccl_receive(self, group: str, bucket_mb: int, version: int) -> dict[str, float]:
-        """GPU sync (untested here): like ``update_weights`` but the weights arrive by NCCL broadcast."""
-        from rl_engine.pipeline.nccl import receive_into
+    def weight_transfer_ranks(self) -> int:
+        """Ranks this rollouter's worker takes in a broadcast weight group (one per engine GPU)."""
+        return int(getattr(self.worker, "weight_transfer_ranks", 1))
 
+    def init_weight_transfer(
+        self, address: str, port: int, rank_offset: int, world_size: int, **kwargs: Any
+    ) -> None:
+        """Join the broadcast weight group (once, before ``start``; the trainer joins as rank 0 at the
+        same time). ``kwargs``: ``max_bucket_bytes``, ``backend``, ``timeout_s`` for the worker."""
+        self.worker.init_weight_transfer(address, port, rank_offset, world_size, **kwargs)
+
+    def receive_weights(self, manifest: Any, version: int) -> dict[str, float]:
+        """Broadcast sync: receive the buckets of ``manifest`` (a ``WeightManifest``) while the trainer
+        sends them, and record ``version`` once all of them loaded."""
+        t0 = time.monotonic()
         self._acquire_worker(interrupt=self.knobs.partial_rollout)
+        t_wait = time.monotonic() - t0
         try:
-            return receive_into(self.worker, group, bucket_mb, version)
+            self._load(lambda: self.worker.receive_weights(manifest, version), version)
         finally:
             self._release_worker()
+        return {"wait_s": t_wait, "total_s": time.monotonic() - t0}
+
+    def _load(self, load: Any, version: int) -> None:
+        """Run a weight load (worker section held); a failure is one clear line naming this rollouter."""
+        try:
+            load()
+        except Exception as exc:
+            raise RuntimeError(
+                f"rollouter {self.index}: loading weights version {version} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if self.worker.version != version:
+            raise RuntimeError(
+                f"rollouter {self.index}: the worker holds version {self.worker.version} after loading {version}"
+            )
 
     # --- held-out evaluation (rollouter 0; a control thread) -----------------------------------------------
     def evaluate(self, step: int, min_version: int = 0) -> dict[str, float]:

@@ -1,21 +1,28 @@
 """ParameterSync: trainer → rollouters weight transfer behind one interface, always timed.
 
-Both transports carry the same bucket stream (``rl_engine.models.buckets``): the trainer's parameters
-cast to the rollout dtype, one flat bucket of ``trainer.weight_sync_bucket_mb`` at a time.
+Every transport carries the same bucket stream (``rl_engine.models.buckets``): the trainer's
+parameters cast to the rollout dtype, one flat bucket of ``trainer.weight_sync_bucket_mb`` at a time
+(whole tensors per bucket for the GPU engines, ``whole_tensor_buckets``). Each rollouter loads a sync
+inside its worker-exclusive section and records the new version only when the load succeeded; a
+failed load fails the run (``weight sync failed: ... rollouter i: loading weights version v failed``).
 
-* ``ObjectStoreSync`` (CPU, default): ``publish_stream`` puts each bucket into the Ray object store as
-  raw bytes (``TrainerActor.publish_weights``; a one-bucket model travels inline in one put) and one
-  small ``ObjectStoreWeights`` that lists them; every rollouter ``ray.get``s that, then the buckets one
-  at a time — numpy comes back as a read-only view of shared memory, no copy — loading each in place
-  and dropping it before the next. The store holds one rollout-dtype copy until the next sync.
-* ``NcclSync`` (GPU): the same buckets broadcast from the trainer (rank 0) to the rollouters through
-  ``ray.util.collective`` (``nccl.py``). UNTESTED here: this machine has no GPU, and NCCL refuses two
-  ranks on one device; it is written against the documented ``ray.util.collective`` API and selected
-  with ``pipeline.sync_backend: nccl``.
+* ``ObjectStoreSync`` (``pipeline.sync_backend: object_store``, the default): ``publish_stream`` puts
+  each bucket into the Ray object store as raw bytes (``TrainerActor.publish_weights``; a one-bucket
+  model travels inline in one put) and one small ``ObjectStoreWeights`` that lists them; every
+  rollouter ``ray.get``s that, then the buckets one at a time — numpy comes back as a read-only view
+  of shared memory, no copy — loading each before fetching the next. The store holds one
+  rollout-dtype copy until the next sync.
+* ``BroadcastSync`` (``gloo`` on CPU, ``nccl`` on GPUs): a torch.distributed group between the
+  trainer (rank 0) and the rollout workers, joined once at start (``setup``); per sync the rollouters
+  get the manifest and receive each bucket by broadcast while the trainer sends them
+  (``transport.py``; the GPU engines' own receive paths and trainer-side joins, ``engine_senders.py``).
+  ``gloo`` is tested here end to end; ``nccl`` is the same code with the NCCL backend and is
+  UNTESTED on this CPU machine.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +61,20 @@ def publish_stream(stream: WeightStream) -> tuple[Any, list[Any]]:
     return ray.put(ObjectStoreWeights(stream.manifest, refs)), refs
 
 
+def whole_tensor_buckets(rollout_backend: str) -> bool:
+    """The GPU engines load whole tensors (``load_weights``): their buckets never split one. The HF
+    worker loads any element range, so its buckets keep the size bound even for a huge embedding."""
+    return rollout_backend != "hf"
+
+
+def free_endpoint() -> tuple[str, int]:
+    """This node's address and a port free right now (rank 0 of a weight group listens on it)."""
+    address = ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return address, s.getsockname()[1]
+
+
 @dataclass
 class SyncTiming:
     """Seconds spent in one sync: publish (trainer put), load (slowest rollouter), total."""
@@ -65,24 +86,40 @@ class SyncTiming:
     per_rollouter: list[dict[str, float]] = field(default_factory=list)
 
 
+@dataclass
+class PendingSync:
+    """A started sync: one load ref per rollouter (its timing) and the trainer's part of it."""
+
+    version: int
+    t0: float
+    publish_s: float
+    loads: list[Any]
+    trainer_refs: list[Any] = field(default_factory=list)
+
+
 class ParameterSync:
-    """Interface: ``start(version)`` begins a sync and returns handles; ``finish`` waits and times it."""
+    """``setup`` once (after the actors are built, before the rollouters start), then per sync
+    ``start(version)`` and, once every ref of the ``PendingSync`` is done, ``finish``."""
+
+    publishes_with_step = False  # the trainer publishes at the end of a syncing train_step
 
     def __init__(self, trainer: Any, rollouters: list[Any]) -> None:
         self.trainer, self.rollouters = trainer, rollouters
         self.history: list[SyncTiming] = []
 
-    def start(self, version: int) -> tuple[list[Any], float]:
+    def setup(self, wait_all: Any) -> None:
+        """Join what the transport needs; ``wait_all(refs, stage)`` waits like the driver does."""
+
+    def start(self, version: int) -> PendingSync:
         raise NotImplementedError
 
-    def finish(
-        self, version: int, t0: float, publish_s: float, results: list[dict[str, float]]
-    ) -> SyncTiming:
+    def finish(self, pending: PendingSync, results: list[dict[str, float]]) -> SyncTiming:
+        """``results``: the ``loads`` refs' values (each rollouter's timing)."""
         timing = SyncTiming(
-            version=version,
-            publish_s=publish_s,
+            version=pending.version,
+            publish_s=pending.publish_s,
             load_s=max((r["total_s"] for r in results), default=0.0),
-            total_s=time.monotonic() - t0,
+            total_s=time.monotonic() - pending.t0,
             per_rollouter=results,
         )
         self.history.append(timing)
@@ -92,49 +129,63 @@ class ParameterSync:
 class ObjectStoreSync(ParameterSync):
     """Ray object store transfer (CPU and mixed clusters)."""
 
-    def start(self, version: int) -> tuple[list[Any], float]:
+    publishes_with_step = True
+
+    def start(self, version: int) -> PendingSync:
+        """A sync outside a train step (resume): publish now, then hand it out."""
         t0 = time.monotonic()
         box = ray.get(self.trainer.publish_weights.remote())
-        publish_s = time.monotonic() - t0
-        refs = [r.update_weights.remote(box, version) for r in self.rollouters]
-        refs.append(self.trainer.mark_synced.remote())
-        return refs, publish_s
+        pending = self.dispatch(version, box, time.monotonic() - t0)
+        pending.trainer_refs.append(self.trainer.mark_synced.remote())
+        return pending
+
+    def dispatch(self, version: int, box: list[Any], publish_s: float) -> PendingSync:
+        """Hand a published sync (``[ref]`` from ``publish_weights``) to every rollouter; no wait."""
+        loads = [r.update_weights.remote(box, version) for r in self.rollouters]
+        return PendingSync(version, time.monotonic() - publish_s, publish_s, loads)
 
 
-class NcclSync(ParameterSync):
-    """Bucketed NCCL broadcast (GPU only; untested on this CPU machine, see module docstring).
+class BroadcastSync(ParameterSync):
+    """Rank-0 broadcast over a torch.distributed group (``gloo`` | ``nccl``), joined in ``setup``."""
 
-    The trainer actor and each rollouter must expose ``nccl_setup(world, rank, group)``,
-    ``nccl_broadcast(version)`` (trainer: send buckets) and ``nccl_receive(version)`` (rollouter:
-    receive into its own parameters and bump its version). They are thin wrappers over
-    ``ray.util.collective.broadcast`` on flat buckets of ``bucket_mb``.
-    """
-
-    GROUP = "rl_engine_weights"
-
-    def __init__(self, trainer: Any, rollouters: list[Any], bucket_mb: int = 256) -> None:
+    def __init__(self, trainer: Any, rollouters: list[Any], backend: str, timeout_s: float) -> None:
         super().__init__(trainer, rollouters)
-        self.bucket_mb = bucket_mb
-        from ray.util import collective
+        self.backend, self.timeout_s = backend, timeout_s
+        self.manifest: Any = None  # ObjectRef of the WeightManifest every sync follows
 
-        actors = [trainer, *rollouters]
-        collective.create_collective_group(
-            actors,
-            world_size=len(actors),
-            ranks=list(range(len(actors))),
-            backend="nccl",
-            group_name=self.GROUP,
-        )
+    def setup(self, wait_all: Any) -> None:
+        """Rank offsets in rollouter order (an engine takes one rank per GPU); the trainer joins as
+        rank 0 at the same time as every rollouter (each join waits for all of them)."""
+        refs = [self.trainer.bucket_plan.remote(), self.trainer.weight_sync_endpoint.remote()]
+        refs += [r.weight_transfer_ranks.remote() for r in self.rollouters]
+        manifest, (address, port), *ranks = wait_all(refs, "weight sync setup")
+        world = 1 + sum(ranks)
+        joins = [self.trainer.open_weight_sender.remote(address, port, world, self.backend, self.timeout_s)]
+        offset = 1
+        for r, n in zip(self.rollouters, ranks, strict=True):
+            joins.append(
+                r.init_weight_transfer.remote(
+                    address,
+                    port,
+                    offset,
+                    world,
+                    max_bucket_bytes=manifest.max_bucket_bytes,
+                    backend=self.backend,
+                    timeout_s=self.timeout_s,
+                )
+            )
+            offset += n
+        wait_all(joins, "weight sync setup")
+        self.manifest = ray.put(manifest)
 
-    def start(self, version: int) -> tuple[list[Any], float]:
+    def start(self, version: int) -> PendingSync:
         t0 = time.monotonic()
-        refs = [self.trainer.nccl_broadcast.remote(self.GROUP, self.bucket_mb)]
-        refs += [r.nccl_receive.remote(self.GROUP, self.bucket_mb, version) for r in self.rollouters]
-        refs.append(self.trainer.mark_synced.remote())
-        return refs[1:], time.monotonic() - t0
+        loads = [r.receive_weights.remote(self.manifest, version) for r in self.rollouters]
+        return PendingSync(version, t0, 0.0, loads, [self.trainer.broadcast_weights.remote()])
 
 
-def build_sync(backend: str, trainer: Any, rollouters: list[Any]) -> ParameterSync:
-    if backend == "nccl":
-        return NcclSync(trainer, rollouters)
-    return ObjectStoreSync(trainer, rollouters)
+def build_sync(cfg: Any, trainer: Any, rollouters: list[Any]) -> ParameterSync:
+    backend = cfg.pipeline.sync_backend
+    if backend == "object_store":
+        return ObjectStoreSync(trainer, rollouters)
+    return BroadcastSync(trainer, rollouters, backend, cfg.pipeline.sync_timeout_s)

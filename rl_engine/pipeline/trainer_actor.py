@@ -3,9 +3,10 @@
 It gathers ``trainer.batch_size`` samples in pulls of ``require_batches * mini_batch_size`` samples
 (whole groups, FIFO), timing how long it waited (``trainer/idle_ratio``); the queue drops groups that
 are too stale for the current version on the way. The driver decides when to sync (every
-``trigger_parameter_sync_step`` steps): ``publish_weights`` streams the weights into the Ray object
-store bucket by bucket, in the rollout dtype (``rl_engine.pipeline.sync.publish_stream``), and
-rollouters load them bucket by bucket, zero-copy.
+``trigger_parameter_sync_step`` steps). Object store: ``publish_weights`` streams the weights into the
+Ray object store bucket by bucket, in the rollout dtype (``rl_engine.pipeline.sync.publish_stream``),
+and rollouters load them bucket by bucket, zero-copy. Broadcast (gloo / nccl): ``open_weight_sender``
+joins the weight group as rank 0 once, ``broadcast_weights`` sends the buckets of ``bucket_plan``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import numpy as np
 import ray
 
 from rl_engine.config import ExperimentConfig
+from rl_engine.models.buckets import LocalWeightStream, WeightManifest
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.pipeline.sync import publish_stream
+from rl_engine.pipeline.sync import free_endpoint, publish_stream, whole_tensor_buckets
+from rl_engine.pipeline.transport import BucketSender, GroupInit, open_sender
 from rl_engine.types import Sample
 
 _PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is noticed quickly
@@ -36,6 +39,9 @@ class TrainerActor:
         self.trainer = components.trainer.build(cfg)
         self._cancel = threading.Event()
         self._published: list[Any] = []  # the last sync's object refs, kept alive until the next one
+        self._whole = whole_tensor_buckets(cfg.rollout.backend)  # the GPU engines load whole tensors
+        self._manifest: WeightManifest | None = None
+        self._sender: BucketSender | None = None  # rank 0 of a broadcast sync (gloo / nccl)
         self._rng = random.Random(cfg.seed)  # picks example samples for the sink
 
     @property
@@ -85,7 +91,9 @@ class TrainerActor:
             "staleness": stal,
             "rewards": [s.reward for s in batch],
             "lengths": [s.response_length for s in batch],
-            "partial": [s.param_version_end > s.param_version_start or s.num_interruptions > 0 for s in batch],
+            "partial": [
+                s.param_version_end > s.param_version_start or s.num_interruptions > 0 for s in batch
+            ],
             "gen_s": [s.gen_time_s for s in batch],
             "uids": [f"{s.group_id}/{i % self.knobs.group_size}" for i, s in enumerate(batch)],
             "examples": self._examples(batch, num_examples),
@@ -122,25 +130,48 @@ class TrainerActor:
         ]
 
     # --- weights ---------------------------------------------------------------------------------------
+    def _stream(self) -> LocalWeightStream:
+        """The trainer's weights as buckets in the rollout dtype (whole tensors for the GPU engines)."""
+        return self.trainer.weight_stream(split=not self._whole)
+
     def publish_weights(self) -> list[Any]:
         """Put the current weights in the object store; returns ``[ObjectRef]`` (boxed: not fetched).
 
         A trainer with ``weight_stream`` (the real one) sends buckets in the rollout dtype, one bucket of
         extra trainer memory at a time; others (the simulated trainer) put their numpy state dict.
         """
-        stream = getattr(self.trainer, "weight_stream", None)
-        if stream is None:
+        if getattr(self.trainer, "weight_stream", None) is None:
             self._published = [ray.put(self.trainer.weights_numpy())]
         else:
-            outer, buckets = publish_stream(stream())
+            outer, buckets = publish_stream(self._stream())
             self._published = [outer, *buckets]
         return self._published[:1]
 
-    def nccl_broadcast(self, group: str, bucket_mb: int) -> dict[str, float]:
-        """GPU sync (untested here): broadcast the weight buckets to the rollouters' NCCL group."""
-        from rl_engine.pipeline.nccl import broadcast_from
+    def bucket_plan(self) -> WeightManifest:
+        """The layout every broadcast sync follows (names and shapes do not change during a run)."""
+        if self._manifest is None:
+            self._manifest = self._stream().manifest
+        return self._manifest
 
-        return broadcast_from(self.trainer.weight_stream(bucket_bytes=bucket_mb * 2**20), group)
+    def weight_sync_endpoint(self) -> tuple[str, int]:
+        """Where rank 0 (this actor) hosts the weight group's store."""
+        return free_endpoint()
+
+    def open_weight_sender(self, address: str, port: int, world: int, backend: str, timeout_s: float) -> None:
+        """Join the weight group as rank 0; returns once every rollout rank joined too."""
+        init = GroupInit(address, port, world, 0, backend=backend, timeout_s=timeout_s)
+        self._sender = open_sender(init, self.cfg.rollout.backend)
+
+    def broadcast_weights(self) -> dict[str, float]:
+        """Send every bucket of ``bucket_plan`` to the group (the rollouters receive at the same time)."""
+        if self._sender is None:
+            raise RuntimeError("broadcast_weights before open_weight_sender")
+        stream = self._stream()
+        if stream.manifest != self.bucket_plan():  # the receivers were given that plan
+            raise RuntimeError("the trainer's weights no longer match the weight-sync plan")
+        stats = self._sender.send(stream)
+        self.trainer.mark_synced()
+        return {"send_s": stats.seconds, "bytes": float(stats.bytes)}
 
     def mark_synced(self) -> None:
         self.trainer.mark_synced()

@@ -15,9 +15,12 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_engine.types import Prompt, Sample
+
+if TYPE_CHECKING:
+    from rl_engine.models.buckets import WeightManifest, WeightStream
 
 
 class RolloutWorker(ABC):
@@ -57,10 +60,35 @@ class RolloutWorker(ABC):
     def interrupted(self) -> bool:
         return self._interrupt.is_set()
 
-    # --- weights ------------------------------------------------------------------------------------
+    # --- weights (docs/pipeline.md, "Weight sync") ---------------------------------------------------
+    # One contract for every backend. A sync is the trainer's bucket stream (``rl_engine.models.buckets``)
+    # in the serving dtype; the version moves only once the whole of it loaded, a failed load raises.
+    weight_transfer_ranks = 1  # ranks the worker takes in a broadcast weight group (one per engine GPU)
+
     @abstractmethod
-    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        """Load new weights in place (numpy arrays or torch tensors by parameter name); record ``version``."""
+    def update_weights(self, weights: WeightStream | Mapping[str, Any], version: int) -> None:
+        """Load new weights in place and record ``version``: a ``WeightStream`` (loaded bucket by bucket:
+        in process, or from the Ray object store) or named numpy arrays / tensors."""
+
+    def init_weight_transfer(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        max_bucket_bytes: int,
+        backend: str,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Join the trainer's broadcast weight group as ranks ``rank_offset ..`` (the trainer, rank 0,
+        joins at the same time). Workers without a broadcast path take the object store only."""
+        raise NotImplementedError(f"{type(self).__name__} takes weights through the object store only")
+
+    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
+        """Receive the buckets ``manifest`` lays out by broadcast (while the trainer sends them), load
+        them and record ``version``."""
+        raise NotImplementedError(f"{type(self).__name__} takes weights through the object store only")
 
     def close(self) -> None:  # noqa: B027 - optional hook, most workers hold nothing to release
         """Release engine resources (GPU memory, processes)."""

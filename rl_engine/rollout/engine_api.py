@@ -1,4 +1,5 @@
-"""Every engine class, method and parameter the vLLM and SGLang workers call, declared in one place.
+"""Every engine class, method and parameter the vLLM and SGLang workers (and the trainer's side of a
+broadcast weight sync, ``rl_engine/pipeline/engine_senders.py``) call, declared in one place.
 
 ``tests/contracts/test_engine_api.py`` checks each entry against the *installed* engine with
 ``inspect.signature`` (``make check-vllm`` / ``make check-sglang``, each in the engine's own
@@ -92,6 +93,14 @@ def vllm_api() -> list[ApiUse]:
             method=True,
         ),
         ApiUse("vllm.config.model:ModelConfig", kind="class", values={"logprobs_mode": "processed_logprobs"}),
+        # the trainer's side of a broadcast sync (rl_engine/pipeline/engine_senders.py)
+        ApiUse("vllm.distributed.weight_transfer.nccl_common:trainer_init", positional=1, keywords=("rank",)),
+        ApiUse(
+            "vllm.distributed.device_communicators.pynccl:PyNcclCommunicator.broadcast",
+            positional=1,
+            keywords=("src", "stream"),
+            method=True,
+        ),
     ]
 
 
@@ -157,4 +166,9 @@ def sglang_api() -> list[ApiUse]:
             kind="class",
         ),
         ApiUse("sglang.srt.weight_sync.tensor_bucket:FlattenedTensorBucket.empty", positional=4),
+        # the trainer's side of a broadcast sync (rl_engine/pipeline/engine_senders.py)
+        ApiUse(
+            "sglang.srt.utils.common:init_custom_process_group",
+            keywords=("backend", "init_method", "timeout", "world_size", "rank", "group_name"),
+        ),
     ]

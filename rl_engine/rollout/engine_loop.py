@@ -27,7 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -144,16 +144,3 @@ class InterruptGate:
         with self._lock:
             if self._pending is None:  # no new interrupt() arrived meanwhile
                 self._flag.clear()
-
-
-def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
-    """``(item, is_last)`` for each item (an engine call stamps the version on the last bucket)."""
-    it = iter(items)
-    try:
-        prev = next(it)
-    except StopIteration:
-        return
-    for item in it:
-        yield prev, False
-        prev = item
-    yield prev, True

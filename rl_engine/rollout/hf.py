@@ -23,7 +23,7 @@ import torch
 from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
-from rl_engine.models.buckets import FlatParams, WeightStream, load_stream
+from rl_engine.models.buckets import FlatParams, WeightManifest, WeightStream, load_stream
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
 from rl_engine.types import FinishReason, Prompt, Sample
@@ -70,7 +70,9 @@ class HFRolloutWorker(RolloutWorker):
 
     Behaviour log-probs are of logits / temperature (no top-p renormalisation: with ``top_p < 1`` they
     are the log-probs of the temperature-scaled distribution the nucleus was cut from, matching what the
-    trainer recomputes). Weights are served in ``model.dtype``.
+    trainer recomputes). Weights are served in ``model.dtype``; a sync arrives as a ``WeightStream``
+    through ``update_weights`` (in process, object store) or by broadcast (``init_weight_transfer`` once,
+    then ``receive_weights``).
     """
 
     def __init__(
@@ -101,6 +103,8 @@ class HFRolloutWorker(RolloutWorker):
             "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         )
         self._weights_lock = threading.Lock()
+        self._group: Any = None  # the broadcast weight group (init_weight_transfer), if any
+        self._group_device = self.device
 
     # --- public API -------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
@@ -128,20 +132,48 @@ class HFRolloutWorker(RolloutWorker):
         return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Mapping[str, Any] | WeightStream, version: int) -> None:
+    def update_weights(self, weights: Mapping[str, Any] | WeightStream, version: int) -> None:
         """Copy weights in place by parameter name; unknown names or wrong shapes are an error.
 
-        ``named_tensors``: numpy arrays or tensors by name, or a ``WeightStream`` of buckets (the
+        ``weights``: numpy arrays or tensors by name, or a ``WeightStream`` of buckets (the
         trainer's sync), loaded bucket by bucket, each released before the next arrives. Either way the
         names and shapes are checked before anything is copied, and the lock keeps generation off
         half-loaded weights.
         """
         with self._weights_lock:
-            if isinstance(named_tensors, WeightStream):
-                load_stream(named_tensors, self._params, self._flat)
+            if isinstance(weights, WeightStream):
+                load_stream(weights, self._params, self._flat)
             else:
-                self._load_weights(named_tensors)
+                self._load_weights(weights)
             self._version = int(version)
+
+    def init_weight_transfer(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        max_bucket_bytes: int = 0,
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
+    ) -> None:
+        """Join the trainer's broadcast group as rank ``rank_offset`` (the trainer, rank 0, joins at the
+        same time): ``gloo`` in host memory, ``nccl`` on this worker's GPU. Any bucket size works."""
+        from rl_engine.pipeline.transport import GroupInit, group_device, join_group
+
+        init = GroupInit(master_address, master_port, world_size, rank_offset, backend, timeout_s=timeout_s)
+        self._group = join_group(init)
+        self._group_device = group_device(init.backend)
+
+    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
+        """Receive the buckets of ``manifest`` by broadcast, each straight into its slice of the flat
+        parameter buffer when that lives on the group's device; ``version`` once all of them landed."""
+        from rl_engine.pipeline.transport import BroadcastWeights
+
+        if self._group is None:
+            raise RuntimeError("hf: receive_weights before init_weight_transfer")
+        self.update_weights(BroadcastWeights(manifest, self._group, self._group_device), version)
 
     @torch.no_grad()
     def _load_weights(self, named_tensors: Mapping[str, Any]) -> None:

@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rl_engine.config import ModelConfig, SGLangRolloutConfig
+from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream, as_stream, unpack
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, normalise_finish, sample_template
-from rl_engine.rollout.engine_loop import EngineError, EngineLoop, InterruptGate, with_last
-from rl_engine.rollout.weight_buckets import BucketLike, BucketMeta, bucket_bytes, buckets_from_named, unpack
+from rl_engine.rollout.engine_loop import EngineError, EngineLoop, InterruptGate
 from rl_engine.types import FinishReason, Prompt, Sample
 
 Result = tuple[list[int], list[float], FinishReason]
@@ -107,7 +107,7 @@ class SGLangRolloutWorker(RolloutWorker):
 
     def __init__(self, rollout_cfg: SGLangRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
         super().__init__()
-        from rl_engine.models import ensure_model, load_tokenizer, special_token_ids
+        from rl_engine.models import ensure_model, load_tokenizer, special_token_ids, torch_dtype
 
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
             raise EngineError(
@@ -132,6 +132,7 @@ class SGLangRolloutWorker(RolloutWorker):
             timeout_s=rollout_cfg.control_timeout_s,
         )
         self._group_ready = False
+        self._dtype = torch_dtype(model_cfg)  # what the engine serves: named tensors are cast to it
 
     async def _build(self, kwargs: dict[str, Any]) -> Any:
         import sglang
@@ -199,28 +200,33 @@ class SGLangRolloutWorker(RolloutWorker):
         self._gate.clear()
 
     # --- weights -----------------------------------------------------------------------------------------
-    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        """Contract entry point (named tensors): bucketed and loaded through the object-store path."""
-        self.update_weights_from_buckets(
-            buckets_from_named(named_tensors, self.cfg.weight_bucket_mb), version
-        )
+    @property
+    def weight_transfer_ranks(self) -> int:
+        """Ranks the engine takes in a broadcast weight group: one per tensor-parallel scheduler."""
+        return self.cfg.tp_size
 
-    def update_weights_from_buckets(self, buckets: Iterable[BucketLike], version: int) -> None:
-        """Object-store path: ``update_weights_from_tensor`` per bucket (tensors shared with the
-        scheduler processes by torch multiprocessing, one payload per TP rank)."""
+    def update_weights(self, weights: WeightStream | Mapping[str, Any], version: int) -> None:
+        """Object-store / in-process path: a ``WeightStream`` of whole-tensor buckets (named tensors are
+        planned into buckets of ``weight_bucket_mb`` in the serving dtype); ``update_weights_from_tensor``
+        per bucket (tensors shared with the scheduler processes by torch multiprocessing, one payload
+        per TP rank)."""
         import torch
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
-        def request(bucket: BucketLike, last: bool) -> Any:
-            raw = bucket_bytes(bucket)
+        stream = as_stream(weights, self._dtype, int(self.cfg.weight_bucket_mb * 2**20), split=False)
+        stream.manifest.require_whole()
+        dtype, count = stream.manifest.dtype, len(stream.manifest.buckets)
+
+        def request(bucket: WeightBucket) -> Any:
+            raw = bucket.wire()
             if torch.cuda.is_available():  # colocated: the schedulers map it by CUDA IPC, no host copy
                 raw = raw.cuda()
-            named = unpack(raw, BucketMeta.of(bucket))
+            named = unpack(raw, *bucket.plan.fields(dtype))
             payload = self.engine._serialize_tensors_per_rank(named, None)
             obj = UpdateWeightsFromTensorReqInput(
                 serialized_named_tensors=payload,
                 flush_cache=False,
-                weight_version=str(int(version)) if last else None,
+                weight_version=_stamp(bucket.plan, count, version),
             )
 
             async def call(keep: Any = raw) -> Any:
@@ -230,7 +236,7 @@ class SGLangRolloutWorker(RolloutWorker):
 
             return call()
 
-        self._session(buckets, request, version)
+        self._session(stream, request, version)
 
     def init_weight_transfer(
         self,
@@ -241,10 +247,12 @@ class SGLangRolloutWorker(RolloutWorker):
         *,
         max_bucket_bytes: int = 0,
         backend: str = "nccl",
+        timeout_s: float | None = None,
     ) -> None:
         """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently); each bucket
-        arrives as one broadcast whatever its size (``max_bucket_bytes`` is vLLM's concern). Set
-        NCCL_CUMEM_ENABLE=0 and NCCL_NVLS_ENABLE=0 on the trainer side, as SGLang does on its own."""
+        arrives as one broadcast whatever its size (``max_bucket_bytes`` is vLLM's concern; SGLang's
+        group keeps its own timeout). The trainer joins with SGLang's ``init_custom_process_group``
+        (``rl_engine.pipeline.engine_senders``)."""
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         obj = InitWeightsUpdateGroupReqInput(
@@ -264,29 +272,33 @@ class SGLangRolloutWorker(RolloutWorker):
         )
         self._group_ready = True
 
-    def receive_weights(self, metas: Iterable[BucketMeta], version: int) -> None:
+    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
         """Broadcast path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
         from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
 
         if not self._group_ready:
             raise EngineError("sglang: receive_weights before init_weight_transfer")
+        manifest.require_whole()
+        dtype, count = manifest.dtype, len(manifest.buckets)
 
-        def request(meta: BucketMeta, last: bool) -> Any:
+        def request(plan: BucketPlan) -> Any:
+            names, dtypes, shapes = plan.fields(dtype)
             obj = UpdateWeightsFromDistributedReqInput(
-                names=list(meta.names),
-                dtypes=list(meta.dtypes),
-                shapes=[list(s) for s in meta.shapes],
+                names=names,
+                dtypes=dtypes,
+                shapes=shapes,
                 group_name=WEIGHT_GROUP,
                 flush_cache=False,
                 load_format="flattened_bucket",
-                weight_version=str(int(version)) if last else None,
+                weight_version=_stamp(plan, count, version),
             )
             return self.engine.tokenizer_manager.update_weights_from_distributed(obj, None)
 
-        self._session(metas, request, version)
+        self._session(manifest.buckets, request, version)
 
     def _session(self, items: Iterable[Any], request: Any, version: int) -> None:
-        """begin → one checked call per bucket → end → flush the cache; the version moves last."""
+        """begin → one checked call per bucket, each completed before the next bucket is produced (a
+        stream may reuse its buffer) → end → flush the cache; the version moves last."""
         from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput, EndWeightUpdateReqInput
 
         tm = self.engine.tokenizer_manager
@@ -296,8 +308,8 @@ class SGLangRolloutWorker(RolloutWorker):
             self._control("begin_weight_update", tm.begin_weight_update(BeginWeightUpdateReqInput(), None)),
         )
         try:
-            for item, last in with_last(items):
-                check_result("weight bucket load", self._control("weight bucket load", request(item, last)))
+            for item in items:
+                check_result("weight bucket load", self._control("weight bucket load", request(item)))
         finally:
             ended = self._control("end_weight_update", tm.end_weight_update(EndWeightUpdateReqInput(), None))
         check_result("end_weight_update", ended)
@@ -309,3 +321,8 @@ class SGLangRolloutWorker(RolloutWorker):
             self.engine.shutdown()
         finally:
             self._loop.close()
+
+
+def _stamp(plan: BucketPlan, count: int, version: int) -> str | None:
+    """The engine stamps ``weight_version`` with the last bucket of a session."""
+    return str(int(version)) if plan.index == count - 1 else None

@@ -27,10 +27,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rl_engine.config import ModelConfig, VLLMRolloutConfig
+from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream, as_stream, unpack
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, normalise_finish, sample_template
 from rl_engine.rollout.engine_loop import EngineError, EngineLoop, InterruptGate
-from rl_engine.rollout.weight_buckets import BucketLike, BucketMeta, bucket_bytes, buckets_from_named, unpack
 from rl_engine.types import FinishReason, Prompt, Sample
 
 Result = tuple[list[int], list[float], FinishReason]
@@ -111,7 +111,7 @@ class VLLMWorkerExtension:
         # The worker's device, not a parameter's: inside a weight-update session vLLM's layerwise
         # reload keeps parameters on the meta device until their layer is complete.
         raw = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)  # type: ignore[attr-defined]
-        named = unpack(raw, BucketMeta(list(names), list(dtypes), [list(s) for s in shapes]))
+        named = unpack(raw, names, dtypes, shapes)
         self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
         return len(named)
 
@@ -123,7 +123,7 @@ class VLLMRolloutWorker(RolloutWorker):
 
     def __init__(self, rollout_cfg: VLLMRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
         super().__init__()
-        from rl_engine.models import ensure_model, load_tokenizer, special_token_ids
+        from rl_engine.models import ensure_model, load_tokenizer, special_token_ids, torch_dtype
 
         self.cfg = rollout_cfg
         path = ensure_model(model_cfg)
@@ -142,7 +142,8 @@ class VLLMRolloutWorker(RolloutWorker):
             flag=self._interrupt,
             timeout_s=rollout_cfg.control_timeout_s,
         )
-        self._transfer_ready = False
+        self._transfer_buffer: int | None = None  # packed buffer bytes, once init_weight_transfer ran
+        self._dtype = torch_dtype(model_cfg)  # what the engine serves: named tensors are cast to it
 
     async def _build(self, kwargs: dict[str, Any]) -> Any:
         from vllm import AsyncEngineArgs
@@ -215,23 +216,25 @@ class VLLMRolloutWorker(RolloutWorker):
         self._gate.clear()
 
     # --- weights -----------------------------------------------------------------------------------------
-    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        """Contract entry point (named tensors): bucketed and loaded through the object-store path."""
-        self.update_weights_from_buckets(
-            buckets_from_named(named_tensors, self.cfg.weight_bucket_mb), version
-        )
+    @property
+    def weight_transfer_ranks(self) -> int:
+        """Ranks the engine takes in a broadcast weight group: one per tensor-parallel GPU worker."""
+        return self.cfg.tensor_parallel_size
 
-    def update_weights_from_buckets(self, buckets: Iterable[BucketLike], version: int) -> None:
-        """Object-store path: each bucket's bytes go by ``collective_rpc`` to the GPU workers."""
+    def update_weights(self, weights: WeightStream | Mapping[str, Any], version: int) -> None:
+        """Object-store / in-process path: a ``WeightStream`` of whole-tensor buckets (named tensors are
+        planned into buckets of ``weight_bucket_mb`` in the serving dtype); each bucket's bytes go by
+        ``collective_rpc`` to the GPU workers, one bucket at a time."""
+        stream = as_stream(weights, self._dtype, int(self.cfg.weight_bucket_mb * 2**20), split=False)
+        stream.manifest.require_whole()
+        dtype = stream.manifest.dtype
 
-        def load(bucket: BucketLike) -> Any:
-            data = bucket_bytes(bucket).cpu().numpy().tobytes()
-            return self.engine.collective_rpc(
-                "rl_engine_load_bucket",
-                args=(list(bucket.names), list(bucket.dtypes), _lists(bucket.shapes), data),
-            )
+        def load(bucket: WeightBucket) -> Any:
+            names, dtypes, shapes = bucket.plan.fields(dtype)
+            data = bucket.wire().cpu().numpy().tobytes()
+            return self.engine.collective_rpc("rl_engine_load_bucket", args=(names, dtypes, shapes, data))
 
-        self._session(buckets, load, version)
+        self._session(stream, load, version)
 
     def init_weight_transfer(
         self,
@@ -242,9 +245,11 @@ class VLLMRolloutWorker(RolloutWorker):
         *,
         max_bucket_bytes: int,
         backend: str = "nccl",
+        timeout_s: float | None = None,
     ) -> None:
         """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently). Packed mode
-        with a buffer of ``max_bucket_bytes``: every bucket then arrives as exactly one broadcast."""
+        with a buffer of ``max_bucket_bytes``: every bucket then arrives as exactly one broadcast.
+        ``timeout_s`` cannot be passed on: vLLM's group keeps its own."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         if backend != self.cfg.weight_transfer:
@@ -263,24 +268,28 @@ class VLLMRolloutWorker(RolloutWorker):
             "init_weight_transfer_engine",
             self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
         )
-        self._transfer_ready = True
+        self._transfer_buffer = int(max_bucket_bytes)
 
-    def receive_weights(self, metas: Iterable[BucketMeta], version: int) -> None:
-        """NCCL path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
+    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
+        """Broadcast path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        if not self._transfer_ready:
+        if self._transfer_buffer is None:
             raise EngineError("vllm: receive_weights before init_weight_transfer")
+        if manifest.max_bucket_bytes > self._transfer_buffer:
+            raise EngineError(
+                f"vllm: a {manifest.max_bucket_bytes}-byte bucket does not fit the {self._transfer_buffer}-byte "
+                "packed buffer the transfer engine was given (it would split the broadcast)"
+            )
+        manifest.require_whole()
+        dtype = manifest.dtype
 
-        def load(meta: BucketMeta) -> Any:
-            info = {
-                "names": list(meta.names),
-                "dtype_names": list(meta.dtypes),
-                "shapes": _lists(meta.shapes),
-            }
+        def load(plan: BucketPlan) -> Any:
+            names, dtypes, shapes = plan.fields(dtype)
+            info = {"names": names, "dtype_names": dtypes, "shapes": shapes}
             return self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
 
-        self._session(metas, load, version)
+        self._session(manifest.buckets, load, version)
 
     def _session(self, items: Iterable[Any], load: Any, version: int) -> None:
         """start → load each → finish(str(version)) → reset the prefix cache; version bumped last.
@@ -316,7 +325,3 @@ class VLLMRolloutWorker(RolloutWorker):
             self.engine.shutdown()
         finally:
             self._loop.close()
-
-
-def _lists(shapes: Iterable[Iterable[int]]) -> list[list[int]]:
-    return [[int(d) for d in s] for s in shapes]

@@ -135,13 +135,16 @@ class PolicyTrainer:
         }
 
     def weight_stream(
-        self, dtype: torch.dtype | None = None, bucket_bytes: int | None = None
+        self, dtype: torch.dtype | None = None, bucket_bytes: int | None = None, *, split: bool = True
     ) -> LocalWeightStream:
         """The policy's parameters as buckets cast to the rollout dtype (``model.dtype``), one bucket of
-        ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.models.buckets``)."""
+        ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.models.buckets``; ``split=False``:
+        whole tensors per bucket, for the GPU engines)."""
         size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
         named = self.model.named_parameters()
-        return LocalWeightStream.of(named, dtype or self.rollout_dtype, size, staging=self._staging)
+        return LocalWeightStream.of(
+            named, dtype or self.rollout_dtype, size, split=split, staging=self._staging
+        )
 
     def mark_synced(self) -> None:
         """The rollout now has the current weights. Nothing to do: decoupled mode recomputes its proximal

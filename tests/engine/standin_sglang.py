@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,18 +263,19 @@ class TokenizerManager:
     ) -> tuple[bool, str]:
         if obj.backend != "gloo":
             return False, f"stand-in: backend {obj.backend!r} unavailable (no GPU), use gloo"
-        from rl_engine.pipeline.transport_gloo import GlooBucketReceiver, GroupInit
+        from rl_engine.pipeline.transport import GroupInit, join_group
 
         init = GroupInit(
-            obj.master_address, obj.master_port, obj.world_size, obj.rank_offset, obj.group_name, 60.0
+            obj.master_address, obj.master_port, obj.world_size, obj.rank_offset, "gloo", obj.group_name, 60.0
         )
-        self.group = await asyncio.to_thread(GlooBucketReceiver, init)
+        self.group = await asyncio.to_thread(join_group, init)
         return True, "Succeeded to initialize custom process group."
 
     async def update_weights_from_distributed(
         self, obj: UpdateWeightsFromDistributedReqInput, request: Any = None
     ) -> tuple[bool, str]:
-        from rl_engine.rollout.weight_buckets import BucketMeta, unpack
+        from rl_engine.models.buckets import unpack
+        from rl_engine.pipeline.transport import broadcast_bytes
 
         if not self.session:
             return (
@@ -282,9 +284,14 @@ class TokenizerManager:
             )
         if obj.load_format != "flattened_bucket":
             return False, "stand-in: only load_format='flattened_bucket' is modelled"
-        meta = BucketMeta(obj.names, obj.dtypes, obj.shapes)
-        bucket = await asyncio.to_thread(lambda: next(self.group.receive([meta])))
-        return await self._exclusive(lambda: _done(self._load(unpack(bucket.flat, meta), obj.weight_version)))
+        # FlattenedTensorBucket.empty: one uint8 buffer of every tensor's bytes, back to back
+        sizes = [
+            math.prod(s) * getattr(torch, d).itemsize for d, s in zip(obj.dtypes, obj.shapes, strict=True)
+        ]
+        raw = torch.empty(sum(sizes), dtype=torch.uint8)
+        await asyncio.to_thread(broadcast_bytes, self.group, raw)
+        named = unpack(raw, obj.names, obj.dtypes, obj.shapes)
+        return await self._exclusive(lambda: _done(self._load(named, obj.weight_version)))
 
     async def flush_cache(self) -> FlushCacheReqOutput:
         busy = await self.model_update_lock.is_locked()

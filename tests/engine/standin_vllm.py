@@ -10,6 +10,8 @@ behaviour the worker must survive, as read from the released source (docs/engine
   interrupt in the late window (after the worker's check, before the request reaches the core).
   Weight-transfer calls take request objects (a dict raises AttributeError), ``weight_version`` must
   be a str, a session is start → update… → finish, ``collective_rpc`` arguments must be plain data.
+  The transfer group is joined over gloo (no GPU here; vLLM uses NCCL) and ``update_weights`` receives
+  as vLLM's packed consumer does: one broadcast per ``packed_buffer_size_bytes`` worth of tensors.
 
 Decoding is deterministic: token t of a response is ``3 + (len(prompt) + t) % 40`` and its log-prob
 ``-fingerprint(weights)``, so a test can tell which weights produced a token.
@@ -18,12 +20,16 @@ Decoding is deterministic: token t of a response is ``3 + (len(prompt) + t) % 40
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from rl_engine.models.buckets import unpack
+from rl_engine.pipeline.transport import broadcast_bytes
 
 STEP_S = 0.002  # one decode step
 
@@ -124,6 +130,8 @@ class AsyncLLM:
         self.counts: dict[str, int] = {}  # tokens decoded so far, per running request
         self.session_active = False
         self.transfer_init: dict[str, Any] | None = None
+        self.join = True  # init_weight_transfer_engine joins the group (over gloo)
+        self.group: Any = None
         self.weight_version: str | None = None
         self.calls: list[str] = []
         AsyncLLM.instances.append(self)
@@ -208,7 +216,21 @@ class AsyncLLM:
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
     async def init_weight_transfer_engine(self, request: WeightTransferInitRequest) -> None:
-        self.transfer_init = dict(request.init_info)  # a plain dict has no .init_info: AttributeError
+        """Joins the trainer's group as vLLM's worker does (rank = rank_offset + its rank), over gloo: no
+        GPU, no NCCL. ``self.join`` = False only records the request (a test without a sender)."""
+        from rl_engine.pipeline.transport import GroupInit, join_group
+
+        info = self.transfer_init = dict(request.init_info)  # a plain dict has no .init_info: AttributeError
+        if self.join:
+            init = GroupInit(
+                info["master_address"],
+                info["master_port"],
+                info["world_size"],
+                info["rank_offset"],
+                "gloo",
+                timeout_s=60.0,
+            )
+            self.group = await asyncio.to_thread(join_group, init)
 
     async def start_weight_update(self) -> None:
         if self.session_active:
@@ -221,7 +243,14 @@ class AsyncLLM:
             raise RuntimeError("start_weight_update must be called before update_weights.")
         if self.transfer_init is None:
             raise RuntimeError("NCCL weight transfer not initialized.")
-        raise RuntimeError(f"stand-in: no NCCL group to receive {len(info['names'])} tensors from")
+        if self.group is None:
+            raise RuntimeError(f"stand-in: no weight group to receive {len(info['names'])} tensors from")
+        for chunk in _packed_chunks(info, self.transfer_init["packed_buffer_size_bytes"]):
+            sizes = [math.prod(s) * getattr(torch, d).itemsize for _, d, s in chunk]
+            raw = torch.empty(sum(sizes), dtype=torch.uint8)
+            await asyncio.to_thread(broadcast_bytes, self.group, raw)
+            names, dtypes, shapes = (list(x) for x in zip(*chunk, strict=True))
+            self.model.load_weights(unpack(raw, names, dtypes, shapes))
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
         if not self.session_active:
@@ -233,6 +262,20 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         self.calls.append("shutdown")
+
+
+def _packed_chunks(info: dict[str, Any], buffer_bytes: int) -> list[list[tuple[str, str, list[int]]]]:
+    """The tensors of each broadcast of vLLM's packed consumer (``packed_nccl_broadcast_consumer``): it
+    adds tensors to a buffer until their bytes exceed ``buffer_bytes``, receives, starts the next."""
+    chunks: list[list[tuple[str, str, list[int]]]] = [[]]
+    size = 0
+    for name, dtype, shape in zip(info["names"], info["dtype_names"], info["shapes"], strict=True):
+        chunks[-1].append((name, dtype, shape))
+        size += math.prod(shape) * getattr(torch, dtype).itemsize
+        if size > buffer_bytes:
+            chunks.append([])
+            size = 0
+    return [c for c in chunks if c]
 
 
 def _make_vllm_worker(args: AsyncEngineArgs, model: StandInModel) -> Any:

@@ -48,6 +48,18 @@ def test_vllm_without_gpus_is_rejected_with_the_field_to_set():
     assert "set resources.rollout_gpus >= 1" in errs[""]
 
 
+def test_sync_backends_that_cannot_work_are_refused_with_what_to_use():
+    base = {"model": {"path": "m"}, "resources": {"rollout_gpus": 1}}
+    errs = errors_of({**base, "rollout": {"backend": "vllm"}, "pipeline": {"sync_backend": "gloo"}})
+    assert "vLLM's weight transfer engine receives over NCCL; use 'nccl' or 'object_store'" in errs[""]
+    errs = errors_of({**base, "pipeline": {"sync_backend": "nccl"}})
+    assert "set resources.trainer_gpus >= 1 and resources.rollout_gpus >= 1" in errs[""]
+    assert (
+        parse_config({"model": {"path": "m"}, "pipeline": {"sync_backend": "gloo"}}).pipeline.sync_timeout_s
+        > 0
+    )
+
+
 def test_field_errors_carry_paths_without_union_tags():
     errs = errors_of(
         {"model": {"path": "m"}, "rollout": {"backend": "hf", "n": "many", "bogus": 1}, "trainer": {"lr": -1}}

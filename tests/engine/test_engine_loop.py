@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rl_engine.rollout.engine_loop import EngineError, EngineLoop, EngineTimeout, InterruptGate, with_last
+from rl_engine.rollout.engine_loop import EngineError, EngineLoop, EngineTimeout, InterruptGate
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -79,8 +79,3 @@ def test_close_cancels_pending_calls():
     fut = el.submit(asyncio.sleep(3600))
     el.close()
     assert fut.cancelled() or fut.done()
-
-
-def test_with_last():
-    assert list(with_last([1, 2, 3])) == [(1, False), (2, False), (3, True)]
-    assert list(with_last([])) == []

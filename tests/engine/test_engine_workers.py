@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from rl_engine.data import PromptStream
+from rl_engine.models.buckets import plan_buckets
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError, EngineTimeout
-from rl_engine.rollout.weight_buckets import BucketMeta
 from tests.engine import standin_sglang, standin_vllm
 
 pytestmark = pytest.mark.timeout(60)  # a deadlock fails here instead of hanging the suite
@@ -214,9 +214,10 @@ def test_vllm_broadcast_path_sends_request_objects_and_keeps_the_version_on_fail
     standin_vllm.install(monkeypatch)
     _, worker = _worker(make_cfg, "vllm")
     try:
-        meta = BucketMeta(["l0.w"], ["bfloat16"], [[4, 4]])
+        manifest = plan_buckets([("l0.w", (4, 4))], torch.bfloat16, 1 << 20)
         with pytest.raises(EngineError, match="before init_weight_transfer"):
-            worker.receive_weights([meta], 2)
+            worker.receive_weights(manifest, 2)
+        worker.engine.join = False  # no trainer here: the stand-in records the request, joins no group
         worker.init_weight_transfer("10.0.0.1", 29500, 1, 2, max_bucket_bytes=1 << 20)
         assert worker.engine.transfer_init == {
             "master_address": "10.0.0.1",
@@ -226,8 +227,8 @@ def test_vllm_broadcast_path_sends_request_objects_and_keeps_the_version_on_fail
             "packed": True,
             "packed_buffer_size_bytes": 1 << 20,
         }
-        with pytest.raises(EngineError, match="no NCCL group"):  # the stand-in cannot receive
-            worker.receive_weights([meta], 2)
+        with pytest.raises(EngineError, match="no weight group"):  # the stand-in cannot receive
+            worker.receive_weights(manifest, 2)
         assert worker.version == 0 and not worker.engine.paused  # resumed after the failed session
     finally:
         worker.close()
