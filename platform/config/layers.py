@@ -14,8 +14,9 @@ CONNECT_TIMEOUT_S = 5.0
 CAPACITY = 1000
 
 
-def redis_channel_layer(url: str) -> dict[str, Any]:
-    """The ``CHANNEL_LAYERS["default"]`` entry for the Redis at ``url``."""
+def redis_channel_layer(url: str, prefix: str = "asgi") -> dict[str, Any]:
+    """The ``CHANNEL_LAYERS["default"]`` entry for the Redis at ``url``. ``prefix`` namespaces the
+    layer's keys: deployments (and test sessions) sharing one Redis never see each other's groups."""
     return {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
@@ -28,5 +29,6 @@ def redis_channel_layer(url: str) -> dict[str, Any]:
                 }
             ],
             "capacity": CAPACITY,
+            "prefix": prefix,
         },
     }

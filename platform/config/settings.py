@@ -219,7 +219,13 @@ else:
 # from the consumer empties the run's group, and each poll also joins it again.
 LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or (10.0 if REDIS_URL else 1.5))
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": redis_channel_layer(REDIS_URL)}  # socket timeouts: see config/layers.py
+    # Socket timeouts: see config/layers.py. Deployments sharing one Redis are told apart by their queue
+    # name (the default queue keeps channels-redis' own prefix).
+    CHANNEL_LAYERS = {
+        "default": redis_channel_layer(
+            REDIS_URL, "asgi" if CELERY_TASK_DEFAULT_QUEUE == "celery" else f"asgi:{CELERY_TASK_DEFAULT_QUEUE}"
+        )
+    }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 

@@ -27,11 +27,18 @@ print(json.dumps({
 
 
 def run_probe(env_extra: dict[str, str], code: str = PROBE) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG", "DJANGO_SECRET_KEY", "SQLITE_PATH"}}
-    env |= {"DJANGO_SETTINGS_MODULE": "config.settings", "PYTHONPATH": str(REPO_ROOT / "platform")} | env_extra
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=60)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG", "DJANGO_SECRET_KEY", "SQLITE_PATH"}
+    }
+    env |= {
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PYTHONPATH": str(REPO_ROOT / "platform"),
+    } | env_extra
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=60
+    )
 
 
 @pytest.mark.smoke
@@ -47,18 +54,28 @@ def test_no_env_resolves_to_embedded_default(tmp_path):
 
 
 def test_database_and_redis_urls_resolve_to_production_stack(tmp_path):
-    out = run_probe({
-        "VAR_DIR": str(tmp_path),
-        "DATABASE_URL": "postgres://alice:s%40cret@db.internal:6543/rl",
-        "REDIS_URL": "redis://cache.internal:6380/2",
-    }, PROBE.replace('"db_name"', '"user": settings.DATABASES["default"]["USER"], '
-                     '"password": settings.DATABASES["default"]["PASSWORD"], '
-                     '"port": settings.DATABASES["default"]["PORT"], "db_name"'))
+    out = run_probe(
+        {
+            "VAR_DIR": str(tmp_path),
+            "DATABASE_URL": "postgres://alice:s%40cret@db.internal:6543/rl",
+            "REDIS_URL": "redis://cache.internal:6380/2",
+        },
+        PROBE.replace(
+            '"db_name"',
+            '"user": settings.DATABASES["default"]["USER"], '
+            '"password": settings.DATABASES["default"]["PASSWORD"], '
+            '"port": settings.DATABASES["default"]["PORT"], "db_name"',
+        ),
+    )
     assert out.returncode == 0, out.stderr
     resolved = json.loads(out.stdout)
     assert resolved["db"] == "django.db.backends.postgresql"
     assert (resolved["db_name"], resolved["user"], resolved["password"], resolved["port"]) == (
-        "rl", "alice", "s@cret", "6543")
+        "rl",
+        "alice",
+        "s@cret",
+        "6543",
+    )
     assert resolved["broker"] == "redis://cache.internal:6380/2"
     assert resolved["layer"] == "channels_redis.core.RedisChannelLayer"
 
@@ -86,8 +103,14 @@ def test_check_deploy_passes_with_production_env(tmp_path):
         "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",
         "REDIS_URL": "redis://127.0.0.1:6379/0",
     }
-    out = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-                         env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no issues" in out.stdout
 
@@ -121,6 +144,24 @@ def test_live_poll_follows_the_layer_and_the_redis_layer_outwaits_its_blocking_r
     forced = run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://x:1/0", "LIVE_POLL_INTERVAL_S": "2"},
                        LIVE_PROBE)  # fmt: skip
     assert json.loads(forced.stdout)["poll"] == 2.0
+
+
+def test_deployments_sharing_one_redis_keep_their_layer_keys_apart(tmp_path):
+    probe = PROBE.replace(
+        '"debug": settings.DEBUG,', '"prefix": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],'
+    )
+    prefixes = [
+        json.loads(
+            run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://x:1/0", **queue}, probe).stdout
+        )["prefix"]
+        for queue in (
+            {"CELERY_QUEUE": "celery"},
+            {"CELERY_QUEUE": "staging"},
+            {"CELERY_QUEUE": "test-123-abc"},
+        )
+    ]
+    assert prefixes[0] == "asgi"  # the default deployment keeps channels-redis' own key names
+    assert len(set(prefixes)) == 3
 
 
 def test_postgresql_connections_come_from_a_bounded_pool(tmp_path):
