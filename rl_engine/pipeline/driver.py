@@ -33,7 +33,16 @@ from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.sync import PendingSync, build_sync
 from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
-from rl_engine.types import QueueStats, RolloutStopped, StepCancelled, StepResult
+from rl_engine.types import (
+    PauseState,
+    QueueSnapshot,
+    QueueStats,
+    RolloutHealth,
+    RolloutStopped,
+    StepCancelled,
+    StepResult,
+    WeightLoadTiming,
+)
 
 
 @dataclass
@@ -302,7 +311,8 @@ class _Run:
             return None
         results = self.waiter.wait_all(pending.loads + pending.trainer_refs, "weight sync")
         self._pending_sync = None
-        return self.syncer.finish(pending, results[: len(pending.loads)]).total_s
+        loads: list[WeightLoadTiming] = results[: len(pending.loads)]
+        return self.syncer.finish(pending, loads).total_s
 
     def _finish_sync_quietly(self) -> float | None:
         try:
@@ -327,8 +337,10 @@ class _Run:
         sync_s = (
             self._finish_sync_quietly() if pending is not None and pending.version == step else entry.sync_s
         )
-        qstats = self.waiter.get(entry.queue_stats, "queue")
-        health = [self.waiter.get(h, f"rollouter {i}") for i, h in enumerate(entry.health)]
+        qstats: QueueStats = self.waiter.get(entry.queue_stats, "queue")
+        health: list[RolloutHealth] = [
+            self.waiter.get(h, f"rollouter {i}") for i, h in enumerate(entry.health)
+        ]
         prev = getattr(self, "_prev_busy", None)
         busy = [h.busy_s for h in health]
         deltas = [b - p for b, p in zip(busy, prev, strict=True)] if prev else busy
@@ -356,12 +368,14 @@ class _Run:
             return
         try:
             self._finish_sync()
-            states = self.waiter.wait_all([r.pause.remote() for r in self.rollouters], "checkpoint pause")
+            states: list[PauseState] = self.waiter.wait_all(
+                [r.pause.remote() for r in self.rollouters], "checkpoint pause"
+            )
         except StopWaitAbandoned as exc:
             self.sink.log_event("alert", f"checkpoint at step {step} skipped: {exc}", {"step": step})
             return
         try:
-            qsnap = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
+            qsnap: QueueSnapshot = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
             extra = ckpt.pipeline_extra(step, qsnap, states)
             path = ckpt.checkpoint_path(directory, step)
             size = self.waiter.wait_one(self.trainer.save_checkpoint.remote(str(path), extra), "checkpoint")

@@ -203,7 +203,8 @@ class Rollouter:
     def _take_resumable(self) -> list[list[Sample]]:
         """Pop pending groups; drop (and report) those that can no longer meet the staleness bound."""
         groups, self._pending = self._pending, []
-        keep, dropped = [], []
+        keep: list[list[Sample]] = []
+        dropped: list[str] = []
         for g in groups:
             if self.knobs.is_stale(self.worker.version, min(s.param_version_start for s in g)):
                 dropped.extend(f"{s.group_id}/{i}" for i, s in enumerate(g))

@@ -103,6 +103,10 @@ class ParameterSync:
     def start(self, version: int) -> PendingSync:
         raise NotImplementedError
 
+    def dispatch(self, version: int, box: list[Any], publish_s: float) -> PendingSync:
+        """Hand out weights the trainer published with a step (``publishes_with_step`` transports)."""
+        raise NotImplementedError(f"{type(self).__name__} does not publish with the step")
+
     def finish(self, pending: PendingSync, results: list[WeightLoadTiming]) -> SyncTiming:
         """``results``: the ``loads`` refs' values (each rollouter's timing)."""
         timing = SyncTiming(

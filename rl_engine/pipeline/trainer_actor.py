@@ -107,7 +107,9 @@ class TrainerActor:
                 if got:  # hand them back: a checkpoint taken now must still see them as queued
                     ray.get(self.queue.unget.remote(got))
                 return None
-            res = ray.get(self.queue.get.remote(min(pull, need - len(got)), self.version, _PULL_TIMEOUT_S))
+            res: QueueBatch | None = ray.get(
+                self.queue.get.remote(min(pull, need - len(got)), self.version, _PULL_TIMEOUT_S)
+            )
             if res is not None:
                 got.extend(res.samples)
                 dropped += res.dropped

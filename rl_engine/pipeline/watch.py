@@ -18,6 +18,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from rl_engine.types import RolloutHealth
+
 _SLICE_S = 0.2
 _HEALTH_EVERY_S = 0.5
 
@@ -122,7 +124,7 @@ class Waiter:
             return
         for i, ref in enumerate(self._health_refs):
             try:
-                h = ray.get(ref)
+                h: RolloutHealth = ray.get(ref)
             except (RayTaskError, RayActorError) as exc:
                 raise PipelineError(f"rollouter {i} failed: {root_cause(exc)}") from None
             key = f"rollout {i}"
