@@ -246,7 +246,7 @@ class _Run:
             try:
                 if result.weights_box:
                     self._finish_sync()  # the previous sync, normally long done
-                    self._start_sync(result)
+                    self._start_sync(result.version, result.weights_box, result.publish_s)
                 elif not self.syncer.publishes_with_step and self._syncs_after(self.step):
                     sync_s = self._sync(self.step)  # blocking: the trainer sends it
             except StopWaitAbandoned as exc:
@@ -300,10 +300,9 @@ class _Run:
     # step starts at once. The sync is awaited (watchdog included) when that step is logged, before
     # the next sync and before a checkpoint. Admission still gates on the rollouter's version, so the
     # staleness bound and sync/on-policy parity are unaffected.
-    def _start_sync(self, result: StepResult) -> None:
-        assert result.weights_box is not None  # the step published (``publishes_with_step``)
-        self._pending_sync = self.syncer.dispatch(result.version, result.weights_box, result.publish_s)
-        self.synced_version = result.version
+    def _start_sync(self, version: int, box: list[Any], publish_s: float) -> None:
+        self._pending_sync = self.syncer.dispatch(version, box, publish_s)
+        self.synced_version = version
 
     def _finish_sync(self) -> float | None:
         pending = getattr(self, "_pending_sync", None)
