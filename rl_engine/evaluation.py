@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_engine.config import EvalConfig, ExperimentConfig
-from rl_engine.types import Prompt, Sample, split_groups
+from rl_engine.types import EvalSummary, Prompt, Sample, split_groups
 
 GREEDY_TOP_P = 1e-9  # below any second-best token's mass: only the argmax survives the nucleus cut
 MAX_RESUMES = 8  # continuation attempts for responses interrupted mid-evaluation
@@ -46,8 +46,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, float]
+    """One evaluation: its figures (what a rollouter sends the driver) and the scored samples."""
+
+    summary: EvalSummary
     samples: list[Sample] = field(repr=False)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The ``val/`` metrics, by name."""
+        return self.summary.metrics()
 
 
 @contextlib.contextmanager
@@ -139,30 +146,32 @@ class Evaluator:
                 versions.append(int(worker.version))
                 answered = self.answer(worker, chunk)
             samples.extend(self.score(answered))  # the worker is free meanwhile
-        metrics = self.summarize(samples)
-        metrics["val/param_version"] = float(versions[0])
-        metrics["val/param_version_end"] = float(versions[-1])
-        metrics["val/time_s"] = time.monotonic() - t0
-        return EvalResult(metrics, samples)
+        return EvalResult(self.summarize(samples, versions, time.monotonic() - t0), samples)
 
-    def summarize(self, samples: list[Sample]) -> dict[str, float]:
-        """Aggregate scored samples (grouped by prompt, ``eval.n`` each) into ``val/`` metrics."""
+    def summarize(self, samples: list[Sample], versions: list[int], time_s: float) -> EvalSummary:
+        """Aggregate scored samples (grouped by prompt, ``eval.n`` each) answered with weights
+        ``versions`` (one per chunk) in ``time_s`` seconds."""
         groups = split_groups(samples)
         n = self.cfg.n
         threshold = self.cfg.success_threshold
-        out = {
-            "val/reward_mean": statistics.fmean(s.reward for s in samples),
-            "val/response_length": statistics.fmean(s.response_length for s in samples),
-            "val/truncated_ratio": statistics.fmean(s.finish_reason == "length" for s in samples),
-            "val/aborted_ratio": statistics.fmean(s.finish_reason == "abort" for s in samples),
-            "val/reward_errors": float(sum(bool(s.extra.get("reward_error")) for s in samples)),
-            "val/num_prompts": float(len(groups)),
+        pass_at = {
+            k: statistics.fmean(pass_at_k(len(g), sum(s.reward >= threshold for s in g), k) for g in groups)
+            for k in sorted({1, n})
         }
-        for k in sorted({1, n}):
-            out[f"val/pass@{k}"] = statistics.fmean(
-                pass_at_k(len(g), sum(s.reward >= threshold for s in g), k) for g in groups
-            )
-        return out
+        return EvalSummary(
+            reward_mean=statistics.fmean(s.reward for s in samples),
+            response_length=statistics.fmean(s.response_length for s in samples),
+            truncated_ratio=statistics.fmean(s.finish_reason == "length" for s in samples),
+            aborted_ratio=statistics.fmean(s.finish_reason == "abort" for s in samples),
+            reward_errors=sum(bool(s.extra.get("reward_error")) for s in samples),
+            num_prompts=len(groups),
+            n=n,
+            pass_at_1=pass_at[1],
+            pass_at_n=pass_at[n],
+            param_version=versions[0],
+            param_version_end=versions[-1],
+            time_s=time_s,
+        )
 
 
-__all__ = ["GREEDY_TOP_P", "EvalResult", "Evaluator", "pass_at_k", "sampling_overrides"]
+__all__ = ["GREEDY_TOP_P", "EvalResult", "EvalSummary", "Evaluator", "pass_at_k", "sampling_overrides"]

@@ -1,8 +1,10 @@
-"""Typed messages that flow between the engine's parts (no torch/ray import: plain Python lists)."""
+"""Typed data and messages of the engine: prompts, samples, and what the pipeline's actors send each other.
+
+No torch or ray import: plain Python lists (shapes in comments) and ``Any`` for object refs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -61,3 +63,200 @@ def split_groups(samples: list[Sample]) -> list[list[Sample]]:
         else:
             groups.append([s])
     return groups
+
+
+# --- messages between the pipeline's actors ----------------------------------------------------------
+# What ``rl_engine.pipeline``'s actors send each other and the driver: dataclasses (Ray pickles them;
+# all frozen but the queue's own counters), so a misspelt field is an AttributeError (or a type-checker error), never a silent KeyError.
+# Per-sample lists are aligned with the batch: ``[B]`` is ``trainer.batch_size`` samples, in batch order.
+# Object refs are typed ``Any``: this module imports neither ray nor torch.
+
+
+@dataclass(frozen=True)
+class QueueBatch:
+    """``MessageQueue.get``: whole groups, FIFO, and the samples dropped as too stale on the way."""
+
+    samples: list[Sample]  # [k] with k >= the number asked for (whole groups), or fewer once closed
+    dropped: int  # samples dropped as too stale during this call
+
+
+@dataclass
+class QueueCounters:
+    """The queue's cumulative counts, in samples. Conservation (checked by tests)::
+
+    admitted == consumed + queued + dropped_stale + in_flight(rollouters)
+    """
+
+    admitted: int = 0
+    generated: int = 0  # samples that reached the queue
+    consumed: int = 0  # samples handed to the trainer
+    dropped_stale: int = 0  # dropped at consumption or by a rollouter before finishing
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """``MessageQueue.stats``: depth, counters and the first fatal error any actor reported."""
+
+    queued: int  # samples on the queue now
+    max_depth: int  # the deepest the queue got, in samples
+    admitted: int
+    generated: int
+    consumed: int
+    dropped_stale: int
+    failure: str | None
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """``MessageQueue.snapshot`` / ``restore``: queued groups (FIFO order) and the counters."""
+
+    groups: list[list[Sample]]
+    counters: QueueCounters
+
+
+@dataclass(frozen=True)
+class PauseState:
+    """``Rollouter.pause`` / ``restore``: what a rollouter holds that is admitted but not queued.
+
+    ``pending``: groups with unfinished (``abort``) samples, continued on resume; ``parked``: admitted
+    units of prompts not started yet, one list per parked unit; ``prompts``: the prompt stream's own
+    ``state_dict`` (its position); ``in_flight``: admitted samples held here (pending + parked x n).
+    """
+
+    pending: list[list[Sample]]
+    parked: list[list[Prompt]]
+    prompts: dict[str, Any]
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class RolloutHealth:
+    """``Rollouter.health``: progress figures for the step metrics and the watchdog (seconds are
+    ``time.monotonic`` differences in the rollouter's process)."""
+
+    version: int  # the weights the worker holds
+    busy_s: float  # cumulative time inside worker calls, per loop thread
+    call_running_s: float  # how long the oldest running worker call has run (0: none running)
+    samples_out: int  # samples put on the queue so far
+    tokens_out: int  # response tokens of those samples
+    since_progress_s: float  # since a worker call last ended
+    now: float  # the rollouter's monotonic clock when it answered
+    counters: dict[str, float]  # cumulative metric counters (``Rollouter.counters``), by metric name
+
+
+@dataclass(frozen=True)
+class RolloutStopped:
+    """``Rollouter.stop``: admitted samples still held, and whether a loop thread outlived the join."""
+
+    in_flight: int
+    alive: bool
+
+
+@dataclass(frozen=True)
+class WeightLoadTiming:
+    """One rollouter's part of a weight sync (``update_weights`` / ``receive_weights``), seconds."""
+
+    wait_s: float  # waiting for the worker-exclusive section
+    total_s: float  # from the call to the loaded weights
+    get_s: float | None = None  # fetching the sync's object (object store only)
+
+
+@dataclass(frozen=True)
+class SendStats:
+    """The trainer's part of a broadcast sync: buckets and bytes sent, seconds spent."""
+
+    buckets: int
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SyncTiming:
+    """Seconds spent in one sync: publish (trainer put), load (slowest rollouter), total."""
+
+    version: int
+    publish_s: float
+    load_s: float
+    total_s: float
+    per_rollouter: list[WeightLoadTiming] = field(default_factory=list)  # [num_rollouters]
+
+
+@dataclass(frozen=True)
+class ExampleSample:
+    """One trained sample shown to the sink (``sink.log_samples`` takes ``to_dict()``)."""
+
+    prompt: str
+    response: str
+    answer: str
+    reward: float
+    param_version_start: int
+    param_version_end: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepCancelled:
+    """``TrainerActor.train_step`` returned without training: a stop was requested while it waited
+    (samples it had taken went back to the queue front)."""
+
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """``TrainerActor.train_step``: one trained batch. Per-sample lists are ``[B]``, in batch order."""
+
+    version: int  # the trainer's version after the step (steps applied so far)
+    trainer_metrics: dict[str, float]  # the policy trainer's own metrics, by metric name
+    wait_s: float  # gathering the batch from the queue
+    train_s: float
+    dropped_now: int  # samples the queue dropped as too stale while this batch was gathered
+    staleness: list[int]  # [B] trainer version before the step - param_version_start
+    rewards: list[float]  # [B]
+    lengths: list[int]  # [B] response tokens
+    partial: list[bool]  # [B] spans several weight versions or was interrupted
+    gen_s: list[float]  # [B] generation wall time
+    uids: list[str]  # [B] "group_id/index in group"
+    examples: list[ExampleSample]  # at most logging.samples_per_step, drawn from the batch
+    # set when the step publishes a weight sync (object store): ``[ObjectRef]`` of the published
+    # weights, boxed in a list so Ray passes the ref instead of fetching it; and the put's seconds
+    weights_box: list[Any] | None = None
+    publish_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """``Rollouter.evaluate`` / ``Evaluator.run``: one held-out evaluation, sent to the sink as ``val/``
+    metrics (``metrics()``; the names are documented in ``rl_engine.evaluation``)."""
+
+    reward_mean: float
+    response_length: float  # mean response tokens
+    truncated_ratio: float
+    aborted_ratio: float
+    reward_errors: int
+    num_prompts: int
+    n: int  # responses per prompt (eval.n)
+    pass_at_1: float
+    pass_at_n: float  # pass@n; equals pass_at_1 when n = 1
+    param_version: int  # the weights of the first chunk
+    param_version_end: int  # the weights of the last chunk (a weight update may land between chunks)
+    time_s: float
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "val/reward_mean": self.reward_mean,
+            "val/response_length": self.response_length,
+            "val/truncated_ratio": self.truncated_ratio,
+            "val/aborted_ratio": self.aborted_ratio,
+            "val/reward_errors": float(self.reward_errors),
+            "val/num_prompts": float(self.num_prompts),
+            "val/pass@1": self.pass_at_1,
+        }
+        if self.n != 1:
+            out[f"val/pass@{self.n}"] = self.pass_at_n
+        out["val/param_version"] = float(self.param_version)
+        out["val/param_version_end"] = float(self.param_version_end)
+        out["val/time_s"] = self.time_s
+        return out

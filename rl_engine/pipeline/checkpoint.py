@@ -4,16 +4,30 @@ The trainer writes model/optimizer/RNG/step atomically (``save_checkpoint(path, 
 pipeline adds, JSON-serialisable, everything needed for a lossless resume: queued groups, each
 rollouter's unfinished (interrupted) groups and admitted-but-unstarted prompts, each rollouter's
 prompt-stream position, and the queue's counters (so conservation holds across the restart).
+
+The actors exchange typed messages (``QueueSnapshot``, ``PauseState``); this module is the one place
+that turns them into the on-disk dicts and back (format 1, unchanged since the pipeline's first
+checkpoints; rollouter states written before parking kept one unit per thread have a single
+``parked_prompts`` list instead of ``parked``)::
+
+    {"pipeline": {"format": 1, "step": int,
+                  "queue": {"groups": [[sample]], "counters": {"admitted", "generated", "consumed",
+                                                               "dropped_stale"}},
+                  "rollouters": [{"pending": [[sample]], "parked": [[prompt]], "prompts": {...},
+                                  "in_flight": int}]}}
+
+where a sample / prompt is the ``dataclasses.asdict`` of a ``Sample`` / ``Prompt``.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rl_engine.pipeline.rollouter import sample_from_dict, sample_to_dict
+from rl_engine.types import PauseState, Prompt, QueueCounters, QueueSnapshot, Sample
 
 FORMAT = 1
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -44,21 +58,30 @@ def dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def pipeline_extra(step: int, queue_snapshot: dict[str, Any], rollouter_states: list[dict[str, Any]]) -> dict:
+def sample_to_dict(s: Sample) -> dict[str, Any]:
+    return asdict(s)
+
+
+def sample_from_dict(d: dict[str, Any]) -> Sample:
+    return Sample(**d)
+
+
+def pipeline_extra(step: int, queue: QueueSnapshot, rollouters: list[PauseState]) -> dict[str, Any]:
+    """The pipeline part of a checkpoint's ``extra``, in the on-disk format (module docstring)."""
     return {
         "pipeline": {
             "format": FORMAT,
             "step": step,
             "queue": {
-                "groups": [[sample_to_dict(s) for s in g] for g in queue_snapshot["groups"]],
-                "counters": queue_snapshot["counters"],
+                "groups": [[sample_to_dict(s) for s in g] for g in queue.groups],
+                "counters": asdict(queue.counters),
             },
-            "rollouters": rollouter_states,
+            "rollouters": [_rollouter_to_dict(r) for r in rollouters],
         }
     }
 
 
-def restore_parts(extra: dict[str, Any], num_rollouters: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def restore_parts(extra: dict[str, Any], num_rollouters: int) -> tuple[QueueSnapshot, list[PauseState]]:
     """Split a checkpoint's ``extra`` into the queue state and per-rollouter states (validated)."""
     p = extra.get("pipeline")
     if not p or p.get("format") != FORMAT:
@@ -68,8 +91,29 @@ def restore_parts(extra: dict[str, Any], num_rollouters: int) -> tuple[dict[str,
             f"the checkpoint was written with {len(p['rollouters'])} rollouters; "
             f"set pipeline.num_rollouters={len(p['rollouters'])} to resume it"
         )
-    queue = {
-        "groups": [[sample_from_dict(d) for d in g] for g in p["queue"]["groups"]],
-        "counters": p["queue"]["counters"],
+    queue = QueueSnapshot(
+        groups=[[sample_from_dict(d) for d in g] for g in p["queue"]["groups"]],
+        counters=QueueCounters(**p["queue"]["counters"]),
+    )
+    return queue, [_rollouter_from_dict(r) for r in p["rollouters"]]
+
+
+def _rollouter_to_dict(state: PauseState) -> dict[str, Any]:
+    return {
+        "pending": [[sample_to_dict(s) for s in g] for g in state.pending],
+        "parked": [[asdict(p) for p in unit] for unit in state.parked],
+        "prompts": state.prompts,
+        "in_flight": state.in_flight,
     }
-    return queue, p["rollouters"]
+
+
+def _rollouter_from_dict(d: dict[str, Any]) -> PauseState:
+    units = d.get("parked")
+    if units is None:  # written before parking kept one unit per thread: at most one unit
+        units = [d["parked_prompts"]] if d.get("parked_prompts") else []
+    return PauseState(
+        pending=[[sample_from_dict(s) for s in g] for g in d["pending"]],
+        parked=[[Prompt(**p) for p in unit] for unit in units],
+        prompts=d["prompts"],
+        in_flight=int(d["in_flight"]),
+    )

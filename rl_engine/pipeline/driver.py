@@ -33,6 +33,16 @@ from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.sync import PendingSync, build_sync
 from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
+from rl_engine.types import (
+    PauseState,
+    QueueSnapshot,
+    QueueStats,
+    RolloutHealth,
+    RolloutStopped,
+    StepCancelled,
+    StepResult,
+    WeightLoadTiming,
+)
 
 
 @dataclass
@@ -63,6 +73,27 @@ class RunSummary:
         )
         del out["sync_times_s"]
         return out
+
+
+@dataclass
+class _StepLog:
+    """A trained step whose metrics are logged while the next step runs (its figures are in flight)."""
+
+    step: int
+    result: StepResult
+    wall_s: float
+    queue_stats: Any  # ObjectRef of QueueStats
+    health: list[Any]  # [num_rollouters] ObjectRefs of RolloutHealth
+    sync_s: float | None = None  # a blocking sync done after the step
+
+
+@dataclass
+class _Final:
+    """What the actors reported at shutdown, for the summary."""
+
+    in_flight: int = 0
+    queue: QueueStats | None = None
+    dropped_uids: list[str] = field(default_factory=list)
 
 
 def run_experiment(
@@ -150,7 +181,7 @@ class _Run:
         self.step = 0
         self.stopped = False
         self.actors: list[Any] = []
-        self.final: dict[str, Any] = {}
+        self.final = _Final()
 
     # --- build ------------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -198,42 +229,43 @@ class _Run:
         self._quietly(lambda: self.evals.before_training(self.start_step), "an evaluation")
         ray.get([r.start.remote() for r in self.rollouters])
         total, every = self.cfg.trainer.total_steps, self.cfg.trainer.checkpoint_every
-        pending_log = None
+        pending_log: _StepLog | None = None
         t_last = time.monotonic()
         while self.step < total and not self.stop.is_set():
             nxt = self.step + 1
             publish = self.syncer.publishes_with_step and self._syncs_after(nxt)
             ref = self.trainer.train_step.remote(self.cfg.logging.samples_per_step, publish)
             if pending_log is not None:
-                self._log(*pending_log)  # overlaps with the running step
+                self._log(pending_log)  # overlaps with the running step
                 pending_log = None
-            result = self.waiter.wait_one(ref, "train")
-            if result["cancelled"]:
+            result: StepResult | StepCancelled = self.waiter.wait_one(ref, "train")
+            if isinstance(result, StepCancelled):
                 break
-            self.step = result["version"]
+            self.step = result.version
+            sync_s = None
             try:
-                if result.get("weights_box"):
+                if result.weights_box:
                     self._finish_sync()  # the previous sync, normally long done
-                    self._start_sync(result)
+                    self._start_sync(result.version, result.weights_box, result.publish_s)
                 elif not self.syncer.publishes_with_step and self._syncs_after(self.step):
-                    result["sync_s"] = self._sync(self.step)  # blocking: the trainer sends it
+                    sync_s = self._sync(self.step)  # blocking: the trainer sends it
             except StopWaitAbandoned as exc:
                 self.sink.log_event(
                     "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
                 )
-                self.trained_uids.extend(result["uids"])
+                self.trained_uids.extend(result.uids)
                 break
             self.evals.after_step(self.step, self.synced_version)
             now = time.monotonic()
             health = [r.health.remote() for r in self.rollouters]
-            pending_log = (self.step, result, now - t_last, self.queue.stats.remote(), health)
+            pending_log = _StepLog(self.step, result, now - t_last, self.queue.stats.remote(), health, sync_s)
             t_last = now
             if every and self.step % every == 0 and self.step < total:
-                self._log(*pending_log)
+                self._log(pending_log)
                 pending_log = None
                 self._checkpoint(self.step)
         if pending_log is not None:
-            self._log(*pending_log)
+            self._log(pending_log)
         self._finish_sync_quietly()
         self.stopped = self.step < total
         stopping = self.stop.is_set()
@@ -268,9 +300,8 @@ class _Run:
     # step starts at once. The sync is awaited (watchdog included) when that step is logged, before
     # the next sync and before a checkpoint. Admission still gates on the rollouter's version, so the
     # staleness bound and sync/on-policy parity are unaffected.
-    def _start_sync(self, result: dict[str, Any]) -> None:
-        version = result["version"]
-        self._pending_sync = self.syncer.dispatch(version, result["weights_box"], result["publish_s"])
+    def _start_sync(self, version: int, box: list[Any], publish_s: float) -> None:
+        self._pending_sync = self.syncer.dispatch(version, box, publish_s)
         self.synced_version = version
 
     def _finish_sync(self) -> float | None:
@@ -279,7 +310,8 @@ class _Run:
             return None
         results = self.waiter.wait_all(pending.loads + pending.trainer_refs, "weight sync")
         self._pending_sync = None
-        return self.syncer.finish(pending, results[: len(pending.loads)]).total_s
+        loads: list[WeightLoadTiming] = results[: len(pending.loads)]
+        return self.syncer.finish(pending, loads).total_s
 
     def _finish_sync_quietly(self) -> float | None:
         try:
@@ -298,33 +330,35 @@ class _Run:
         self.synced_version = version
         return self._finish_sync()
 
-    def _log(self, step: int, result: dict, wall: float, qref: Any, href: list) -> None:
+    def _log(self, entry: _StepLog) -> None:
+        step, result = entry.step, entry.result
         pending = getattr(self, "_pending_sync", None)
-        if pending is not None and pending.version == step:
-            sync_s = self._finish_sync_quietly()
-        else:
-            sync_s = result.get("sync_s")
-        qstats = self.waiter.get(qref, "queue")
-        health = [self.waiter.get(h, f"rollouter {i}") for i, h in enumerate(href)]
+        sync_s = (
+            self._finish_sync_quietly() if pending is not None and pending.version == step else entry.sync_s
+        )
+        qstats: QueueStats = self.waiter.get(entry.queue_stats, "queue")
+        health: list[RolloutHealth] = [
+            self.waiter.get(h, f"rollouter {i}") for i, h in enumerate(entry.health)
+        ]
         prev = getattr(self, "_prev_busy", None)
-        busy = [h["busy_s"] for h in health]
+        busy = [h.busy_s for h in health]
         deltas = [b - p for b, p in zip(busy, prev, strict=True)] if prev else busy
         self._prev_busy = busy
         metrics = step_metrics(
             result,
-            step_wall_s=wall,
+            step_wall_s=entry.wall_s,
             sync_s=sync_s,
             queue_stats=qstats,
             rollout_busy_delta_s=deltas,
-            gen_window_s=wall,
-            counters=sum_counters([h.get("counters", {}) for h in health]),
+            gen_window_s=entry.wall_s,
+            counters=sum_counters([h.counters for h in health]),
         )
         self.rewards.append(metrics["reward/mean"])
-        self.trained_uids.extend(result["uids"])
+        self.trained_uids.extend(result.uids)
         if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
             self.sink.log_metrics(step, metrics)
-        if result["examples"]:
-            self.sink.log_samples(step, result["examples"])
+        if result.examples:
+            self.sink.log_samples(step, [e.to_dict() for e in result.examples])
 
     # --- checkpoint / resume -------------------------------------------------------------------------------
     def _checkpoint(self, step: int) -> None:
@@ -333,12 +367,14 @@ class _Run:
             return
         try:
             self._finish_sync()
-            states = self.waiter.wait_all([r.pause.remote() for r in self.rollouters], "checkpoint pause")
+            states: list[PauseState] = self.waiter.wait_all(
+                [r.pause.remote() for r in self.rollouters], "checkpoint pause"
+            )
         except StopWaitAbandoned as exc:
             self.sink.log_event("alert", f"checkpoint at step {step} skipped: {exc}", {"step": step})
             return
         try:
-            qsnap = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
+            qsnap: QueueSnapshot = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
             extra = ckpt.pipeline_extra(step, qsnap, states)
             path = ckpt.checkpoint_path(directory, step)
             size = self.waiter.wait_one(self.trainer.save_checkpoint.remote(str(path), extra), "checkpoint")
@@ -368,7 +404,7 @@ class _Run:
         self.sink.log_event(
             "status",
             f"resumed from {src} at step {self.step}",
-            {"step": self.step, "path": src, "queued": len(qstate["groups"])},
+            {"step": self.step, "path": src, "queued": len(qstate.groups)},
         )
 
     # --- teardown --------------------------------------------------------------------------------------------
@@ -380,11 +416,11 @@ class _Run:
             ready, _ = ray.wait(
                 [r.stop.remote(2.0) for r in self.rollouters], num_returns=len(self.rollouters), timeout=5.0
             )
-            stops = [ray.get(x) for x in ready]
-            self.final["in_flight"] = sum(s["in_flight"] for s in stops)
+            stops: list[RolloutStopped] = [ray.get(x) for x in ready]
+            self.final.in_flight = sum(s.in_flight for s in stops)
         with contextlib.suppress(Exception):
-            self.final["queue"] = ray.get(self.queue.stats.remote(), timeout=5.0)
-            self.final["dropped_uids"] = ray.get(self.queue.dropped_uids.remote(), timeout=5.0)
+            self.final.queue = ray.get(self.queue.stats.remote(), timeout=5.0)
+            self.final.dropped_uids = ray.get(self.queue.dropped_uids.remote(), timeout=5.0)
         for a in self.actors:
             with contextlib.suppress(Exception):
                 ray.kill(a)
@@ -392,22 +428,23 @@ class _Run:
 
     def _summary(self) -> RunSummary:
         self.shutdown()
-        q = self.final.get("queue", {})
+        # the queue's stats are missing only when it did not answer at shutdown: report zeros
+        q = self.final.queue or QueueStats(0, 0, 0, 0, 0, 0, None)
         tail = self.rewards[-5:]
         return RunSummary(
             steps_done=self.step,
             start_step=self.start_step,
-            samples_trained=int(q.get("consumed", 0)),
+            samples_trained=q.consumed,
             final_reward_mean=sum(tail) / len(tail) if tail else None,
             wall_time_s=time.monotonic() - self.t_start,
             stopped=self.stopped,
             last_checkpoint=self.last_ckpt,
-            dropped_stale=int(q.get("dropped_stale", 0)),
-            queued=int(q.get("queued", 0)),
-            in_flight=int(self.final.get("in_flight", 0)),
-            admitted=int(q.get("admitted", 0)),
-            max_queued=int(q.get("max_depth", 0)),
+            dropped_stale=q.dropped_stale,
+            queued=q.queued,
+            in_flight=self.final.in_flight,
+            admitted=q.admitted,
+            max_queued=q.max_depth,
             sync_times_s=[s.total_s for s in self.syncer.history],
             trained_uids=self.trained_uids,
-            dropped_uids=list(self.final.get("dropped_uids", [])),
+            dropped_uids=list(self.final.dropped_uids),
         )

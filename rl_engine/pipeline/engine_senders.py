@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from rl_engine.models.buckets import WeightStream
-from rl_engine.pipeline.transport import GroupInit, GroupSender, SendStats, group_device
+from rl_engine.pipeline.transport import GroupInit, GroupSender, group_device
+from rl_engine.types import SendStats
 
 
 class VllmSender:

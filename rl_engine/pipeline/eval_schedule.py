@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from rl_engine.config import ExperimentConfig
+from rl_engine.types import EvalSummary
 
 
 @dataclass
@@ -105,14 +106,13 @@ class EvalSchedule:
     def _evaluate_now(self, step: int, version: int) -> None:
         self._log(step, self.waiter.wait_one(self.rollouter.evaluate.remote(step, version), "evaluation"))
 
-    def _log(self, step: int, metrics: dict[str, float]) -> None:
-        if not metrics:  # cancelled by a stop
+    def _log(self, step: int, summary: EvalSummary | None) -> None:
+        if summary is None:  # cancelled by a stop
             return
-        self.sink.log_metrics(step, metrics)
+        self.sink.log_metrics(step, summary.metrics())
         self.sink.log_event(
             "log",
-            f"evaluation at step {step}: reward {metrics['val/reward_mean']:.4g}, pass@1 "
-            f"{metrics['val/pass@1']:.4g}, length {metrics['val/response_length']:.4g} "
-            f"({metrics['val/num_prompts']:.0f} prompts, {metrics['val/time_s']:.1f} s)",
+            f"evaluation at step {step}: reward {summary.reward_mean:.4g}, pass@1 {summary.pass_at_1:.4g}, "
+            f"length {summary.response_length:.4g} ({summary.num_prompts} prompts, {summary.time_s:.1f} s)",
             {"step": step},
         )

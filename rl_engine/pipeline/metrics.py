@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any
+
+from rl_engine.types import QueueStats, StepResult
 
 
 def step_metrics(
-    result: dict[str, Any],
+    result: StepResult,
     *,
     step_wall_s: float,
     sync_s: float | None,
-    queue_stats: dict[str, Any],
+    queue_stats: QueueStats,
     rollout_busy_delta_s: list[float],
     gen_window_s: float,
     counters: dict[str, float] | None = None,
@@ -22,8 +23,8 @@ def step_metrics(
     ``gen_window_s``: wall seconds of that window (so idle ratio = 1 - busy / window);
     ``counters``: the rollouters' cumulative counters (``sum_counters``), merged as they are.
     """
-    rewards, lengths, stal = result["rewards"], result["lengths"], result["staleness"]
-    m: dict[str, float] = {k: float(v) for k, v in result["trainer_metrics"].items()}
+    rewards, lengths, stal = result.rewards, result.lengths, result.staleness
+    m: dict[str, float] = {k: float(v) for k, v in result.trainer_metrics.items()}
     busy_window = max(gen_window_s, 1e-9)
     m.update(
         {
@@ -31,16 +32,16 @@ def step_metrics(
             "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "response_length/mean": statistics.fmean(lengths),
             "timing/gen_s": statistics.fmean(rollout_busy_delta_s) if rollout_busy_delta_s else 0.0,
-            "timing/train_s": result["train_s"],
-            "timing/wait_s": result["wait_s"],
+            "timing/train_s": result.train_s,
+            "timing/wait_s": result.wait_s,
             "timing/step_s": step_wall_s,
             "async/staleness_mean": statistics.fmean(stal),
             "async/staleness_max": float(max(stal)),
-            "async/queue_size": float(queue_stats["queued"]),
-            "async/partial_ratio": sum(result["partial"]) / len(result["partial"]),
-            "async/dropped_stale": float(queue_stats["dropped_stale"]),
-            "async/param_version": float(result["version"]),
-            "trainer/idle_ratio": result["wait_s"] / max(step_wall_s, 1e-9),
+            "async/queue_size": float(queue_stats.queued),
+            "async/partial_ratio": sum(result.partial) / len(result.partial),
+            "async/dropped_stale": float(queue_stats.dropped_stale),
+            "async/param_version": float(result.version),
+            "trainer/idle_ratio": result.wait_s / max(step_wall_s, 1e-9),
             "rollouter/idle_ratio": 1.0 - min(1.0, statistics.fmean(rollout_busy_delta_s) / busy_window)
             if rollout_busy_delta_s
             else 0.0,

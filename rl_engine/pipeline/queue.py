@@ -15,24 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import replace
 
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.types import Sample, split_groups
+from rl_engine.types import QueueBatch, QueueCounters, QueueSnapshot, QueueStats, Sample, split_groups
 
 
 class PipelineFailure(RuntimeError):
     """Raised to every waiter once a pipeline actor reported a fatal error."""
-
-
-@dataclass
-class QueueCounters:
-    admitted: int = 0
-    generated: int = 0  # samples that reached the queue
-    consumed: int = 0  # samples handed to the trainer
-    dropped_stale: int = 0  # dropped at consumption or by a rollouter before finishing
-    dropped_uids: list[str] = field(default_factory=list)
 
 
 class MessageQueue:
@@ -44,6 +34,7 @@ class MessageQueue:
         self._groups: collections.deque[list[Sample]] = collections.deque()
         self._queued = 0
         self.c = QueueCounters()
+        self._dropped_uids: list[str] = []  # for the run summary (not checkpointed)
         self._changed = asyncio.Condition()
         self._failure: str | None = None
         self._closed = False
@@ -86,14 +77,14 @@ class MessageQueue:
     async def report_dropped(self, uids: list[str]) -> None:
         """A rollouter discarded in-flight samples that could no longer meet the staleness bound."""
         self.c.dropped_stale += len(uids)
-        self.c.dropped_uids.extend(uids)
+        self._dropped_uids.extend(uids)
 
     # --- consumer side ------------------------------------------------------------------------------
-    async def get(self, num_samples: int, trainer_version: int, timeout_s: float) -> dict[str, Any] | None:
+    async def get(self, num_samples: int, trainer_version: int, timeout_s: float) -> QueueBatch | None:
         """Take ``num_samples`` samples (whole groups, FIFO) for a step at ``trainer_version``.
 
-        Groups that are too stale for this version are dropped (counted) on the way. Returns
-        ``{"samples": [...], "dropped": k}`` or None when nothing complete arrived within ``timeout_s``.
+        Groups that are too stale for this version are dropped (counted) on the way. None when nothing
+        complete arrived within ``timeout_s`` (and nothing was dropped).
         """
         dropped = 0
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -105,7 +96,7 @@ class MessageQueue:
                     break
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
-                    return {"samples": [], "dropped": dropped} if dropped else None
+                    return QueueBatch([], dropped) if dropped else None
                 try:
                     await asyncio.wait_for(self._changed.wait(), remaining)
                 except TimeoutError:
@@ -116,7 +107,7 @@ class MessageQueue:
             self._queued -= len(group)
             out.extend(group)
         self.c.consumed += len(out)
-        return {"samples": out, "dropped": dropped}
+        return QueueBatch(out, dropped)
 
     async def unget(self, samples: list[Sample]) -> None:
         """Return samples taken for a step that was cancelled to the front, in their order."""
@@ -132,7 +123,7 @@ class MessageQueue:
         for group in self._groups:
             if self.knobs.is_stale(trainer_version, min(s.param_version_start for s in group)):
                 dropped += len(group)
-                self.c.dropped_uids.extend(f"{s.group_id}/{i}" for i, s in enumerate(group))
+                self._dropped_uids.extend(f"{s.group_id}/{i}" for i, s in enumerate(group))
             else:
                 keep.append(group)
         if dropped:
@@ -159,32 +150,29 @@ class MessageQueue:
             raise PipelineFailure(self._failure)
 
     # --- observation / checkpoint -------------------------------------------------------------------
-    async def stats(self) -> dict[str, Any]:
-        return {
-            "queued": self._queued,
-            "max_depth": self._max_depth,
-            "admitted": self.c.admitted,
-            "generated": self.c.generated,
-            "consumed": self.c.consumed,
-            "dropped_stale": self.c.dropped_stale,
-            "failure": self._failure,
-        }
+    async def stats(self) -> QueueStats:
+        c = self.c
+        return QueueStats(
+            queued=self._queued,
+            max_depth=self._max_depth,
+            admitted=c.admitted,
+            generated=c.generated,
+            consumed=c.consumed,
+            dropped_stale=c.dropped_stale,
+            failure=self._failure,
+        )
 
     async def dropped_uids(self) -> list[str]:
-        return list(self.c.dropped_uids)
+        return list(self._dropped_uids)
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self) -> QueueSnapshot:
         """Queued groups and counters, for a checkpoint (the queue keeps its content)."""
-        return {
-            "groups": [list(g) for g in self._groups],
-            "counters": {k: v for k, v in vars(self.c).items() if k != "dropped_uids"},
-        }
+        return QueueSnapshot([list(g) for g in self._groups], replace(self.c))
 
-    async def restore(self, state: dict[str, Any]) -> None:
+    async def restore(self, state: QueueSnapshot) -> None:
         """Put checkpointed groups back and continue the counters (no sample is counted twice)."""
-        for key, value in state["counters"].items():
-            setattr(self.c, key, value)
-        for group in state["groups"]:
+        self.c = replace(state.counters)
+        for group in state.groups:
             self._groups.append(list(group))
             self._queued += len(group)
         self._max_depth = max(self._max_depth, self._queued)

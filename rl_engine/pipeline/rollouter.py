@@ -22,12 +22,12 @@ Threads inside the actor (created with ``max_concurrency`` >= 6):
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -35,7 +35,16 @@ import ray
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.types import Prompt, Sample, split_groups
+from rl_engine.types import (
+    EvalSummary,
+    PauseState,
+    Prompt,
+    RolloutHealth,
+    RolloutStopped,
+    Sample,
+    WeightLoadTiming,
+    split_groups,
+)
 
 _ADMIT_POLL_S = 0.02  # re-ask the queue this often while gated (drops may free capacity)
 # Between evaluation chunks, wait at most this long for a loop thread to take its turn (it normally
@@ -45,14 +54,6 @@ _EVAL_YIELD_MAX_S = 5.0
 
 class EvaluationCancelled(Exception):
     """The run is stopping: the evaluation ends at its next chunk boundary, unreported."""
-
-
-def sample_to_dict(s: Sample) -> dict[str, Any]:
-    return asdict(s)
-
-
-def sample_from_dict(d: dict[str, Any]) -> Sample:
-    return Sample(**d)
 
 
 class Rollouter:
@@ -202,7 +203,8 @@ class Rollouter:
     def _take_resumable(self) -> list[list[Sample]]:
         """Pop pending groups; drop (and report) those that can no longer meet the staleness bound."""
         groups, self._pending = self._pending, []
-        keep, dropped = [], []
+        keep: list[list[Sample]] = []
+        dropped: list[str] = []
         for g in groups:
             if self.knobs.is_stale(self.worker.version, min(s.param_version_start for s in g)):
                 dropped.extend(f"{s.group_id}/{i}" for i, s in enumerate(g))
@@ -294,7 +296,7 @@ class Rollouter:
             with self._cv:
                 self._leave_section()
 
-    def update_weights(self, ref_box: list[Any], version: int) -> dict[str, float]:
+    def update_weights(self, ref_box: list[Any], version: int) -> WeightLoadTiming:
         """Object store sync: load ``[ObjectRef]`` (of an ``ObjectStoreWeights`` stream, or of named
         arrays) as ``version``; the buckets are fetched one at a time while the worker loads them."""
         t0 = time.monotonic()
@@ -306,7 +308,7 @@ class Rollouter:
             self._load(lambda: self.worker.update_weights(weights, version), version)
         finally:
             self._release_worker()
-        return {"wait_s": t_wait, "get_s": t_get, "total_s": time.monotonic() - t0}
+        return WeightLoadTiming(wait_s=t_wait, total_s=time.monotonic() - t0, get_s=t_get)
 
     def weight_transfer_ranks(self) -> int:
         """Ranks this rollouter's worker takes in a broadcast weight group (one per engine GPU)."""
@@ -319,7 +321,7 @@ class Rollouter:
         same time). ``kwargs``: ``max_bucket_bytes``, ``backend``, ``timeout_s`` for the worker."""
         self.worker.init_weight_transfer(address, port, rank_offset, world_size, **kwargs)
 
-    def receive_weights(self, manifest: Any, version: int) -> dict[str, float]:
+    def receive_weights(self, manifest: Any, version: int) -> WeightLoadTiming:
         """Broadcast sync: receive the buckets of ``manifest`` (a ``WeightManifest``) while the trainer
         sends them, and record ``version`` once all of them loaded."""
         t0 = time.monotonic()
@@ -329,7 +331,7 @@ class Rollouter:
             self._load(lambda: self.worker.receive_weights(manifest, version), version)
         finally:
             self._release_worker()
-        return {"wait_s": t_wait, "total_s": time.monotonic() - t0}
+        return WeightLoadTiming(wait_s=t_wait, total_s=time.monotonic() - t0)
 
     def _load(self, load: Any, version: int) -> None:
         """Run a weight load (worker section held); a failure is one clear line naming this rollouter."""
@@ -345,22 +347,22 @@ class Rollouter:
             )
 
     # --- held-out evaluation (rollouter 0; a control thread) -----------------------------------------------
-    def evaluate(self, step: int, min_version: int = 0) -> dict[str, float]:
+    def evaluate(self, step: int, min_version: int = 0) -> EvalSummary | None:
         """Run the held-out evaluation once the worker holds weights ``min_version`` or newer (the sync
-        the driver started before asking); ``val/`` metrics, or ``{}`` when cancelled or not configured.
-        ``step`` only names the request in errors."""
+        the driver started before asking); None when cancelled or not configured. ``step`` only names
+        the request in errors."""
         if self.evaluator is None:
-            return {}
+            return None
         with self._cv:
             while self.worker.version < min_version:
                 if self._eval_cancel.is_set() or self._stop.is_set():
-                    return {}
+                    return None
                 self._cv.wait(0.5)
             self._eval_yield_mark = None  # the first chunk waits for no loop turn
         try:
-            return self.evaluator.run(self.worker, hold=self._eval_hold).metrics
+            return self.evaluator.run(self.worker, hold=self._eval_hold).summary
         except EvaluationCancelled:
-            return {}
+            return None
         except Exception as exc:
             raise RuntimeError(
                 f"rollouter {self.index}: evaluation for step {step}: {type(exc).__name__}: {exc}"
@@ -408,28 +410,25 @@ class Rollouter:
                 self.worker.interrupt()
             self._cv.notify_all()
 
-    def pause(self) -> dict[str, Any]:
+    def pause(self) -> PauseState:
         """Hold the loop (in-flight calls interrupted with partial rollout) and return the state."""
         self._acquire_worker(interrupt=self.knobs.partial_rollout)
-        with self._cv:
-            return {
-                "pending": [[sample_to_dict(s) for s in g] for g in self._pending],
-                "parked": [[asdict(p) for p in unit] for unit in self._parked],
-                "prompts": self.prompts.state_dict(),
-                "in_flight": self.in_flight(),
-            }
+        with self._cv:  # a snapshot: once unpaused the loop continues these samples in place
+            return PauseState(
+                pending=copy.deepcopy(self._pending),
+                parked=[list(unit) for unit in self._parked],
+                prompts=self.prompts.state_dict(),
+                in_flight=self.in_flight(),
+            )
 
     def unpause(self) -> None:
         self._release_worker()
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: PauseState) -> None:
         """Before ``start``: pending groups, parked prompts and the stream position from a checkpoint."""
-        self.prompts.load_state_dict(state["prompts"])
-        self._pending = [[sample_from_dict(d) for d in g] for g in state["pending"]]
-        units = state.get("parked")
-        if units is None:  # written before parking kept one unit per thread: at most one unit
-            units = [state["parked_prompts"]] if state.get("parked_prompts") else []
-        self._parked = [[Prompt(**p) for p in unit] for unit in units]
+        self.prompts.load_state_dict(state.prompts)
+        self._pending = [list(g) for g in state.pending]
+        self._parked = [list(unit) for unit in state.parked]
 
     def in_flight(self) -> int:
         """Admitted samples not yet on the queue (pending groups + parked prompts)."""
@@ -437,7 +436,7 @@ class Rollouter:
             parked = sum(len(unit) for unit in self._parked) * self.knobs.group_size
             return sum(len(g) for g in self._pending) + parked
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> RolloutHealth:
         """Raise the loop's error, if any; else progress figures for metrics and the watchdog."""
         if self._error:
             raise RuntimeError(self._error)
@@ -445,16 +444,16 @@ class Rollouter:
         with self._cv:
             busy_for = now - min(self._busy.values()) if self._busy else 0.0
             running = sum(now - t for t in self._busy.values())
-            return {
-                "version": self.worker.version,
-                "busy_s": (self._busy_s + running) / self.concurrency,
-                "call_running_s": busy_for,
-                "samples_out": self._samples_out,
-                "tokens_out": self._tokens_out,
-                "since_progress_s": now - self._last_progress,
-                "now": now,
-                "counters": self.counters(),
-            }
+            return RolloutHealth(
+                version=self.worker.version,
+                busy_s=(self._busy_s + running) / self.concurrency,
+                call_running_s=busy_for,
+                samples_out=self._samples_out,
+                tokens_out=self._tokens_out,
+                since_progress_s=now - self._last_progress,
+                now=now,
+                counters=self.counters(),
+            )
 
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the step metrics: the reward's (``reward/errors``, ``reward/calls``) and,
@@ -467,7 +466,7 @@ class Rollouter:
             out.update(self.prompts.stats())
         return out
 
-    def stop(self, timeout_s: float = 10.0) -> dict[str, Any]:
+    def stop(self, timeout_s: float = 10.0) -> RolloutStopped:
         """End the loop (interrupting a running call) and report what is still in flight."""
         self._stop.set()
         self.worker.interrupt()
@@ -478,4 +477,4 @@ class Rollouter:
             t.join(max(0.0, deadline - time.monotonic()))
         with contextlib.suppress(Exception):
             self.worker.close()
-        return {"in_flight": self.in_flight(), "alive": any(t.is_alive() for t in self._threads)}
+        return RolloutStopped(in_flight=self.in_flight(), alive=any(t.is_alive() for t in self._threads))

@@ -31,6 +31,7 @@ from typing import Any
 import ray
 
 from rl_engine.models.buckets import WeightBucket, WeightManifest, WeightStream
+from rl_engine.types import SyncTiming, WeightLoadTiming
 
 
 class ObjectStoreWeights(WeightStream):
@@ -76,17 +77,6 @@ def free_endpoint() -> tuple[str, int]:
 
 
 @dataclass
-class SyncTiming:
-    """Seconds spent in one sync: publish (trainer put), load (slowest rollouter), total."""
-
-    version: int
-    publish_s: float
-    load_s: float
-    total_s: float
-    per_rollouter: list[dict[str, float]] = field(default_factory=list)
-
-
-@dataclass
 class PendingSync:
     """A started sync: one load ref per rollouter (its timing) and the trainer's part of it."""
 
@@ -113,12 +103,16 @@ class ParameterSync:
     def start(self, version: int) -> PendingSync:
         raise NotImplementedError
 
-    def finish(self, pending: PendingSync, results: list[dict[str, float]]) -> SyncTiming:
+    def dispatch(self, version: int, box: list[Any], publish_s: float) -> PendingSync:
+        """Hand out weights the trainer published with a step (``publishes_with_step`` transports)."""
+        raise NotImplementedError(f"{type(self).__name__} does not publish with the step")
+
+    def finish(self, pending: PendingSync, results: list[WeightLoadTiming]) -> SyncTiming:
         """``results``: the ``loads`` refs' values (each rollouter's timing)."""
         timing = SyncTiming(
             version=pending.version,
             publish_s=pending.publish_s,
-            load_s=max((r["total_s"] for r in results), default=0.0),
+            load_s=max((r.total_s for r in results), default=0.0),
             total_s=time.monotonic() - pending.t0,
             per_rollouter=results,
         )

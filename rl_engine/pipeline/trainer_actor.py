@@ -26,7 +26,7 @@ from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
 from rl_engine.pipeline.sync import free_endpoint, publish_stream, whole_tensor_buckets
 from rl_engine.pipeline.transport import BucketSender, GroupInit, open_sender
-from rl_engine.types import Sample
+from rl_engine.types import ExampleSample, QueueBatch, Sample, SendStats, StepCancelled, StepResult
 
 _PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is noticed quickly
 
@@ -55,7 +55,7 @@ class TrainerActor:
         """Make a waiting ``train_step`` return without training (graceful stop)."""
         self._cancel.set()
 
-    def train_step(self, num_examples: int = 0, publish: bool = False) -> dict[str, Any]:
+    def train_step(self, num_examples: int = 0, publish: bool = False) -> StepResult | StepCancelled:
         """Gather one batch and train on it. Returns metrics, timings and example samples.
 
         ``publish``: this step triggers a weight sync: put the new weights in the object store and
@@ -63,13 +63,13 @@ class TrainerActor:
         """
         self._cancel.clear()
         t0 = time.monotonic()
-        batch, dropped = self._gather()
+        pulled = self._gather()
         t_wait = time.monotonic() - t0
-        if batch is None:
-            return {"cancelled": True, "wait_s": t_wait}
-        version_before = self.version
+        if pulled is None:
+            return StepCancelled(t_wait)
+        batch = pulled.samples
         # before training: a batch the queue should not have let through is never trained on
-        stal = self.knobs.batch_staleness(version_before, batch)
+        stal = self.knobs.batch_staleness(self.version, batch)
         t1 = time.monotonic()
         metrics = dict(self.trainer.train_step(batch))
         t_train = time.monotonic() - t1
@@ -79,27 +79,25 @@ class TrainerActor:
             box = self.publish_weights()
             self.trainer.mark_synced()
             publish_s = time.monotonic() - t2
-        return {
-            "cancelled": False,
-            "version": self.version,
-            "weights_box": box,
-            "publish_s": publish_s,
-            "trainer_metrics": metrics,
-            "wait_s": t_wait,
-            "train_s": t_train,
-            "dropped_now": dropped,
-            "staleness": stal,
-            "rewards": [s.reward for s in batch],
-            "lengths": [s.response_length for s in batch],
-            "partial": [
-                s.param_version_end > s.param_version_start or s.num_interruptions > 0 for s in batch
-            ],
-            "gen_s": [s.gen_time_s for s in batch],
-            "uids": [f"{s.group_id}/{i % self.knobs.group_size}" for i, s in enumerate(batch)],
-            "examples": self._examples(batch, num_examples),
-        }
+        return StepResult(
+            version=self.version,
+            trainer_metrics=metrics,
+            wait_s=t_wait,
+            train_s=t_train,
+            dropped_now=pulled.dropped,
+            staleness=stal,
+            rewards=[s.reward for s in batch],
+            lengths=[s.response_length for s in batch],
+            partial=[s.param_version_end > s.param_version_start or s.num_interruptions > 0 for s in batch],
+            gen_s=[s.gen_time_s for s in batch],
+            uids=[f"{s.group_id}/{i % self.knobs.group_size}" for i, s in enumerate(batch)],
+            examples=self._examples(batch, num_examples),
+            weights_box=box,
+            publish_s=publish_s,
+        )
 
-    def _gather(self) -> tuple[list[Sample] | None, int]:
+    def _gather(self) -> QueueBatch | None:
+        """``trainer.batch_size`` samples in pulls of whole groups; None when cancelled meanwhile."""
         need = self.cfg.trainer.batch_size
         pull = max(self.knobs.require_batches * self.cfg.trainer.mini_batch_size, self.knobs.group_size)
         got: list[Sample] = []
@@ -108,24 +106,26 @@ class TrainerActor:
             if self._cancel.is_set():
                 if got:  # hand them back: a checkpoint taken now must still see them as queued
                     ray.get(self.queue.unget.remote(got))
-                return None, dropped
-            res = ray.get(self.queue.get.remote(min(pull, need - len(got)), self.version, _PULL_TIMEOUT_S))
+                return None
+            res: QueueBatch | None = ray.get(
+                self.queue.get.remote(min(pull, need - len(got)), self.version, _PULL_TIMEOUT_S)
+            )
             if res is not None:
-                got.extend(res["samples"])
-                dropped += res["dropped"]
-        return got, dropped
+                got.extend(res.samples)
+                dropped += res.dropped
+        return QueueBatch(got, dropped)
 
-    def _examples(self, batch: list[Sample], k: int) -> list[dict[str, Any]]:
+    def _examples(self, batch: list[Sample], k: int) -> list[ExampleSample]:
         picks = self._rng.sample(range(len(batch)), min(k, len(batch)))
         return [
-            {
-                "prompt": batch[i].prompt_text,
-                "response": batch[i].response_text,
-                "answer": batch[i].answer,
-                "reward": batch[i].reward,
-                "param_version_start": batch[i].param_version_start,
-                "param_version_end": batch[i].param_version_end,
-            }
+            ExampleSample(
+                prompt=batch[i].prompt_text,
+                response=batch[i].response_text,
+                answer=batch[i].answer,
+                reward=batch[i].reward,
+                param_version_start=batch[i].param_version_start,
+                param_version_end=batch[i].param_version_end,
+            )
             for i in picks
         ]
 
@@ -162,7 +162,7 @@ class TrainerActor:
         init = GroupInit(address, port, world, 0, backend=backend, timeout_s=timeout_s)
         self._sender = open_sender(init, self.cfg.rollout.backend)
 
-    def broadcast_weights(self) -> dict[str, float]:
+    def broadcast_weights(self) -> SendStats:
         """Send every bucket of ``bucket_plan`` to the group (the rollouters receive at the same time)."""
         if self._sender is None:
             raise RuntimeError("broadcast_weights before open_weight_sender")
@@ -171,7 +171,7 @@ class TrainerActor:
             raise RuntimeError("the trainer's weights no longer match the weight-sync plan")
         stats = self._sender.send(stream)
         self.trainer.mark_synced()
-        return {"send_s": stats.seconds, "bytes": float(stats.bytes)}
+        return stats
 
     def mark_synced(self) -> None:
         self.trainer.mark_synced()

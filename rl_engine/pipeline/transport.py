@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream
+from rl_engine.types import SendStats
 
 WEIGHT_GROUP = "rl_engine_weights"
 BACKENDS = ("gloo", "nccl")
@@ -45,13 +46,6 @@ class GroupInit:
     backend: str = "gloo"  # one of BACKENDS
     group_name: str = WEIGHT_GROUP
     timeout_s: float = 300.0
-
-
-@dataclass(frozen=True)
-class SendStats:
-    buckets: int
-    bytes: int
-    seconds: float
 
 
 class BucketSender(Protocol):

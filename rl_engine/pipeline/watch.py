@@ -18,6 +18,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from rl_engine.types import RolloutHealth
+
 _SLICE_S = 0.2
 _HEALTH_EVERY_S = 0.5
 
@@ -79,7 +81,9 @@ class Waiter:
                     # a stuck stage (e.g. a sync waiting on a hung rollout) must not block a stop forever
                     stop_seen = stop_seen or time.monotonic()
                     if time.monotonic() - stop_seen > self.timeout:
-                        raise StopWaitAbandoned(f"{stage} did not finish within {self.timeout:.1f} s of the stop request")
+                        raise StopWaitAbandoned(
+                            f"{stage} did not finish within {self.timeout:.1f} s of the stop request"
+                        )
         self._alerted.discard(stage)
         return [self.get(r, stage) for r in refs]
 
@@ -113,17 +117,22 @@ class Waiter:
         ready, _ = ray.wait(self._health_refs, num_returns=len(self._health_refs), timeout=0)
         if len(ready) < len(self._health_refs):
             if now - self._health_sent > self.timeout:
-                self._alert("rollouter health", f"watchdog: a rollouter has not answered for {now - self._health_sent:.1f} s")
+                self._alert(
+                    "rollouter health",
+                    f"watchdog: a rollouter has not answered for {now - self._health_sent:.1f} s",
+                )
             return
         for i, ref in enumerate(self._health_refs):
             try:
-                h = ray.get(ref)
+                h: RolloutHealth = ray.get(ref)
             except (RayTaskError, RayActorError) as exc:
                 raise PipelineError(f"rollouter {i} failed: {root_cause(exc)}") from None
             key = f"rollout {i}"
-            if h["call_running_s"] > self.timeout:
-                self._alert(key, f"watchdog: rollout call on rollouter {i} made no progress for "
-                                 f"{h['call_running_s']:.1f} s")
+            if h.call_running_s > self.timeout:
+                self._alert(
+                    key,
+                    f"watchdog: rollout call on rollouter {i} made no progress for {h.call_running_s:.1f} s",
+                )
             else:
                 self._alerted.discard(key)
         self._health_refs = None

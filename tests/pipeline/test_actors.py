@@ -21,6 +21,7 @@ from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.simulated import SimPromptStream
 from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.presets import get_preset
+from rl_engine.types import PauseState
 from tests.pipeline.conftest import group, sim_components, sim_config
 
 _WAIT_S = 120.0  # generous: the machine is shared; nothing below is timed
@@ -47,21 +48,21 @@ def _rollouter(ray: Any, cfg: Any, queue: Any = None) -> tuple[Rollouter, Any]:
     return Rollouter(cfg, knobs, 0, 1, queue, sim_components()), queue
 
 
-def _pause_while_gated(r: Rollouter, stream: _GatedStream) -> dict[str, Any]:
+def _pause_while_gated(r: Rollouter, stream: _GatedStream) -> PauseState:
     """Pause the rollouter while its threads are inside the gate, then open the gate."""
-    state: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: state.update(r.pause()), daemon=True)
+    out: dict[str, PauseState] = {}
+    t = threading.Thread(target=lambda: out.update(state=r.pause()), daemon=True)
     t.start()
     t.join(2.0)  # a pause that does not wait for the admitted threads has returned by now
     stream.gate.set()
     t.join(_WAIT_S)
     assert not t.is_alive(), "pause never returned"
-    return state
+    return out["state"]
 
 
 def _wait_admitted(ray: Any, queue: Any, n: int) -> None:
     deadline = time.monotonic() + _WAIT_S
-    while ray.get(queue.stats.remote())["admitted"] < n:
+    while ray.get(queue.stats.remote()).admitted < n:
         assert time.monotonic() < deadline, f"never admitted {n} samples"
         time.sleep(0.05)
 
@@ -75,10 +76,10 @@ def test_a_pause_records_prompts_admitted_but_not_yet_parked_and_a_resume_genera
     r.start()
     assert stream.entered.acquire(timeout=_WAIT_S)  # admitted (16 slots), drawing its prompts
     state = _pause_while_gated(r, stream)
-    assert ray.get(queue.stats.remote())["admitted"] == 16
+    assert ray.get(queue.stats.remote()).admitted == 16
     # the checkpoint state holds every admitted slot: the 4 prompts are parked, not lost
-    assert state["in_flight"] == 16
-    assert [[p["uid"] for p in unit] for unit in state["parked"]] == [["p0", "p1", "p2", "p3"]]
+    assert state.in_flight == 16
+    assert [[p.uid for p in unit] for unit in state.parked] == [["p0", "p1", "p2", "p3"]]
     snapshot = ray.get(queue.snapshot.remote())
     r.stop()
 
@@ -95,8 +96,8 @@ def test_a_pause_records_prompts_admitted_but_not_yet_parked_and_a_resume_genera
     finally:
         r2.stop()
     assert got is not None, "the resumed rollouter never generated the admitted prompts"
-    assert sorted({s.group_id for s in got["samples"]}) == ["p0", "p1", "p2", "p3"]
-    assert ray.get(queue2.stats.remote())["admitted"] == 16  # nothing admitted twice
+    assert sorted({s.group_id for s in got.samples}) == ["p0", "p1", "p2", "p3"]
+    assert ray.get(queue2.stats.remote()).admitted == 16  # nothing admitted twice
 
 
 def test_two_threads_parking_at_once_both_keep_their_prompts(ray_session):
@@ -108,8 +109,8 @@ def test_two_threads_parking_at_once_both_keep_their_prompts(ray_session):
     _wait_admitted(ray, queue, 8)  # both loop threads were admitted one call (1 prompt x 4) each
     state = _pause_while_gated(r, stream)
     try:
-        assert state["in_flight"] == 8 and r.in_flight() == 8
-        assert sorted(p["uid"] for unit in state["parked"] for p in unit) == ["p0", "p1"]
+        assert state.in_flight == 8 and r.in_flight() == 8
+        assert sorted(p.uid for unit in state.parked for p in unit) == ["p0", "p1"]
     finally:
         r.stop()
 
@@ -161,7 +162,7 @@ def test_a_pause_that_the_engine_ignores_fails_clearly_instead_of_hanging(ray_se
     r = Rollouter(cfg, knobs, 0, 1, queue, sim_components(worker={"hang_at_call": 1}))
     r.start()
     deadline = time.monotonic() + _WAIT_S
-    while not r.health()["call_running_s"]:
+    while not r.health().call_running_s:
         assert time.monotonic() < deadline, "the rollouter never started a call"
         time.sleep(0.05)
     with pytest.raises(RuntimeError, match=r"rollouter 0: the running call did not return within 1 s"):

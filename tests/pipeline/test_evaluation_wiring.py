@@ -191,8 +191,8 @@ def test_training_calls_and_a_weight_update_land_between_evaluation_chunks(ray_s
         r.stop(timeout_s=20.0)
         ray.get(queue.close.remote())
     m = out["result"]
-    assert m["val/num_prompts"] == 8 and m["val/aborted_ratio"] == 0
-    assert (m["val/param_version"], m["val/param_version_end"]) == (0, 1)  # the update came between chunks
+    assert m.num_prompts == 8 and m.aborted_ratio == 0
+    assert (m.param_version, m.param_version_end) == (0, 1)  # the update came between chunks
     # the worker is exclusive: nothing starts or ends inside an evaluation chunk
     chunks = [i for i, e in enumerate(log) if e == ("eval", "start")]
     assert len(chunks) == 4
@@ -222,12 +222,12 @@ def test_cancel_evaluation_ends_it_mid_chunk_and_training_goes_on(ray_session, t
         assert chunk_started.wait(_WAIT_S)
         r.cancel_evaluation()
         t.join(_WAIT_S)
-        assert not t.is_alive() and out["result"] == {}
+        assert not t.is_alive() and out["result"] is None
         assert not r.worker.interrupted  # cleared when the chunk gave the worker back
         trained = log.count(("train", "end"))
         _until(lambda: log.count(("train", "end")) >= trained + 2 or r._error)
         assert r._error is None, r._error
-        assert r.evaluate(2, 0) == {}  # cancelled for good: the run is stopping
+        assert r.evaluate(2, 0) is None  # cancelled for good: the run is stopping
     finally:
         r.stop(timeout_s=20.0)
         ray.get(queue.close.remote())
@@ -253,7 +253,7 @@ def test_a_cancel_reaches_an_evaluation_waiting_for_a_stuck_training_call(ray_se
         _until(lambda: r._hold == 1)  # the chunk waits for the stuck call (it may not interrupt it)
         r.cancel_evaluation()
         t.join(_WAIT_S)
-        assert not t.is_alive() and out["result"] == {}
+        assert not t.is_alive() and out["result"] is None
         assert r._hold == 0 and not r._worker_turns  # the section is free for a pause or an update
     finally:
         release.set()

@@ -44,11 +44,11 @@ def test_queue_admits_within_bound_drops_stale_and_counts(ray_session):
     ray.get(q.put.remote(group("g4", 1)))
     # trainer at version 2: the four version-0 groups (staleness 2 > 1) are dropped, never trained
     out = ray.get(q.get.remote(4, 2, 1.0))
-    assert [s.group_id for s in out["samples"]] == ["g4"] * 4
-    assert out["dropped"] == 16
+    assert [s.group_id for s in out.samples] == ["g4"] * 4
+    assert out.dropped == 16
     stats = ray.get(q.stats.remote())
-    assert (stats["dropped_stale"], stats["consumed"], stats["queued"]) == (16, 4, 0)
-    assert stats["admitted"] == stats["consumed"] + stats["queued"] + stats["dropped_stale"]
+    assert (stats.dropped_stale, stats.consumed, stats.queued) == (16, 4, 0)
+    assert stats.admitted == stats.consumed + stats.queued + stats.dropped_stale
     assert len(ray.get(q.dropped_uids.remote())) == 16
     # dropped samples free their admission slots: 20 admitted - 16 dropped + 12 <= (1 + 1 + 1) * 8
     assert ray.get(q.try_admit.remote(12, 1)) is True
@@ -72,11 +72,11 @@ def test_unget_returns_samples_to_the_front_uncounted(ray_session):
     q = ray.remote(MessageQueue).remote(knobs, 0)
     for i in range(3):
         ray.get(q.put.remote(group(f"g{i}", 0)))
-    taken = ray.get(q.get.remote(8, 0, 1.0))["samples"]
+    taken = ray.get(q.get.remote(8, 0, 1.0)).samples
     ray.get(q.unget.remote(taken))
-    again = ray.get(q.get.remote(12, 0, 1.0))["samples"]
+    again = ray.get(q.get.remote(12, 0, 1.0)).samples
     assert [s.group_id for s in again][::4] == ["g0", "g1", "g2"]
-    assert ray.get(q.stats.remote())["consumed"] == 12
+    assert ray.get(q.stats.remote()).consumed == 12
 
 
 def test_queue_max_size_bounds_queued_plus_in_flight(ray_session):
@@ -87,7 +87,7 @@ def test_queue_max_size_bounds_queued_plus_in_flight(ray_session):
     assert ray.get(q.try_admit.remote(4, 0)) is False
     ray.get(q.put.remote(group("g0", 0)))
     ray.get(q.put.remote(group("g1", 0)))
-    assert ray.get(q.stats.remote())["max_depth"] == 8
+    assert ray.get(q.stats.remote()).max_depth == 8
     assert ray.get(q.try_admit.remote(4, 0)) is False
     ray.get(q.get.remote(4, 0, 1.0))  # consuming frees room
     assert ray.get(q.try_admit.remote(4, 0)) is True

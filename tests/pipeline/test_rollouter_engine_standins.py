@@ -78,14 +78,14 @@ def test_weight_update_mid_generation_interrupts_and_resumes(ray_session, backen
             assert not rollouter._error, rollouter._error
             ev.wait(0.002)
         stats = rollouter.update_weights([ray.put({"layer.w": np.full(3, 0.5, np.float32)})], 1)
-        assert stats["total_s"] >= 0 and rollouter.worker.version == 1
+        assert stats.total_s >= 0 and rollouter.worker.version == 1
         got = ray.get(queue.get.remote(2, 1, 30.0))
         assert got is not None, rollouter._error
-        first = got["samples"]
+        first = got.samples
         assert all((s.param_version_start, s.param_version_end) == (0, 1) for s in first)
         assert all(s.num_interruptions == 1 and len(s.response_ids) == 300 for s in first)
     finally:
         summary = rollouter.stop(timeout_s=20.0)
         ray.get(queue.close.remote())
     assert rollouter._error is None
-    assert summary["alive"] is False
+    assert summary.alive is False
