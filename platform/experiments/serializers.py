@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from experiments.models import Experiment, Run, RunState
+from experiments.models import Experiment, Run
 from experiments.services import clean_tags, normalise_config
 from rl_engine.config import ConfigError
 
@@ -151,6 +151,3 @@ class RunCreateSerializer(serializers.Serializer):
 
 class ResumeSerializer(serializers.Serializer):
     priority = serializers.IntegerField(required=False, min_value=-1000, max_value=1000)
-
-
-RUN_STATES = [s.value for s in RunState]
