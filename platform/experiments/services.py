@@ -22,7 +22,7 @@ from experiments.config_policy import check_config, without_platform_fields
 from experiments.lifecycle import CancelRequested, RunQueued, StateChanged, announce
 from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, RunState
 from experiments.yaml_io import load_yaml_text
-from rl_engine.config import parse_config
+from rl_engine.config import ExperimentConfig, parse_config
 
 
 class InvalidTransition(Exception):
@@ -60,9 +60,12 @@ TRANSITION_FIELDS = frozenset(
 )
 
 
-def normalise_config(config: Any) -> dict[str, Any]:
-    """Validate with the engine's schema and return it with every default explicit. Raises ConfigError."""
-    return parse_config(config).model_dump(mode="json")
+def normalise_config(config: ExperimentConfig | Any) -> dict[str, Any]:
+    """The config with every default explicit, as stored. A plain value is validated with the engine's
+    schema (ConfigError); an ExperimentConfig already was (where it entered: the API's serializer, the
+    YAML import), so a config is validated once on each way in, not again by each service it passes."""
+    cfg = config if isinstance(config, ExperimentConfig) else parse_config(config)
+    return cfg.model_dump(mode="json")
 
 
 def clean_tags(tags: Any) -> list[str]:
@@ -135,10 +138,10 @@ def experiment_delete(*, experiment: Experiment) -> None:
     experiment.delete()
 
 
-def config_from_yaml(text: str) -> dict[str, Any]:
-    """Parse YAML text into a config dict (validated). Raises ConfigError with a line number; anchors,
+def config_from_yaml(text: str) -> ExperimentConfig:
+    """Parse YAML text into a validated config. Raises ConfigError with a line number; anchors,
     aliases, deep nesting and oversize documents are refused (experiments.yaml_io)."""
-    return normalise_config(load_yaml_text(text))
+    return parse_config(load_yaml_text(text))
 
 
 def config_to_yaml(config: dict[str, Any]) -> str:
