@@ -4,6 +4,7 @@ One invocation prints one table (and ``--json PATH`` writes the raw figures)::
 
     .venv/bin/python benchmarks/async_speedup.py            # all three parts
     .venv/bin/python benchmarks/async_speedup.py --parts a  # only the simulation
+    .venv/bin/python benchmarks/async_speedup.py --quick    # parts a and c, small (``make bench``)
 
 (a) The real pipeline (actors, queue, admission gate, weight sync, partial rollout) with a rollout
     worker and trainer whose *costs* come from the seeded model in ``rl_engine.pipeline.simulated``:
@@ -228,7 +229,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--real-steps", type=int, default=200)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--quick", action="store_true", help="parts a and c, 8 steps, 1 repeat: a minute or two")
     args = ap.parse_args()
+    if args.quick:  # a smoke run (make bench): the figures are not the recorded ones
+        args.parts, args.sim_steps, args.repeats = "ac", 8, 1
     tmp = tempfile.mkdtemp(prefix="rlb_", dir="/tmp")
     ray.init(num_cpus=16, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
     res: dict[str, Any] = {}
