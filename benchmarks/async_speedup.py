@@ -44,25 +44,18 @@ from rl_engine.pipeline import run_experiment  # noqa: E402
 from rl_engine.pipeline.components import Components, Factory  # noqa: E402
 from rl_engine.pipeline.simulated import response_length  # noqa: E402
 from rl_engine.presets import get_preset  # noqa: E402
+from rl_engine.sinks import MetricsSink  # noqa: E402
 
 
-class StepClock:
-    """Sink keeping per-step wall times and rewards (the pipeline's ``timing/step_s``)."""
+class StepClock(MetricsSink):
+    """Sink keeping per-step wall times and rewards (the pipeline's ``timing/step_s``); events and samples
+    are ignored (the base class's no-ops)."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[int, dict[str, float]]] = []
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.steps.append((step, metrics))
-
-    def log_event(self, kind: str, message: str, data: dict | None = None) -> None:
-        pass
-
-    def log_samples(self, step: int, samples: list[dict]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def steady_throughput(self, batch: int, skip: int = 2) -> float:
         """Samples per second over the steps after the first ``skip`` (start-up excluded)."""

@@ -152,6 +152,11 @@ class SamplesBody(_Wire):
         return self
 
 
+# Per endpoint: its body and the most items one request may carry.
+BODIES: dict[str, type[BaseModel]] = {METRICS: MetricsBody, EVENTS: EventsBody, SAMPLES: SamplesBody}
+LIMITS = {METRICS: MAX_POINTS_PER_BATCH, EVENTS: MAX_EVENTS_PER_BATCH, SAMPLES: MAX_SAMPLES_PER_BATCH}
+
+
 # --- the platform's answers ----------------------------------------------------------------------------
 
 

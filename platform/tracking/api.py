@@ -7,6 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from typing import Any
 
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
@@ -57,10 +58,10 @@ def _ingest_run(request: Request, run_id: int) -> Run:
     return run
 
 
-def _parse(model: type[wire.M], request: Request, endpoint: str, limit: int) -> wire.M:
-    """The request's body as ``model`` (rl_engine.wire); 413 for a batch over ``limit`` items, 400 with
-    the field paths of what is malformed."""
-    field = wire.ITEMS[endpoint]
+def _parse(model: type[wire.M], request: Request, endpoint: str) -> wire.M:
+    """The request's body as ``model`` (rl_engine.wire); 413 for a batch over the endpoint's limit, 400
+    with the field paths of what is malformed."""
+    field, limit = wire.ITEMS[endpoint], wire.LIMITS[endpoint]
     n = wire.batch_length(request.data, field)
     if n is not None and n > limit:
         raise PayloadTooLarge(
@@ -94,18 +95,26 @@ def _events_refused(run: Run, events: list[wire.EventIn]) -> dict[str, list[str]
     return errors
 
 
+def _ingest_schema(endpoint: str, reply: type[BaseModel], code: int, description: str = "") -> Any:
+    """An ingestion POST in the OpenAPI document: the wire body and answer, 413 over the batch limit."""
+    too_many = f"More than {wire.LIMITS[endpoint]} {wire.ITEMS[endpoint]}."
+    return extend_schema(
+        request=wire.BODIES[endpoint],
+        responses={code: reply, 413: OpenApiResponse(description=too_many)},
+        description=description,
+    )
+
+
 class RunMetricsView(IngestView):
-    @extend_schema(
-        request=wire.MetricsBody,
-        responses={
-            200: wire.MetricsReply,
-            413: OpenApiResponse(description=f"More than {wire.MAX_POINTS_PER_BATCH} points."),
-        },
-        description="Report metric points. Idempotent on (run, key, step): the first value stored wins.",
+    @_ingest_schema(
+        wire.METRICS,
+        wire.MetricsReply,
+        200,
+        "Report metric points. Idempotent on (run, key, step): the first value stored wins.",
     )
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
-        body = _parse(wire.MetricsBody, request, wire.METRICS, wire.MAX_POINTS_PER_BATCH)
+        body = _parse(wire.MetricsBody, request, wire.METRICS)
         points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in body.points]
         result = services.metrics_ingest(run_id=run.pk, points=points)
         return _reply(wire.MetricsReply(received=result.received, inserted=result.inserted))
@@ -166,17 +175,15 @@ class RunMetricKeysView(JsonOnly, APIView):
 
 
 class RunEventsView(IngestView):
-    @extend_schema(
-        request=wire.EventsBody,
-        responses={
-            201: wire.EventsReply,
-            413: OpenApiResponse(description=f"More than {wire.MAX_EVENTS_PER_BATCH} events."),
-        },
-        description="Report log lines, alerts, checkpoints, status notes. Each gets the next seq.",
+    @_ingest_schema(
+        wire.EVENTS,
+        wire.EventsReply,
+        201,
+        "Report log lines, alerts, checkpoints, status notes. Each gets the next seq.",
     )
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
-        body = _parse(wire.EventsBody, request, wire.EVENTS, wire.MAX_EVENTS_PER_BATCH)
+        body = _parse(wire.EventsBody, request, wire.EVENTS)
         refused = _events_refused(run, body.events)
         if refused:
             raise exceptions.ValidationError(refused)
@@ -224,10 +231,10 @@ class RunHeartbeatView(IngestView):
 
 
 class RunSamplesView(IngestView):
-    @extend_schema(request=wire.SamplesBody, responses={201: wire.SamplesReply})
+    @_ingest_schema(wire.SAMPLES, wire.SamplesReply, 201, "Report example prompts and responses of a step.")
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
-        body = _parse(wire.SamplesBody, request, wire.SAMPLES, wire.MAX_SAMPLES_PER_BATCH)
+        body = _parse(wire.SamplesBody, request, wire.SAMPLES)
         stored = services.samples_record(
             run_id=run.pk,
             samples=[services.NewSample(**s.model_dump()) for s in body.samples],
