@@ -33,6 +33,7 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# Every benchmark's quick mode (--quick), a few minutes in all; the full runs are in docs/benchmarks.md.
 bench: install
 	$(PY) benchmarks/run_all.py
 

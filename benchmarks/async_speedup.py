@@ -4,6 +4,7 @@ One invocation prints one table (and ``--json PATH`` writes the raw figures)::
 
     .venv/bin/python benchmarks/async_speedup.py            # all three parts
     .venv/bin/python benchmarks/async_speedup.py --parts a  # only the simulation
+    .venv/bin/python benchmarks/async_speedup.py --quick    # parts a and c, small (``make bench``)
 
 (a) The real pipeline (actors, queue, admission gate, weight sync, partial rollout) with a rollout
     worker and trainer whose *costs* come from the seeded model in ``rl_engine.pipeline.simulated``:
@@ -43,25 +44,18 @@ from rl_engine.pipeline import run_experiment  # noqa: E402
 from rl_engine.pipeline.components import Components, Factory  # noqa: E402
 from rl_engine.pipeline.simulated import response_length  # noqa: E402
 from rl_engine.presets import get_preset  # noqa: E402
+from rl_engine.sinks import MetricsSink  # noqa: E402
 
 
-class StepClock:
-    """Sink keeping per-step wall times and rewards (the pipeline's ``timing/step_s``)."""
+class StepClock(MetricsSink):
+    """Sink keeping per-step wall times and rewards (the pipeline's ``timing/step_s``); events and samples
+    are ignored (the base class's no-ops)."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[int, dict[str, float]]] = []
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.steps.append((step, metrics))
-
-    def log_event(self, kind: str, message: str, data: dict | None = None) -> None:
-        pass
-
-    def log_samples(self, step: int, samples: list[dict]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def steady_throughput(self, batch: int, skip: int = 2) -> float:
         """Samples per second over the steps after the first ``skip`` (start-up excluded)."""
@@ -230,7 +224,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--real-steps", type=int, default=200)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--quick", action="store_true", help="parts a and c, 8 steps, 1 repeat: a minute or two")
     args = ap.parse_args()
+    if args.quick:  # a smoke run (make bench): the figures are not the recorded ones
+        args.parts, args.sim_steps, args.repeats = "ac", 8, 1
     tmp = tempfile.mkdtemp(prefix="rlb_", dir="/tmp")
     ray.init(num_cpus=16, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
     res: dict[str, Any] = {}

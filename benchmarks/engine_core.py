@@ -3,6 +3,7 @@ forward/backward/AdamW loop, and the demo-cpu learning curve.
 
     .venv/bin/python benchmarks/engine_core.py            # all three parts
     .venv/bin/python benchmarks/engine_core.py --parts rollout,trainer --repeats 7
+    .venv/bin/python benchmarks/engine_core.py --quick    # rollout and trainer, small (``make bench``)
 
 The machine is shared: each comparison interleaves its two contenders (A B A B ...) and reports the
 median of the repeats, so load changes hit both sides alike; compare the ratios, not absolute figures.
@@ -271,7 +272,11 @@ def main() -> None:
         default="pipeline",
         help="learning curve: the pipeline (as `train` runs it) or a bare in-process worker+trainer loop",
     )
+    ap.add_argument("--quick", action="store_true", help="rollout and trainer, smallest model, 1 repeat")
     args = ap.parse_args()
+    if args.quick:  # a smoke run (make bench): the figures are not the recorded ones
+        args.parts, args.repeats, args.new_tokens = "rollout,trainer", 1, 8
+        args.sizes = next(iter(SIZES))
     parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {

@@ -667,10 +667,14 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Experimen
         try:
             data = yaml.safe_load(raw) or {}
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            where = yaml_where(getattr(exc, "problem_mark", None))
             raise ConfigError([("", f"{path} is not valid YAML{where}")]) from None
     return parse_config(apply_overrides(data, overrides or []))
+
+
+def yaml_where(mark: yaml.Mark | None) -> str:
+    """`` (line L, column C)`` of a YAML error's position (1-based, as editors count), or ``""``."""
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
 
 
 def dump_yaml(cfg: ExperimentConfig) -> str:

@@ -8,20 +8,23 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+# The tiny model the CPU presets build (get_preset hands out deep copies: sharing it is safe).
+_TINY_LLAMA: dict[str, Any] = {
+    "architecture": "llama",
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "intermediate_size": 128,
+    "seed": 0,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "demo-cpu": {
         "name": "demo-cpu",
         "seed": 0,
         "model": {
             "path": "var/models/tiny-llama-demo",
-            "tiny": {
-                "architecture": "llama",
-                "hidden_size": 64,
-                "num_layers": 2,
-                "num_heads": 4,
-                "intermediate_size": 128,
-                "seed": 0,
-            },
+            "tiny": _TINY_LLAMA,
         },
         # Answer = one character then eos; exact_match pays 0.5 for the right character followed by more
         # text, so the policy first learns the character, then to stop (0 -> 0.8 in ~450 steps).
@@ -42,15 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seed": 0,
         "model": {
             "path": "var/models/tiny-llama-chat",
-            "tiny": {
-                "architecture": "llama",
-                "hidden_size": 64,
-                "num_layers": 2,
-                "num_heads": 4,
-                "intermediate_size": 128,
-                "max_position_embeddings": 256,
-                "seed": 0,
-            },
+            "tiny": {**_TINY_LLAMA, "max_position_embeddings": 256},
         },
         "rollout": {
             "backend": "hf",

@@ -27,6 +27,7 @@ from accounts.serializers import (
     TokenSerializer,
 )
 from accounts.throttles import TokenCreateThrottle
+from experiments.models import ACTIVE_STATES
 
 
 class MeView(JsonOnly, APIView):
@@ -77,8 +78,6 @@ class ProjectDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
         return project
 
     def perform_destroy(self, instance: Project) -> None:
-        from experiments.models import ACTIVE_STATES
-
         # Deleting the rows of a live run would leave its Ray job running with nobody supervising it.
         if instance.runs.filter(state__in=ACTIVE_STATES).exists():
             raise Conflict("the project has active runs: cancel them first")

@@ -13,14 +13,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.access import Conflict, require_role, visible_project_ids
+from accounts.access import Conflict, require_role
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
 from experiments import services
 from experiments.config_policy import platform_preset, platform_presets
-from experiments.models import Experiment, Run
+from experiments.models import Experiment, Run, RunState
+from experiments.selectors import visible_experiments, visible_runs, with_tag
 from experiments.serializers import (
-    RUN_STATES,
     CloneSerializer,
     ExperimentListSerializer,
     ExperimentSerializer,
@@ -42,26 +42,6 @@ def _config_refused(exc: ConfigError, prefix: str = "config") -> exceptions.Vali
 
 def _int_param(request: Request, name: str) -> int | None:
     return query_int(request, name, minimum=1)
-
-
-def _tag_filter(qs: QuerySet, tag: str, field: str = "tags") -> QuerySet:
-    """Rows whose JSON tag list contains ``tag`` (JSON containment isn't available on SQLite)."""
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        return qs.filter(**{f"{field}__contains": [tag]})
-    ids = [pk for pk, tags in qs.values_list("pk", field) if tag in (tags or [])]
-    return qs.filter(pk__in=ids)
-
-
-def visible_experiments(request: Request) -> QuerySet[Experiment]:
-    return Experiment.objects.filter(project_id__in=visible_project_ids(request)).select_related("created_by")
-
-
-def visible_runs(request: Request) -> QuerySet[Run]:
-    return Run.objects.filter(project_id__in=visible_project_ids(request)).select_related(
-        "experiment", "created_by"
-    )
 
 
 PROJECT_Q = OpenApiParameter("project", int, description="Only this project.")
@@ -87,7 +67,7 @@ class ExperimentListView(JsonOnly, generics.ListCreateAPIView):
             qs = qs.filter(project_id=project)
         tag = query_str(self.request, "tag")
         if tag:
-            qs = _tag_filter(qs, tag)
+            qs = with_tag(qs, tag)
         return qs
 
     def perform_create(self, serializer: ExperimentSerializer) -> None:
@@ -217,7 +197,9 @@ class PresetDetailView(JsonOnly, APIView):
         return Response(platform_preset(name))
 
 
-STATE_Q = OpenApiParameter("state", str, description=f"Comma-separated states among {', '.join(RUN_STATES)}.")
+STATE_Q = OpenApiParameter(
+    "state", str, description=f"Comma-separated states among {', '.join(RunState.values)}."
+)
 EXPERIMENT_Q = OpenApiParameter("experiment", int, description="Only runs of this experiment.")
 
 
@@ -231,16 +213,14 @@ class RunListView(JsonOnly, generics.ListAPIView):
             if value is not None:
                 qs = qs.filter(**{f"{name}_id": value})
         states = [s for s in self.request.query_params.get("state", "").split(",") if s]
-        unknown = sorted(set(states) - set(RUN_STATES))
+        unknown = sorted(set(states) - set(RunState.values))
         if unknown:
             raise exceptions.ValidationError({"state": [f"unknown state(s) {', '.join(unknown)}"]})
         if states:
             qs = qs.filter(state__in=states)
         tag = query_str(self.request, "tag")
         if tag:
-            exp_ids = _tag_filter(
-                Experiment.objects.filter(project_id__in=visible_project_ids(self.request)), tag
-            ).values_list("pk", flat=True)
+            exp_ids = with_tag(visible_experiments(self.request), tag).values_list("pk", flat=True)
             qs = qs.filter(experiment_id__in=list(exp_ids))
         return qs
 

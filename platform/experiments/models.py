@@ -34,6 +34,8 @@ class Experiment(models.Model):
 
 
 class RunState(models.TextChoices):
+    """The one list of run states, in lifecycle order (the pages get them from their JSON: summary.py)."""
+
     QUEUED = "queued"
     STARTING = "starting"
     RUNNING = "running"
@@ -43,8 +45,12 @@ class RunState(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-ACTIVE_STATES: frozenset[str] = frozenset({"queued", "starting", "running", "cancelling"})
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+ACTIVE_STATES: frozenset[str] = frozenset(
+    s.value for s in (RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.CANCELLING)
+)
+TERMINAL_STATES: frozenset[str] = frozenset(RunState.values) - ACTIVE_STATES
+# What a cancel request moves on (a cancelling run is on its way already).
+CANCELLABLE_STATES: frozenset[str] = ACTIVE_STATES - {RunState.CANCELLING.value}
 
 
 class Provider(models.TextChoices):

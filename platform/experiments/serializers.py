@@ -6,9 +6,9 @@ from typing import Any
 
 from rest_framework import serializers
 
-from experiments.models import Experiment, Run, RunState
-from experiments.services import clean_tags, normalise_config
-from rl_engine.config import ConfigError
+from experiments.models import Experiment, Run
+from experiments.services import clean_tags
+from rl_engine.config import ConfigError, ExperimentConfig, parse_config
 
 
 def config_error_dict(exc: ConfigError, prefix: str = "config") -> dict[str, list[str]]:
@@ -63,9 +63,10 @@ class ExperimentSerializer(serializers.ModelSerializer):
         )
         return fields
 
-    def validate_config(self, value: Any) -> dict[str, Any]:
+    def validate_config(self, value: Any) -> ExperimentConfig:
+        """Validated here, once: the services take the ExperimentConfig as it is."""
         try:
-            return normalise_config(value)
+            return parse_config(value)
         except ConfigError as exc:
             raise serializers.ValidationError(config_error_dict(exc, prefix="")) from None
 
@@ -151,6 +152,3 @@ class RunCreateSerializer(serializers.Serializer):
 
 class ResumeSerializer(serializers.Serializer):
     priority = serializers.IntegerField(required=False, min_value=-1000, max_value=1000)
-
-
-RUN_STATES = [s.value for s in RunState]

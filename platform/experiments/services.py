@@ -1,25 +1,28 @@
-"""Writes of the experiments app. ``run_transition`` is the one place a run's state changes."""
+"""Writes of the experiments app. ``run_transition`` is the one place a run's state changes.
+
+A run's lifecycle is announced (experiments.lifecycle), not handed to the apps above this one: tracking
+records the status events, the launcher enqueues its tasks.
+"""
 
 from __future__ import annotations
 
 import copy
-import functools
-import logging
 from typing import Any
 
 import yaml
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import Project
+from accounts.services import ingest_tokens_renew, ingest_tokens_revoke_for_run
 from experiments.config_policy import check_config, without_platform_fields
+from experiments.lifecycle import CancelRequested, RunQueued, StateChanged, announce
 from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, RunState
 from experiments.yaml_io import load_yaml_text
-from rl_engine.config import parse_config
-
-log = logging.getLogger(__name__)
+from rl_engine.config import ExperimentConfig, parse_config
 
 
 class InvalidTransition(Exception):
@@ -57,9 +60,12 @@ TRANSITION_FIELDS = frozenset(
 )
 
 
-def normalise_config(config: Any) -> dict[str, Any]:
-    """Validate with the engine's schema and return it with every default explicit. Raises ConfigError."""
-    return parse_config(config).model_dump(mode="json")
+def normalise_config(config: ExperimentConfig | Any) -> dict[str, Any]:
+    """The config with every default explicit, as stored. A plain value is validated with the engine's
+    schema (ConfigError); an ExperimentConfig already was (where it entered: the API's serializer, the
+    YAML import), so a config is validated once on each way in, not again by each service it passes."""
+    cfg = config if isinstance(config, ExperimentConfig) else parse_config(config)
+    return cfg.model_dump(mode="json")
 
 
 def clean_tags(tags: Any) -> list[str]:
@@ -132,31 +138,14 @@ def experiment_delete(*, experiment: Experiment) -> None:
     experiment.delete()
 
 
-def config_from_yaml(text: str) -> dict[str, Any]:
-    """Parse YAML text into a config dict (validated). Raises ConfigError with a line number; anchors,
+def config_from_yaml(text: str) -> ExperimentConfig:
+    """Parse YAML text into a validated config. Raises ConfigError with a line number; anchors,
     aliases, deep nesting and oversize documents are refused (experiments.yaml_io)."""
-    return normalise_config(load_yaml_text(text))
+    return parse_config(load_yaml_text(text))
 
 
 def config_to_yaml(config: dict[str, Any]) -> str:
     return yaml.safe_dump(config, sort_keys=False)
-
-
-def _enqueue_start(run_id: int) -> None:
-    """Hand the run to the launcher. A missing launcher (or broker) leaves the run queued, logged."""
-    try:
-        from launcher.tasks import start_run
-    except ImportError:
-        log.warning("launcher.tasks.start_run is not available; run %s stays queued", run_id)
-        return
-    try:
-        result = start_run.delay(run_id)
-    except Exception:  # the run is stored and queued; the launcher's reaper/queue can pick it up later
-        log.exception("could not enqueue start of run %s", run_id)
-        return
-    task_id = getattr(result, "id", "") or ""
-    if task_id:
-        Run.objects.filter(pk=run_id, celery_task_id="").update(celery_task_id=task_id)
 
 
 def run_create(
@@ -169,11 +158,10 @@ def run_create(
     config: dict[str, Any] | None = None,
     provider: str = "",
 ) -> Run:
-    """Launch: freeze the (validated) config into a queued run; the start task is enqueued on commit.
-    The platform's policy is checked again (the experiment may predate it, or its project's rights
-    changed); ConfigError when it refuses."""
-    from django.conf import settings
-
+    """Launch: freeze the (validated) config into a queued run, announced as :class:`RunQueued` (the
+    launcher enqueues its start once the run is committed). The config is validated again (the
+    experiment may predate the engine's schema) and so is the platform's policy (the experiment may
+    predate it, or its project's rights changed); ConfigError when either refuses."""
     frozen = normalise_config(config if config is not None else experiment.config)
     check_config(frozen, project=experiment.project, resume_checkpoint=resumed_from_checkpoint)
     with transaction.atomic():
@@ -192,16 +180,9 @@ def run_create(
             resumed_from=resumed_from,
             resumed_from_checkpoint=resumed_from_checkpoint,
         )
-        from tracking.services import events_append
-
         what = f"resumed from run #{resumed_from.number}" if resumed_from else "created"
-        events_append(
-            run_id=run.pk,
-            kind="status",
-            message=f"queued ({what})",
-            data={"from": None, "to": RunState.QUEUED},
-        )
-        transaction.on_commit(functools.partial(_enqueue_start, run.pk))
+        announce(StateChanged(run.pk, None, RunState.QUEUED, f"queued ({what})"))
+        announce(RunQueued(run.pk))
     return run
 
 
@@ -217,7 +198,8 @@ def run_transition(
 
     ``from_states`` narrows the legal source states (e.g. the launcher only starts ``queued`` runs).
     Raises :class:`InvalidTransition` when the current state is not allowed, ``Run.DoesNotExist`` when
-    there is no such run. Appends a ``status`` event and sets started/finished timestamps.
+    there is no such run. Sets started/finished timestamps and announces :class:`StateChanged` (the
+    run's ``status`` event); a run that ends loses its ingest tokens.
     """
     if to not in ALLOWED_FROM:
         raise ValueError(f"unknown run state {to!r}")
@@ -225,8 +207,6 @@ def run_transition(
     if unknown:
         raise TypeError(f"run_transition cannot set {sorted(unknown)}")
     allowed = ALLOWED_FROM[to] if from_states is None else ALLOWED_FROM[to] & frozenset(from_states)
-    from tracking.services import events_append
-
     with transaction.atomic():
         while True:  # retried only when another writer changed the state between our read and update
             current = Run.objects.filter(pk=run_id).values_list("state", flat=True).get()
@@ -245,34 +225,16 @@ def run_transition(
             if Run.objects.filter(pk=run_id, state=current).update(**values):
                 break
         message = f"{current} → {to}" + (f": {error}" if error else "")
-        events_append(
-            run_id=run_id,
-            kind="status",
-            message=message,
-            data={"from": current, "to": to, **({"error": error} if error else {})},
-        )
+        announce(StateChanged(run_id, current, to, message, error))
         if to in TERMINAL_STATES:
-            from accounts.services import ingest_tokens_revoke_for_run
-
             ingest_tokens_revoke_for_run(run_id=run_id)
     return Run.objects.get(pk=run_id)
 
 
-def _enqueue_cancel(run_id: int) -> None:
-    try:
-        from launcher.tasks import cancel_run
-    except ImportError:
-        log.info("launcher.tasks.cancel_run is not available; the supervisor sees run %s cancelling", run_id)
-        return
-    try:
-        cancel_run.delay(run_id)
-    except Exception:
-        log.exception("could not enqueue cancel of run %s", run_id)
-
-
 def run_request_cancel(*, run: Run, user: AbstractBaseUser | None) -> Run:
-    """Cancel a run: a queued one is cancelled at once; a starting/running one goes to ``cancelling``
-    and the launcher stops its job. Idempotent while cancelling; a finished run raises InvalidTransition."""
+    """Cancel a run: a queued one is cancelled at once; a starting/running one goes to ``cancelling``,
+    announced as :class:`CancelRequested` (the launcher stops its job). Idempotent while cancelling; a
+    finished run raises InvalidTransition."""
     who = getattr(user, "username", "") or "system"
     for _ in range(3):  # the state may move (e.g. queued -> starting) between our read and the CAS
         state = Run.objects.filter(pk=run.pk).values_list("state", flat=True).get()
@@ -290,7 +252,7 @@ def run_request_cancel(*, run: Run, user: AbstractBaseUser | None) -> Run:
                 out = run_transition(
                     run_id=run.pk, to=RunState.CANCELLING, cancel_requested_at=timezone.now()
                 )
-                transaction.on_commit(lambda: _enqueue_cancel(run.pk))
+                announce(CancelRequested(run.pk))
             return out
         except InvalidTransition:
             if Run.objects.filter(pk=run.pk, state__in=TERMINAL_STATES).exists():
@@ -301,8 +263,6 @@ def run_request_cancel(*, run: Run, user: AbstractBaseUser | None) -> Run:
 def run_heartbeat(*, run_id: int) -> bool:
     """Record that the run is alive (and extend its ingest token's life by the heartbeat timeout).
     False when the run is not active (the caller should stop)."""
-    from accounts.services import ingest_tokens_renew
-
     alive = bool(Run.objects.filter(pk=run_id, state__in=ACTIVE_STATES).update(heartbeat_at=timezone.now()))
     if alive:
         ingest_tokens_renew(run_id=run_id)
@@ -314,11 +274,9 @@ def run_resume(*, run: Run, user: AbstractBaseUser | None, priority: int | None 
 
     Raises InvalidTransition (the run is active), NoCheckpoint, or ConfigError (the frozen config is
     refused by the platform's policy, e.g. the checkpoint lies outside the run's folder)."""
-    from tracking.models import Checkpoint
-
     if run.state not in TERMINAL_STATES:
         raise InvalidTransition(run.pk, run.state, "resumed")
-    ckpt = Checkpoint.objects.select_related("run").filter(run=run).order_by("-step").first()
+    ckpt = run.checkpoints.select_related("run").order_by("-step").first()
     if ckpt is None:
         raise NoCheckpoint(f"run {run.pk} has no checkpoint to resume from")
     config = without_platform_fields(run.config)  # the new run gets its own folder

@@ -6,11 +6,25 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Run
+from experiments.models import ACTIVE_STATES, CANCELLABLE_STATES, TERMINAL_STATES, Run, RunState
 
 
 def _iso(d: datetime | None) -> str | None:
     return d.isoformat() if d else None
+
+
+def _ordered(states: frozenset[str]) -> list[str]:
+    return [s for s in RunState.values if s in states]
+
+
+def run_states() -> dict[str, list[str]]:
+    """The run states a page's script needs, by role, each in lifecycle order (RunState's)."""
+    return {
+        "active_states": _ordered(ACTIVE_STATES),
+        "terminal_states": _ordered(TERMINAL_STATES),
+        "cancellable_states": _ordered(CANCELLABLE_STATES),
+        "successful_states": [RunState.SUCCEEDED.value],
+    }
 
 
 def run_summary(run: Run) -> dict[str, Any]:
@@ -30,6 +44,5 @@ def run_summary(run: Run) -> dict[str, Any]:
         "resumed_from": run.resumed_from_id,
         "last_seq": run.event_seq,
         "total_steps": (run.config.get("trainer") or {}).get("total_steps"),
-        "terminal_states": sorted(TERMINAL_STATES),
-        "active_states": sorted(ACTIVE_STATES),
+        **run_states(),
     }

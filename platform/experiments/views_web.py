@@ -10,22 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Max, Q, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
-from experiments.api import visible_experiments, visible_runs
 from experiments.config_policy import platform_presets
-from experiments.models import ACTIVE_STATES, Experiment, Run
+from experiments.models import Experiment, Run
+from experiments.selectors import run_checkpoints, visible_experiments, visible_runs, with_run_counts
 from experiments.services import config_to_yaml
-from experiments.summary import run_summary
+from experiments.summary import run_states, run_summary
 from rl_engine.config import experiment_json_schema
 from rl_engine.presets import preset_names
-from tracking.models import Checkpoint
 
-RUN_STATES_ORDER = ["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled"]
 COMPARE_MAX_RUNS = 12
 
 
@@ -50,15 +48,7 @@ def home(request: HttpRequest) -> HttpResponse:
     """Projects the user belongs to, each with its experiments (run counts, last activity)."""
     roles = project_roles(request)
     projects = list(Project.objects.filter(pk__in=list(roles)).order_by("name", "id"))
-    experiments = (
-        _experiments(request)
-        .annotate(
-            n_runs=Count("runs"),
-            n_active=Count("runs", filter=Q(runs__state__in=ACTIVE_STATES)),
-            last_run=Max("runs__created_at"),
-        )
-        .order_by("-created_at")
-    )
+    experiments = with_run_counts(_experiments(request)).order_by("-created_at")
     by_project: dict[int, list[Experiment]] = {p.pk: [] for p in projects}
     for exp in experiments:
         by_project[exp.project_id].append(exp)
@@ -128,6 +118,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "runs": runs,
             "config_yaml": config_to_yaml(exp.config),
             "can_write": has_role(request, exp.project_id, Role.MEMBER),
+            "page_data": run_states(),
         },
     )
 
@@ -135,9 +126,6 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     run = _visible_or_404(_runs(request).select_related("resumed_from", "resumed_from_checkpoint"), pk)
-    checkpoints = list(
-        Checkpoint.objects.filter(run=run).order_by("-step").values("step", "path", "size_bytes", "created")
-    )
     return render(
         request,
         "web/run_dashboard.html",
@@ -147,7 +135,7 @@ def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
             "can_write": has_role(request, run.project_id, Role.MEMBER),
             "page_data": {
                 "run": run_summary(run),
-                "checkpoints": [{**c, "created": c["created"].isoformat()} for c in checkpoints],
+                "checkpoints": run_checkpoints(run),
                 "can_write": has_role(request, run.project_id, Role.MEMBER),
             },
         },

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from django.conf import settings
 
-from rl_engine.config import ConfigError
+from rl_engine.config import ConfigError, yaml_where
 
 MAX_YAML_DEPTH = 32
 
@@ -52,10 +52,6 @@ class StrictSafeLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def _where(mark: yaml.Mark | None) -> str:
-    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-
-
 def load_yaml_text(text: str) -> Any:
     """Parse one YAML document from a user. Raises ConfigError saying why it is refused."""
     limit = int(getattr(settings, "YAML_IMPORT_MAX_BYTES", 200_000))
@@ -66,8 +62,8 @@ def load_yaml_text(text: str) -> Any:
     try:
         return loader.get_single_data()
     except _Refused as exc:
-        raise ConfigError([("", f"{exc.message}{_where(exc.mark)}")]) from None
+        raise ConfigError([("", f"{exc.message}{yaml_where(exc.mark)}")]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError([("", f"not valid YAML{_where(getattr(exc, 'problem_mark', None))}")]) from None
+        raise ConfigError([("", f"not valid YAML{yaml_where(getattr(exc, 'problem_mark', None))}")]) from None
     finally:
         loader.dispose()

@@ -17,3 +17,4 @@ class LauncherConfig(AppConfig):
         # Runs at django.setup(), before a server or worker starts any thread.
         for name in _SDK_ADDRESS_OVERRIDES:
             os.environ.pop(name, None)
+        from launcher import lifecycle  # noqa: F401 - enqueues the tasks of queued and cancelled runs

@@ -23,12 +23,14 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from accounts.services import ingest_token_issue
 from experiments import run_files
 from experiments.config_policy import launch_config
 from experiments.models import Run, RunState
 from experiments.services import InvalidTransition, run_transition
 from launcher import jobs
 from launcher.models import LauncherLock, Supervision
+from rl_engine.jobspec import IngestSpec, JobSpec
 from tracking.services import events_append
 
 log = logging.getLogger(__name__)
@@ -171,20 +173,34 @@ def run_dir(run: Run) -> Path:
     return path
 
 
-def frozen_config_file(run: Run) -> Path:
-    """Write the config the job runs with: the run's frozen config plus what the platform needs. The
-    platform's own fields (checkpoint folder, resume source, cluster, JSONL log) are set here whatever
-    the stored config says (experiments.config_policy)."""
+def job_spec(run: Run, token_file: Path) -> JobSpec:
+    """What the engine gets for ``run`` (rl_engine.jobspec): the run's frozen config with the platform's
+    own fields (checkpoint folder, resume source, cluster, JSONL log) set whatever the stored config
+    says (experiments.config_policy), the ``http`` sink, and where that sink reports."""
     ckpt = getattr(run, "resumed_from_checkpoint", None)
-    cfg = launch_config(run.config, folder=run_dir(run), resume_from=ckpt.path if ckpt is not None else None)
-    logging_cfg = cfg.setdefault("logging", {})
-    sinks = list(logging_cfg.get("sinks") or ["stdout"])
-    if "http" not in sinks:
-        sinks.append("http")
-    logging_cfg["sinks"] = sinks
-    logging_cfg["progress_bar"] = False  # carriage-return bars make unreadable run events
+    resume_from = ckpt.path if ckpt is not None else None
+    folder = run_dir(run)
+    timeout_s = int(setting("RUN_HEARTBEAT_TIMEOUT_S", 120))
+    ingest = IngestSpec(
+        url=setting("PLATFORM_URL", "http://127.0.0.1:8000"),
+        run_id=str(run.pk),
+        token_file=str(token_file),
+        spool_dir=str(folder / "spool"),
+        # Several heartbeats per reaper timeout, so one late post never gets a healthy run reaped.
+        heartbeat_s=max(1.0, min(10.0, timeout_s / 4)),
+    )
+    return JobSpec(
+        config=launch_config(run.config, folder=folder, resume_from=resume_from),
+        checkpoint_dir=str(run_files.checkpoint_folder(run)),
+        resume_from=resume_from,
+        ingest=ingest,
+    )
+
+
+def frozen_config_file(spec: JobSpec, run: Run) -> Path:
+    """Write the config the job runs with (``spec.engine_config()``) into the run's folder."""
     path = run_dir(run) / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    path.write_text(yaml.safe_dump(spec.engine_config(), sort_keys=False))
     return path
 
 
@@ -209,19 +225,20 @@ def ingest_token_file(run: Run, token_secret: str) -> Path:
     return path
 
 
-def engine_env(run: Run, token_secret: str) -> dict[str, str]:
+def job_env(spec: JobSpec) -> dict[str, str]:
+    """The Ray job's environment: the spec's (where the engine's sink reports) and the process's own."""
     workdir = str(setting("ENGINE_WORKDIR", "") or settings.BASE_DIR)
     return {
         "PYTHONPATH": workdir,  # the engine's Ray actors import rl_engine from the working dir too
-        "RL_ENGINE_INGEST_URL": setting("PLATFORM_URL", "http://127.0.0.1:8000"),
-        "RL_ENGINE_INGEST_TOKEN_FILE": str(ingest_token_file(run, token_secret)),
-        "RL_ENGINE_RUN_ID": str(run.pk),
-        "RL_ENGINE_SPOOL_DIR": str(run_dir(run) / "spool"),
-        # Several heartbeats per reaper timeout, so one late post never gets a healthy run reaped.
-        "RL_ENGINE_HEARTBEAT_S": str(max(1.0, min(10.0, int(setting("RUN_HEARTBEAT_TIMEOUT_S", 120)) / 4))),
+        **spec.env(),
         "PYTHONUNBUFFERED": "1",  # log lines reach the run's events as they are printed
         "RAY_USAGE_STATS_ENABLED": "0",
     }
+
+
+def engine_env(run: Run, token_secret: str) -> dict[str, str]:
+    """The job's environment for ``run``, its ingest token written to the run's private file."""
+    return job_env(job_spec(run, ingest_token_file(run, token_secret)))
 
 
 def run_launch(*, run_id: int, owner: str) -> str:
@@ -229,8 +246,6 @@ def run_launch(*, run_id: int, owner: str) -> str:
 
     Returns the resulting run state. Raises nothing for expected failures: they become ``failed``.
     """
-    from accounts.services import ingest_token_issue
-
     run = Run.objects.select_related("resumed_from_checkpoint").get(pk=run_id)
     if run.state != RunState.STARTING:
         return run.state
@@ -253,10 +268,11 @@ def run_launch(*, run_id: int, owner: str) -> str:
             )
         except jobs.JobNotFound:
             token = ingest_token_issue(run=run)
-            entry = engine_entrypoint(frozen_config_file(run))
+            spec = job_spec(run, ingest_token_file(run, token.secret))
+            entry = engine_entrypoint(frozen_config_file(spec, run))
             submitted = (cluster.address, sid)
-            jobs.submit(cluster.address, submission_id=sid, entrypoint=entry, env=engine_env(run, token.secret),
-                        metadata={"platform_run_id": str(run_id)})  # fmt: skip
+            jobs.submit(cluster.address, submission_id=sid, entrypoint=entry, env=job_env(spec),
+                        metadata={"platform_run_id": spec.run_id})  # fmt: skip
             events_append(run_id=run_id, kind="log", message=f"submitted Ray job {sid} to {cluster.address}",
                           data={"source": "launcher", "entrypoint": entry})  # fmt: skip
     except (LaunchError, jobs.ClusterUnreachable) as exc:

@@ -7,11 +7,13 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from typing import Any
 
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from pydantic import BaseModel
 from rest_framework import exceptions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,21 +26,15 @@ from accounts.throttles import HeartbeatThrottle, IngestThrottle
 from experiments.models import Run
 from experiments.run_files import checkpoint_folder, is_inside
 from experiments.services import run_heartbeat
-from tracking import selectors, services, wire
+from rl_engine import wire
+from tracking import selectors, services
 from tracking.models import Checkpoint, EventKind, Sample
 from tracking.serializers import (
     CheckpointSerializer,
     EventPageSerializer,
-    EventsIngestResultSerializer,
-    EventsIngestSerializer,
-    HeartbeatSerializer,
-    IngestResultSerializer,
     MetricQuerySerializer,
-    MetricsIngestSerializer,
     RunEventSerializer,
     SampleSerializer,
-    SamplesIngestResultSerializer,
-    SamplesIngestSerializer,
 )
 
 
@@ -62,7 +58,10 @@ def _ingest_run(request: Request, run_id: int) -> Run:
     return run
 
 
-def _parse(model, request: Request, field: str, limit: int):
+def _parse(model: type[wire.M], request: Request, endpoint: str) -> wire.M:
+    """The request's body as ``model`` (rl_engine.wire); 413 for a batch over the endpoint's limit, 400
+    with the field paths of what is malformed."""
+    field, limit = wire.ITEMS[endpoint], wire.LIMITS[endpoint]
     n = wire.batch_length(request.data, field)
     if n is not None and n > limit:
         raise PayloadTooLarge(
@@ -72,6 +71,10 @@ def _parse(model, request: Request, field: str, limit: int):
         return wire.parse(model, request.data)
     except wire.WireError as exc:
         raise exceptions.ValidationError(exc.errors) from None
+
+
+def _reply(reply: BaseModel, code: int = status.HTTP_200_OK) -> Response:
+    return Response(reply.model_dump(mode="json"), status=code)
 
 
 class IngestView(JsonOnly, APIView):
@@ -92,18 +95,29 @@ def _events_refused(run: Run, events: list[wire.EventIn]) -> dict[str, list[str]
     return errors
 
 
+def _ingest_schema(endpoint: str, reply: type[BaseModel], code: int, description: str = "") -> Any:
+    """An ingestion POST in the OpenAPI document: the wire body and answer, 413 over the batch limit."""
+    too_many = f"More than {wire.LIMITS[endpoint]} {wire.ITEMS[endpoint]}."
+    return extend_schema(
+        request=wire.BODIES[endpoint],
+        responses={code: reply, 413: OpenApiResponse(description=too_many)},
+        description=description,
+    )
+
+
 class RunMetricsView(IngestView):
-    @extend_schema(
-        request=MetricsIngestSerializer,
-        responses={200: IngestResultSerializer, 413: OpenApiResponse(description="More than 5000 points.")},
-        description="Report metric points. Idempotent on (run, key, step): the first value stored wins.",
+    @_ingest_schema(
+        wire.METRICS,
+        wire.MetricsReply,
+        200,
+        "Report metric points. Idempotent on (run, key, step): the first value stored wins.",
     )
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
-        body = _parse(wire.MetricsBody, request, "points", services.MAX_POINTS_PER_BATCH)
+        body = _parse(wire.MetricsBody, request, wire.METRICS)
         points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in body.points]
         result = services.metrics_ingest(run_id=run.pk, points=points)
-        return Response({"received": result.received, "inserted": result.inserted})
+        return _reply(wire.MetricsReply(received=result.received, inserted=result.inserted))
 
     @extend_schema(
         parameters=[
@@ -161,26 +175,22 @@ class RunMetricKeysView(JsonOnly, APIView):
 
 
 class RunEventsView(IngestView):
-    @extend_schema(
-        request=EventsIngestSerializer,
-        responses={
-            201: EventsIngestResultSerializer,
-            413: OpenApiResponse(description="More than 1000 events."),
-        },
-        description="Report log lines, alerts, checkpoints, status notes. Each gets the next seq.",
+    @_ingest_schema(
+        wire.EVENTS,
+        wire.EventsReply,
+        201,
+        "Report log lines, alerts, checkpoints, status notes. Each gets the next seq.",
     )
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
-        body = _parse(wire.EventsBody, request, "events", services.MAX_EVENTS_PER_BATCH)
+        body = _parse(wire.EventsBody, request, wire.EVENTS)
         refused = _events_refused(run, body.events)
         if refused:
             raise exceptions.ValidationError(refused)
         new = [services.NewEvent(kind=e.kind.value, message=e.message, data=e.data) for e in body.events]
         rows = services.events_ingest(run_id=run.pk, events=new, batch_id=body.batch_id or "")
-        return Response(
-            {"received": len(rows), "last_seq": rows[-1].seq if rows else None},
-            status=status.HTTP_201_CREATED,
-        )
+        reply = wire.EventsReply(received=len(rows), last_seq=rows[-1].seq if rows else None)
+        return _reply(reply, status.HTTP_201_CREATED)
 
     @extend_schema(
         parameters=[
@@ -213,27 +223,27 @@ class RunHeartbeatView(IngestView):
 
     @extend_schema(
         request=None,
-        responses=HeartbeatSerializer,
+        responses=wire.HeartbeatReply,
         description="The engine (or its supervisor) is alive. `active: false` means: stop.",
     )
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         active = run_heartbeat(run_id=run.pk)
         state = Run.objects.filter(pk=run.pk).values_list("state", flat=True).get()
-        return Response({"active": active, "state": state})
+        return _reply(wire.HeartbeatReply(active=active, state=state))
 
 
 class RunSamplesView(IngestView):
-    @extend_schema(request=SamplesIngestSerializer, responses={201: SamplesIngestResultSerializer})
+    @_ingest_schema(wire.SAMPLES, wire.SamplesReply, 201, "Report example prompts and responses of a step.")
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
-        body = _parse(wire.SamplesBody, request, "samples", services.MAX_SAMPLES_PER_BATCH)
+        body = _parse(wire.SamplesBody, request, wire.SAMPLES)
         stored = services.samples_record(
             run_id=run.pk,
             samples=[services.NewSample(**s.model_dump()) for s in body.samples],
             batch_id=body.batch_id or "",
         )
-        return Response({"received": len(body.samples), "stored": stored}, status=status.HTTP_201_CREATED)
+        return _reply(wire.SamplesReply(received=len(body.samples), stored=stored), status.HTTP_201_CREATED)
 
     @extend_schema(
         parameters=[

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from rl_engine import wire
+
 
 class MetricPoint(models.Model):
     """One scalar. Unique on (run, key, step): ingestion is idempotent and the first value stored wins."""
@@ -33,11 +35,8 @@ class MetricPoint(models.Model):
         return f"{self.key}@{self.step}={self.value}"
 
 
-class EventKind(models.TextChoices):
-    LOG = "log"
-    STATUS = "status"
-    ALERT = "alert"
-    CHECKPOINT = "checkpoint"
+# The kinds the ingestion wire format defines (rl_engine.wire), as Django choices.
+EventKind = models.TextChoices("EventKind", [(k.name, k.value) for k in wire.EventKind])
 
 
 class RunEvent(models.Model):

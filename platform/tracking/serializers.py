@@ -1,47 +1,11 @@
-"""Shapes of the tracking API for the OpenAPI document. Ingestion bodies are validated by tracking.wire."""
+"""Shapes of what the tracking API answers to reads, for the OpenAPI document. Ingestion bodies and
+answers are the engine's wire format (rl_engine.wire): validated and documented from those models."""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
-from tracking.models import Checkpoint, EventKind, RunEvent, Sample
-from tracking.services import MAX_EVENTS_PER_BATCH, MAX_POINTS_PER_BATCH, MAX_SAMPLES_PER_BATCH
-from tracking.wire import MAX_STEP
-
-
-class PointSerializer(serializers.Serializer):
-    key = serializers.CharField(min_length=1, max_length=200)
-    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
-    value = serializers.FloatField(help_text="Finite.")
-    wall_time = serializers.FloatField(help_text="Unix seconds. Finite.")
-
-
-class MetricsIngestSerializer(serializers.Serializer):
-    points = PointSerializer(many=True, help_text=f"At most {MAX_POINTS_PER_BATCH} points (larger: 413).")
-
-
-class IngestResultSerializer(serializers.Serializer):
-    received = serializers.IntegerField()
-    inserted = serializers.IntegerField(help_text="New points; a retried batch inserts 0 (first value wins).")
-
-
-class EventInSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=EventKind.choices)
-    message = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
-    data = serializers.DictField(required=False)
-
-
-BATCH_ID_HELP = "Optional id of this batch (1-64 of A-Z a-z 0-9 _ . : -): a re-sent batch is not stored twice."
-
-
-class EventsIngestSerializer(serializers.Serializer):
-    events = EventInSerializer(many=True, help_text=f"At most {MAX_EVENTS_PER_BATCH} events.")
-    batch_id = serializers.CharField(required=False, max_length=64, help_text=BATCH_ID_HELP)
-
-
-class EventsIngestResultSerializer(serializers.Serializer):
-    received = serializers.IntegerField()
-    last_seq = serializers.IntegerField(allow_null=True)
+from tracking.models import Checkpoint, RunEvent, Sample
 
 
 class RunEventSerializer(serializers.ModelSerializer):
@@ -87,35 +51,3 @@ class SampleSerializer(serializers.ModelSerializer):
             "version_end",
             "created",
         ]
-
-
-class SampleInSerializer(serializers.Serializer):
-    step = serializers.IntegerField(
-        required=False, min_value=0, max_value=MAX_STEP, help_text="Defaults to the body's step."
-    )
-    prompt = serializers.CharField(allow_blank=True, max_length=100_000)
-    response = serializers.CharField(allow_blank=True, max_length=100_000)
-    answer = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=100_000)
-    reward = serializers.FloatField(required=False, allow_null=True)
-    version_start = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=2**31 - 1
-    )
-    version_end = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
-
-
-class SamplesIngestSerializer(serializers.Serializer):
-    step = serializers.IntegerField(
-        required=False, min_value=0, max_value=MAX_STEP, help_text="Step of the samples that name none."
-    )
-    samples = SampleInSerializer(many=True, help_text=f"At most {MAX_SAMPLES_PER_BATCH} samples.")
-    batch_id = serializers.CharField(required=False, max_length=64, help_text=BATCH_ID_HELP)
-
-
-class SamplesIngestResultSerializer(serializers.Serializer):
-    received = serializers.IntegerField()
-    stored = serializers.IntegerField(help_text="Samples beyond the per-step cap are dropped.")
-
-
-class HeartbeatSerializer(serializers.Serializer):
-    active = serializers.BooleanField(help_text="False: the run is no longer active; the engine should stop.")
-    state = serializers.CharField()

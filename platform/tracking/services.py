@@ -28,10 +28,6 @@ from tracking.models import (
     Sample,
 )
 
-MAX_POINTS_PER_BATCH = 5000
-MAX_EVENTS_PER_BATCH = 1000
-MAX_SAMPLES_PER_BATCH = 1000
-
 
 def samples_per_step_cap() -> int:
     return int(getattr(settings, "SAMPLES_PER_STEP_CAP", 32))

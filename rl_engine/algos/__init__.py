@@ -22,8 +22,6 @@ from rl_engine.algos.losses import (
     truncated_is_weights,
 )
 
-POLICY_LOSSES = {"ppo_clip": ppo_clip_loss}
-
 
 def get_advantage_fn(name: str):
     if name not in ADVANTAGES:
@@ -36,7 +34,6 @@ def get_advantage_fn(name: str):
 __all__ = [
     "ADVANTAGES",
     "LOSS_AGGS",
-    "POLICY_LOSSES",
     "PolicyLossOut",
     "aggregate",
     "dr_grpo",

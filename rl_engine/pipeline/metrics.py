@@ -1,4 +1,5 @@
-"""Per-step metrics with the stable names of DESIGN.md §3, computed from one trainer step's result."""
+"""Per-step metrics with stable, namespaced names (listed in docs/pipeline.md, "Metrics"), computed from
+one trainer step's result."""
 
 from __future__ import annotations
 

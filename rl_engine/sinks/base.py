@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-EventKind = str  # "log" | "status" | "alert"
+from rl_engine.wire import EventKind  # what a sink's events are: log, status, alert, checkpoint
 
 # Keys shown on a stdout line, in this order, with short labels; the JSONL file keeps everything.
 _LINE_KEYS = [
@@ -30,7 +30,7 @@ class MetricsSink:
     """Where the engine reports. Every method is optional for a subclass: the base ignores everything."""
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Scalar metrics of one trainer step (namespaced keys, see DESIGN.md)."""
+        """Scalar metrics of one trainer step (namespaced keys: docs/pipeline.md, "Metrics")."""
 
     def log_event(self, kind: EventKind, message: str, data: dict[str, Any] | None = None) -> None:
         """A log line, a status change or an alert."""

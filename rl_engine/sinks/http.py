@@ -24,12 +24,13 @@ Heartbeats also keep the token alive (the platform renews it on each): they go o
 ``heartbeat_interval_s`` whatever the spool does, and after a 429 a heartbeat that is due is sent before
 the spool resumes, so a throttled backlog never starves them.
 
-Configured from the environment by ``build_sinks`` (``logging.sinks: [http]``):
-``RL_ENGINE_INGEST_URL`` (the platform's base URL), ``RL_ENGINE_INGEST_TOKEN_FILE`` (an absolute path to
-a file holding the token: what the platform's launcher sets) or ``RL_ENGINE_INGEST_TOKEN`` (the token
-itself, for a user of the CLI), ``RL_ENGINE_RUN_ID``; optional ``RL_ENGINE_SPOOL_DIR``,
-``RL_ENGINE_HEARTBEAT_S``, ``RL_ENGINE_CLOSE_TIMEOUT_S``, ``RL_ENGINE_FLUSH_S`` (the wait after the first
-queued item, default 0.05).
+The bodies are the ingestion wire format (``rl_engine.wire``, the definition the platform validates
+with). Configured from the environment by ``build_sinks`` (``logging.sinks: [http]``) through
+``rl_engine.jobspec.IngestSpec``: ``RL_ENGINE_INGEST_URL`` (the platform's base URL),
+``RL_ENGINE_INGEST_TOKEN_FILE`` (an absolute path to a file holding the token: what the platform's
+launcher sets) or ``RL_ENGINE_INGEST_TOKEN`` (the token itself, for a user of the CLI),
+``RL_ENGINE_RUN_ID``; optional ``RL_ENGINE_SPOOL_DIR``, ``RL_ENGINE_HEARTBEAT_S``,
+``RL_ENGINE_CLOSE_TIMEOUT_S``, ``RL_ENGINE_FLUSH_S`` (the wait after the first queued item, default 0.05).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sys
 import tempfile
 import threading
@@ -48,6 +48,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rl_engine import wire
+from rl_engine.jobspec import IngestSpec
 from rl_engine.sinks.http_replies import (
     AccessRefused,
     DeliveryRejected,
@@ -65,7 +67,6 @@ except ImportError:  # pragma: no cover - only while the engine's sinks package 
     _Base = object  # type: ignore[assignment,misc]
 
 MAX_POINTS_PER_REQUEST = 1000  # the server accepts up to 5000; smaller batches retry cheaply
-_ITEMS = {"metrics": "points", "events": "events", "samples": "samples"}  # the list in each body
 
 __all__ = ["AccessRefused", "DeliveryRejected", "HttpSink", "Throttled", "read_token_file"]
 
@@ -154,23 +155,17 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
     def from_env(cls) -> HttpSink:
         """Build from RL_ENGINE_* variables; a clear error names the one that is missing or wrong.
         The token file (the platform's launcher) wins over a token in the environment (the CLI's)."""
-        env = os.environ
-        missing = [n for n in ("RL_ENGINE_INGEST_URL", "RL_ENGINE_RUN_ID") if not env.get(n)]
-        token_file = env.get("RL_ENGINE_INGEST_TOKEN_FILE") or None
-        token = env.get("RL_ENGINE_INGEST_TOKEN") or None
-        if not token_file and not token:
-            missing.insert(1, "RL_ENGINE_INGEST_TOKEN_FILE (or RL_ENGINE_INGEST_TOKEN)")
-        if missing:
-            raise ValueError(f"logging.sinks includes 'http' but {', '.join(missing)} is not set")
-        if token_file and not os.path.isabs(token_file):
-            raise ValueError(f"RL_ENGINE_INGEST_TOKEN_FILE must be an absolute path, got {token_file!r}")
+        return cls.from_spec(IngestSpec.from_env())
+
+    @classmethod
+    def from_spec(cls, spec: IngestSpec) -> HttpSink:
         return cls(
-            env["RL_ENGINE_INGEST_URL"], None if token_file else token, env["RL_ENGINE_RUN_ID"],
-            token_file=token_file,
-            spool_dir=env.get("RL_ENGINE_SPOOL_DIR") or None,
-            flush_interval_s=float(env.get("RL_ENGINE_FLUSH_S", "0.05")),
-            heartbeat_interval_s=float(env.get("RL_ENGINE_HEARTBEAT_S", "10")),
-            close_timeout_s=float(env.get("RL_ENGINE_CLOSE_TIMEOUT_S", "60")),
+            spec.url, spec.token, spec.run_id,
+            token_file=spec.token_file,
+            spool_dir=spec.spool_dir,
+            flush_interval_s=spec.flush_s,
+            heartbeat_interval_s=spec.heartbeat_s,
+            close_timeout_s=spec.close_timeout_s,
         )  # fmt: skip
 
     # --- the MetricsSink interface ---------------------------------------------------------------------
@@ -178,14 +173,14 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         now = time.time()
         points = [
-            ("metrics", {"key": str(k), "step": int(step), "value": float(v), "wall_time": now})
+            (wire.METRICS, wire.point(str(k), int(step), float(v), now))
             for k, v in metrics.items()
             if isinstance(v, int | float) and math.isfinite(float(v))  # JSON has no NaN/inf
         ]
         self._enqueue(points)
 
     def log_event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-        self._enqueue([("events", {"kind": kind, "message": message, "data": data or {}})])
+        self._enqueue([(wire.EVENTS, wire.event(kind, message, data))])
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
         if not samples:
@@ -196,7 +191,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             if not self._samples:
                 self._first_sample_at = time.monotonic()
                 self._cond.notify_all()
-            self._samples.extend({**sample, "step": int(step)} for sample in samples)
+            self._samples.extend(wire.sample(sample, step) for sample in samples)
 
     def close(self) -> None:
         """Deliver everything still queued (waiting out a platform outage up to close_timeout_s)."""
@@ -216,7 +211,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
 
     # --- internals ---------------------------------------------------------------------------------------
 
-    def _enqueue(self, items: list[tuple[str, dict[str, Any]]], *, internal: bool = False) -> None:
+    def _enqueue(self, items: list[tuple[str, Any]], *, internal: bool = False) -> None:
         if not items:
             return
         with self._cond:
@@ -236,17 +231,17 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             items, self._pending = self._pending, []
             samples_due = closing or time.monotonic() >= self._first_sample_at + self.samples_interval_s
             samples, self._samples = (self._samples, []) if samples_due else ([], self._samples)
-        points = [body for ep, body in items if ep == "metrics"]
-        events = [body for ep, body in items if ep == "events"]
-        batches: list[tuple[str, dict[str, Any]]] = []
-        for i in range(0, len(points), MAX_POINTS_PER_REQUEST):
-            batches.append(("metrics", {"points": points[i : i + MAX_POINTS_PER_REQUEST]}))
-        for i in range(0, len(events), MAX_POINTS_PER_REQUEST):
-            batches.append(("events", {"events": events[i : i + MAX_POINTS_PER_REQUEST]}))
         # One request for all steps' samples (each names its step): a request per step could not keep
         # up with a fast engine, and the backlog would hold back the metrics queued behind it.
-        for i in range(0, len(samples), MAX_POINTS_PER_REQUEST):
-            batches.append(("samples", {"samples": samples[i : i + MAX_POINTS_PER_REQUEST]}))
+        lists = {
+            wire.METRICS: [body for ep, body in items if ep == wire.METRICS],
+            wire.EVENTS: [body for ep, body in items if ep == wire.EVENTS],
+            wire.SAMPLES: samples,
+        }
+        batches: list[tuple[str, dict[str, Any]]] = []
+        for endpoint, records in lists.items():
+            for i in range(0, len(records), MAX_POINTS_PER_REQUEST):
+                batches.append((endpoint, {wire.ITEMS[endpoint]: records[i : i + MAX_POINTS_PER_REQUEST]}))
         return batches
 
     def _wait_for_work(self) -> None:
@@ -335,7 +330,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             raise
         except DeliveryRejected as exc:
             rejected = exc
-        field = _ITEMS.get(endpoint, "")
+        field = wire.ITEMS.get(endpoint, "")
         items = body.get(field) or []
         if rejected.status == 413 and len(items) > 1:
             half = len(items) // 2
@@ -364,7 +359,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             file=sys.stderr,
         )
         if not is_rejection_alert(endpoint, body):  # an alert about a refused alert could be refused too
-            self._enqueue([("events", rejection_alert(endpoint, exc.status, exc.response))], internal=True)
+            self._enqueue([(wire.EVENTS, rejection_alert(endpoint, exc.status, exc.response))], internal=True)
 
     def _schedule_retry(self, exc: BaseException, retry_after_s: float | None = None) -> None:
         """A delivery failed in a way worth retrying: wait what a 429 asked for, else back off (0.25 s,
@@ -431,7 +426,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         )
 
     def _send_heartbeat(self) -> None:
-        self._post("heartbeat", {})
+        self._post(wire.HEARTBEAT, {})
         self._last_heartbeat_ok = time.monotonic()
 
     def _send_due_heartbeat(self) -> None:
@@ -463,7 +458,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
     # The spool: every batch is appended before it is sent, and the cursor records what was delivered,
     # so a platform outage (or a crash between send and acknowledgement) costs a resend, never a loss.
     def _spool_append(self, endpoint: str, body: dict[str, Any]) -> None:
-        if endpoint in ("events", "samples"):  # stored once by the platform however often it is sent
+        if endpoint in (wire.EVENTS, wire.SAMPLES):  # stored once by the platform however often it is sent
             body = {**body, "batch_id": uuid.uuid4().hex}
         with open(self.spool_path, "ab") as fh:
             fh.write(json.dumps({"endpoint": endpoint, "body": body}).encode() + b"\n")

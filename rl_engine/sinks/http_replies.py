@@ -20,6 +20,8 @@ import urllib.error
 from datetime import UTC
 from typing import Any
 
+from rl_engine import wire
+
 _REJECTED_ALERT = "platform rejected a "
 MAX_RETRY_AFTER_S = 300.0  # a longer wait is re-asked for after this (the answer says what is left)
 
@@ -93,14 +95,15 @@ def _read_body(exc: urllib.error.HTTPError) -> Any:
 def rejection_alert(endpoint: str, status: int, response: Any) -> dict[str, Any]:
     """The ``alert`` event that reports a rejected batch on the run's page."""
     data = {"endpoint": endpoint, "status": status, "errors": first_errors(response)}
-    return {"kind": "alert", "message": f"{_REJECTED_ALERT}{endpoint} batch: HTTP {status}", "data": data}
+    return wire.event(wire.EventKind.ALERT, f"{_REJECTED_ALERT}{endpoint} batch: HTTP {status}", data)
 
 
 def is_rejection_alert(endpoint: str, body: dict[str, Any]) -> bool:
     """Is ``body`` made of rejection alerts only (not to be reported again if refused itself)?"""
-    events = body.get("events", []) if endpoint == "events" else []
+    events = body.get(wire.ITEMS[wire.EVENTS], []) if endpoint == wire.EVENTS else []
     return bool(events) and all(
-        e.get("kind") == "alert" and str(e.get("message", "")).startswith(_REJECTED_ALERT) for e in events
+        e.get("kind") == wire.EventKind.ALERT and str(e.get("message", "")).startswith(_REJECTED_ALERT)
+        for e in events
     )
 
 

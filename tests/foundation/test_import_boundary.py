@@ -1,24 +1,59 @@
-"""The seam between engine and platform stays narrow: checked on the source, in both directions."""
+"""The seam between engine and platform stays narrow, and the platform's apps depend on each other one way.
+
+Checked on the source (every import statement, also those inside functions), in both directions, and
+by importing the engine's public modules in a fresh interpreter (what they load transitively)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
 
-PLATFORM_APPS = {"config", "core", "accounts", "experiments", "tracking", "launcher"}
+# The platform's Django apps (and its project package, ``config``), lowest first: an app may import from
+# the apps before it, never from those after it. Any app may import another app's ``models`` module: the
+# models already refer to each other across apps by name (a project's runs, a run's project, a run's
+# checkpoints), the model layer is one schema. So experiments never imports launcher (the launcher owns
+# enqueueing its tasks: experiments.lifecycle announces, launcher.lifecycle enqueues), nor tracking's
+# services (tracking records the status events it announces).
+APP_ORDER = ("accounts", "experiments", "tracking", "launcher", "core", "config")
+PLATFORM_APPS = set(APP_ORDER)
+SHARED_MODULE = "models"
+# What the platform may import of the engine: the config schema and presets, the launch spec, the
+# ingestion wire format. Each imports neither torch nor ray nor transformers (checked below).
+ENGINE_PUBLIC = ("rl_engine.config", "rl_engine.presets", "rl_engine.jobspec", "rl_engine.wire")
+HEAVY = ("torch", "ray", "transformers")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # what ``import x.y`` or ``from x.y import ...`` names
+    names: tuple[str, ...]  # what a ``from`` import takes from it (empty for ``import x.y``)
+    line: int
+
+    def targets(self) -> list[str]:
+        """The dotted names this statement reaches: ``from a import b`` reaches ``a.b`` (a module or a
+        name in ``a``)."""
+        return [f"{self.module}.{n}" for n in self.names] if self.names else [self.module]
+
+
+def imports_of(path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [Import(alias.name, (), node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(Import(node.module, tuple(a.name for a in node.names), node.lineno))
+    return out
 
 
 def imported_top_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+    return {imp.module.split(".")[0] for imp in imports_of(path)}
 
 
 def python_files(folder: str) -> list[Path]:
@@ -27,11 +62,56 @@ def python_files(folder: str) -> list[Path]:
     return files
 
 
+def platform_sources() -> list[tuple[str, Path]]:
+    """(app, file) of the platform's code; migrations only refer to other apps by name."""
+    return [(f.relative_to(REPO_ROOT / "platform").parts[0], f)
+            for f in python_files("platform") if "migrations" not in f.parts]  # fmt: skip
+
+
+def engine_reach_violations(path: Path) -> list[str]:
+    """Imports of engine modules other than its public ones (``from rl_engine import trainer`` too)."""
+    bad = []
+    for imp in imports_of(path):
+        if imp.module.split(".")[0] != "rl_engine":
+            continue
+        if imp.module in ENGINE_PUBLIC:  # ``from rl_engine.config import X`` or ``import rl_engine.wire``
+            continue
+        if imp.module == "rl_engine" and imp.names and all(t in ENGINE_PUBLIC for t in imp.targets()):
+            continue
+        bad.append(
+            f"line {imp.line}: {imp.module}" + (f" import {', '.join(imp.names)}" if imp.names else "")
+        )
+    return bad
+
+
+def app_order_violations(app: str, path: Path) -> list[str]:
+    """Imports from an app later in APP_ORDER (other than its models), and of another app's private
+    modules or names (``_x``)."""
+    bad = []
+    for imp in imports_of(path):
+        parts = imp.module.split(".")
+        other = parts[0]
+        if other not in PLATFORM_APPS or other == app:
+            continue
+        where = f"line {imp.line}: {imp.module}"
+        private = [t for t in imp.targets() if any(p.startswith("_") for p in t.split(".")[1:])]
+        if private:
+            bad.append(f"{where}: private {', '.join(private)}")
+        later = APP_ORDER.index(other) > APP_ORDER.index(app)
+        shared = all(t.split(".")[1:2] == [SHARED_MODULE] for t in imp.targets())
+        if later and not shared:
+            bad.append(f"{where}: {app} may not import {other} (it comes later in {APP_ORDER})")
+    return bad
+
+
 def test_engine_imports_nothing_from_django_or_the_platform():
     offenders = {
         str(f.relative_to(REPO_ROOT)): sorted(bad)
         for f in python_files("rl_engine")
-        if (bad := imported_top_modules(f) & (PLATFORM_APPS | {"django", "rest_framework", "channels", "celery"}))
+        if (
+            bad := imported_top_modules(f)
+            & (PLATFORM_APPS | {"django", "rest_framework", "channels", "celery"})
+        )
     }
     assert offenders == {}
 
@@ -50,24 +130,67 @@ def test_platform_never_imports_torch_and_only_the_launcher_imports_ray():
 
 
 def test_platform_reaches_the_engine_only_through_its_public_interfaces():
-    allowed = {"rl_engine", "rl_engine.config", "rl_engine.presets"}
-    offenders = {}
-    for f in python_files("platform"):
-        tree = ast.parse(f.read_text())
-        for node in ast.walk(tree):
-            mods = []
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                mods = [node.module]
-            bad = [m for m in mods if m.startswith("rl_engine") and m not in allowed]
-            if bad:
-                offenders[str(f.relative_to(REPO_ROOT))] = bad
+    offenders = {
+        str(f.relative_to(REPO_ROOT)): bad
+        for f in python_files("platform")
+        if (bad := engine_reach_violations(f))
+    }
     assert offenders == {}
 
 
-def test_boundary_checker_detects_a_forbidden_import(tmp_path):
-    # The checks above must be able to fail: feed the parser a file that breaks the rule.
+def test_the_engines_public_modules_load_no_torch_ray_or_transformers():
+    # In a fresh interpreter: what they import, and what that imports, transitively.
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {list(ENGINE_PUBLIC)!r}: importlib.import_module(name)\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == []
+
+
+def test_platform_apps_depend_on_each_other_one_way_and_only_on_public_modules():
+    offenders = {
+        str(f.relative_to(REPO_ROOT)): bad
+        for app, f in platform_sources()
+        if (bad := app_order_violations(app, f))
+    }
+    assert offenders == {}
+    experiments_imports = {
+        imp.module for _, f in platform_sources() if _ == "experiments" for imp in imports_of(f)
+    }
+    assert not {m for m in experiments_imports if m.split(".")[0] == "launcher"}
+
+
+def test_the_checkers_detect_what_they_forbid(tmp_path):
+    # The checks above must be able to fail: feed them files that break each rule.
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nfrom django.db import models\nfrom experiments.models import Run\n")
     assert imported_top_modules(bad) == {"torch", "django", "experiments"}
+
+    engine = tmp_path / "engine.py"
+    engine.write_text(
+        "from rl_engine import trainer\nfrom rl_engine import wire, presets\nimport rl_engine.pipeline.driver\n"
+        "from rl_engine.config import parse_config\nfrom rl_engine.sinks import http\n"
+    )
+    assert engine_reach_violations(engine) == [
+        "line 1: rl_engine import trainer",
+        "line 3: rl_engine.pipeline.driver",
+        "line 5: rl_engine.sinks import http",
+    ]
+
+    lifecycle = tmp_path / "services.py"
+    lifecycle.write_text(
+        "def launch():\n    from launcher.tasks import start_run\n"  # hidden in a function: still found
+        "from tracking.models import Checkpoint\nfrom accounts.services import token_create\n"
+        "from tracking import services\nfrom accounts.services import _new_secret\n"
+    )
+    assert app_order_violations("experiments", lifecycle) == [
+        "line 5: tracking: experiments may not import tracking (it comes later in "
+        "('accounts', 'experiments', 'tracking', 'launcher', 'core', 'config'))",
+        "line 6: accounts.services: private accounts.services._new_secret",
+        "line 2: launcher.tasks: experiments may not import launcher (it comes later in "
+        "('accounts', 'experiments', 'tracking', 'launcher', 'core', 'config'))",
+    ]

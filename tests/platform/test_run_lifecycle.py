@@ -7,7 +7,6 @@ import threading
 import pytest
 from django.db import connection
 
-from experiments import services
 from experiments.models import Run, RunState
 from experiments.services import (
     InvalidTransition,
@@ -19,6 +18,7 @@ from experiments.services import (
     run_resume,
     run_transition,
 )
+from launcher.lifecycle import enqueue_start
 from tests.factories import RunFactory, checkpoint_path
 from tracking.models import RunEvent
 from tracking.services import checkpoint_record
@@ -42,7 +42,7 @@ def test_run_create_enqueues_start_only_after_commit(team, experiment, django_ca
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         run = run_create(experiment=experiment, user=team["member"])
     # The start task must not be sent before the run row is committed (a worker would not find it).
-    starts = [cb for cb in callbacks if getattr(cb, "func", None) is services._enqueue_start]
+    starts = [cb for cb in callbacks if getattr(cb, "func", None) is enqueue_start]
     assert [cb.args for cb in starts] == [(run.pk,)]
 
 

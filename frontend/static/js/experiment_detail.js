@@ -1,6 +1,6 @@
 // Experiment page: the Launch button posts to the API and opens the new run's dashboard; while a run is
 // active its row's state and times follow the API (every 3 s).
-import { api, fmtTime, results } from "./api.js";
+import { api, fmtTime, pageData, results } from "./api.js";
 
 const btn = document.getElementById("launch-btn");
 const errorBox = document.getElementById("action-error");
@@ -21,7 +21,7 @@ if (btn) {
   });
 }
 
-const ACTIVE = new Set(["queued", "starting", "running", "cancelling"]);
+const ACTIVE = new Set(pageData("page-data").active_states);
 const table = document.querySelector("[data-testid=runs]");
 
 function activeRows() {

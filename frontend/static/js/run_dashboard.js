@@ -7,8 +7,11 @@ import { RunStream } from "./live.js";
 
 const data = pageData("page-data");
 const run = data.run;
+// Run states by role, from the page (the server's one list, in lifecycle order).
 const TERMINAL = new Set(run.terminal_states);
 const ACTIVE = new Set(run.active_states);
+const CANCELLABLE = new Set(run.cancellable_states);
+const SUCCESSFUL = new Set(run.successful_states);
 const TAIL_EVENTS = 200; // events replayed into the tail on load (status history comes from REST)
 const TAIL_MAX_LINES = 1000;
 const HISTORY_MAX_POINTS = 1000;
@@ -36,14 +39,14 @@ function setState(next, error) {
 }
 
 function renderTimeline() {
-  const steps = ["queued", "starting", "running"];
-  if (enteredAt.cancelling || state === "cancelling") steps.push("cancelling");
+  // The cancellable states always show; the other active ones (cancelling) once entered.
+  const steps = run.active_states.filter((s) => CANCELLABLE.has(s) || enteredAt[s] || state === s);
   steps.push(TERMINAL.has(state) ? state : "finished");
   const current = steps.indexOf(state);
   $("timeline").replaceChildren(...steps.map((s, i) => {
     let cls = "step";
     if (i < current) cls += " done";
-    if (i === current) cls += TERMINAL.has(s) && s !== "succeeded" ? " current bad" : " current";
+    if (i === current) cls += TERMINAL.has(s) && !SUCCESSFUL.has(s) ? " current bad" : " current";
     return el("div", { class: cls, "data-step": s }, s, el("span", { class: "when" }, fmtTime(enteredAt[s]) || "\u00a0"));
   }));
 }
@@ -52,7 +55,7 @@ function renderButtons() {
   const cancel = $("cancel-btn");
   const resume = $("resume-btn");
   if (!cancel) return;
-  cancel.hidden = !ACTIVE.has(state) || state === "cancelling";
+  cancel.hidden = !CANCELLABLE.has(state);
   resume.hidden = !TERMINAL.has(state);
   resume.disabled = checkpoints.length === 0;
   resume.title = checkpoints.length ? "" : "This run has no checkpoint to resume from.";

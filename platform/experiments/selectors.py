@@ -1,0 +1,47 @@
+"""Reads of the experiments app: what a user may see (the API's and the pages' one visibility rule), tag
+filters, the home page's counts, a run's checkpoints for its page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, Max, Q, QuerySet
+from django.http import HttpRequest
+
+from accounts.access import visible_project_ids
+from experiments.models import ACTIVE_STATES, Experiment, Run
+
+
+def visible_experiments(request: HttpRequest) -> QuerySet[Experiment]:
+    """Experiments of the projects the user belongs to (any role)."""
+    return Experiment.objects.filter(project_id__in=visible_project_ids(request)).select_related("created_by")
+
+
+def visible_runs(request: HttpRequest) -> QuerySet[Run]:
+    return Run.objects.filter(project_id__in=visible_project_ids(request)).select_related(
+        "experiment", "created_by"
+    )
+
+
+def with_tag(qs: QuerySet, tag: str, field: str = "tags") -> QuerySet:
+    """Rows whose JSON tag list contains ``tag`` (JSON containment isn't available on SQLite)."""
+    if connection.vendor == "postgresql":
+        return qs.filter(**{f"{field}__contains": [tag]})
+    ids = [pk for pk, tags in qs.values_list("pk", field) if tag in (tags or [])]
+    return qs.filter(pk__in=ids)
+
+
+def with_run_counts(qs: QuerySet[Experiment]) -> QuerySet[Experiment]:
+    """Each experiment with ``n_runs``, ``n_active`` and ``last_run`` (when its latest run was created)."""
+    return qs.annotate(
+        n_runs=Count("runs"),
+        n_active=Count("runs", filter=Q(runs__state__in=ACTIVE_STATES)),
+        last_run=Max("runs__created_at"),
+    )
+
+
+def run_checkpoints(run: Run) -> list[dict[str, Any]]:
+    """The run's checkpoints, latest step first, JSON-ready."""
+    rows = run.checkpoints.order_by("-step").values("step", "path", "size_bytes", "created")
+    return [{**c, "created": c["created"].isoformat()} for c in rows]

@@ -1,0 +1,255 @@
+"""The ingestion wire format: what the engine's HTTP sink posts to the platform, what the platform
+accepts and what it answers (docs/api.md, "Ingestion"). One definition for both sides: the sink
+(``rl_engine/sinks/http.py``) builds its bodies with the builders below, the platform's ingestion API
+(``platform/tracking/api.py``) validates requests with the models and documents them in its OpenAPI
+document from the same models. Pydantic only: no torch, ray or Django (a test checks it).
+
+Validation is fast on 5000-point batches (a point is a TypedDict: pydantic-core validates them without
+a Python call each), and errors carry field paths like ``points[3].value``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from typing_extensions import TypedDict
+
+from rl_engine.config import validation_errors
+
+# Per request; a larger batch is refused with 413 before it is validated.
+MAX_POINTS_PER_BATCH = 5000
+MAX_EVENTS_PER_BATCH = 1000
+MAX_SAMPLES_PER_BATCH = 1000
+MAX_STEP = 2**62  # steps and sizes are stored as 64-bit integers
+MAX_VERSION = 2**31 - 1
+MAX_TEXT = 100_000  # characters of a message, prompt, response or answer
+
+# The paths of the ingestion endpoints under ``{platform}/api/runs/{run_id}/``.
+METRICS, EVENTS, SAMPLES, HEARTBEAT = "metrics", "events", "samples", "heartbeat"
+ITEMS = {METRICS: "points", EVENTS: "events", SAMPLES: "samples"}  # the list each body carries
+
+
+class EventKind(StrEnum):
+    LOG = "log"
+    STATUS = "status"
+    ALERT = "alert"
+    CHECKPOINT = "checkpoint"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# A TypedDict, not a model: 5000 points validate in pydantic-core without a Python call each, and the
+# sink builds one as a plain dict. (Docstrings of the models here are their descriptions in the
+# platform's OpenAPI document.)
+class PointIn(TypedDict):
+    """One metric point."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    key: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    value: Annotated[float, Field(allow_inf_nan=False, description="Finite.")]
+    wall_time: Annotated[float, Field(allow_inf_nan=False, description="Unix seconds. Finite.")]
+
+
+class EventIn(_Wire):
+    kind: EventKind
+    message: str = Field("", max_length=MAX_TEXT)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class SampleIn(_Wire):
+    """One example. `param_version_start` and `param_version_end` (the engine's names of the weights'
+    versions) are accepted for `version_start` and `version_end`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    step: int | None = Field(None, ge=0, le=MAX_STEP, description="Defaults to the body's step.")
+    prompt: str = Field(max_length=MAX_TEXT)
+    response: str = Field(max_length=MAX_TEXT)
+    answer: str | None = Field(None, max_length=MAX_TEXT)
+    reward: float | None = Field(None, description="Finite.")
+    version_start: int | None = Field(
+        None, ge=0, le=MAX_VERSION, validation_alias=AliasChoices("version_start", "param_version_start")
+    )
+    version_end: int | None = Field(
+        None, ge=0, le=MAX_VERSION, validation_alias=AliasChoices("version_end", "param_version_end")
+    )
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+class CheckpointData(BaseModel):
+    """What a ``checkpoint`` event's data must hold for the platform to record the checkpoint (other
+    keys are kept as they are). Strict integers: ``"12"`` or ``12.5`` is a mistake, not a step."""
+
+    model_config = ConfigDict(extra="allow")
+    step: Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)]
+    path: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+    size_bytes: Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)] | None = None
+
+
+CHECKPOINT_KEYS = frozenset({"step", "path", "size_bytes"})
+# Only the platform's own status events (a run's state changes) say which state a run entered; the
+# dashboard's state badge follows them. Reported status events are informational.
+RESERVED_STATUS_KEYS = ("from", "to")
+
+# Optional on event and sample batches: a re-sent batch with the same id is not stored twice.
+BatchId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$"),
+    Field(description="Optional id of this batch: a re-sent batch is not stored twice."),
+]
+
+
+class MetricsBody(_Wire):
+    points: list[PointIn] = Field(
+        max_length=MAX_POINTS_PER_BATCH,
+        description=f"At most {MAX_POINTS_PER_BATCH} points (larger: 413).",
+    )
+
+
+class EventsBody(_Wire):
+    events: list[EventIn] = Field(
+        max_length=MAX_EVENTS_PER_BATCH, description=f"At most {MAX_EVENTS_PER_BATCH} events."
+    )
+    batch_id: BatchId | None = None
+
+
+class SamplesBody(_Wire):
+    step: int | None = Field(None, ge=0, le=MAX_STEP, description="Step of the samples that name none.")
+    samples: list[SampleIn] = Field(
+        max_length=MAX_SAMPLES_PER_BATCH, description=f"At most {MAX_SAMPLES_PER_BATCH} samples."
+    )
+    batch_id: BatchId | None = None
+
+    @model_validator(mode="after")
+    def _every_sample_has_a_step(self) -> SamplesBody:
+        for i, sample in enumerate(self.samples):
+            if sample.step is None:
+                if self.step is None:
+                    raise ValueError(f"samples[{i}] has no step and the body names none")
+                sample.step = self.step
+        return self
+
+
+# Per endpoint: its body and the most items one request may carry.
+BODIES: dict[str, type[BaseModel]] = {METRICS: MetricsBody, EVENTS: EventsBody, SAMPLES: SamplesBody}
+LIMITS = {METRICS: MAX_POINTS_PER_BATCH, EVENTS: MAX_EVENTS_PER_BATCH, SAMPLES: MAX_SAMPLES_PER_BATCH}
+
+
+# --- the platform's answers ----------------------------------------------------------------------------
+
+
+class MetricsReply(BaseModel):
+    received: int
+    inserted: int = Field(description="New points; a retried batch inserts 0 (first value wins).")
+
+
+class EventsReply(BaseModel):
+    received: int
+    last_seq: int | None = Field(description="Sequence number of the last event stored (none: no event).")
+
+
+class SamplesReply(BaseModel):
+    received: int
+    stored: int = Field(description="Samples beyond the per-step cap are dropped.")
+
+
+class HeartbeatReply(BaseModel):
+    active: bool = Field(description="False: the run is no longer active; the engine should stop.")
+    state: str = Field(description="The run's state.")
+
+
+# --- builders (the engine's side) ------------------------------------------------------------------------
+# They shape, they do not validate: the platform does, and what it refuses the sink keeps and reports
+# (an engine must not die of a malformed log line).
+
+# The engine's names of a sample's fields that the wire spells differently.
+ENGINE_SAMPLE_NAMES = {"param_version_start": "version_start", "param_version_end": "version_end"}
+
+
+def point(key: str, step: int, value: float, wall_time: float) -> PointIn:
+    return PointIn(key=key, step=step, value=value, wall_time=wall_time)
+
+
+def event(kind: str, message: str, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An :class:`EventIn` as JSON."""
+    return {"kind": str(kind), "message": message, "data": dict(data or {})}
+
+
+def sample(fields: Mapping[str, Any], step: int) -> dict[str, Any]:
+    """A :class:`SampleIn` as JSON from an engine sample's fields (renamed per ``ENGINE_SAMPLE_NAMES``;
+    other fields as they are)."""
+    return {**{ENGINE_SAMPLE_NAMES.get(k, k): v for k, v in fields.items()}, "step": int(step)}
+
+
+# --- validation (the platform's side) ---------------------------------------------------------------------
+
+
+def event_data_errors(events: list[EventIn]) -> dict[str, list[str]]:
+    """Errors in the ``data`` of reported events, by field path (``events[2].data.step``)."""
+    out: dict[str, list[str]] = {}
+    for i, ev in enumerate(events):
+        if ev.kind == EventKind.CHECKPOINT and CHECKPOINT_KEYS & ev.data.keys():
+            try:
+                CheckpointData.model_validate(ev.data)
+            except ValidationError as exc:
+                for path, msg in validation_errors(exc):
+                    out.setdefault(f"events[{i}].data.{path}", []).append(msg)
+        elif ev.kind == EventKind.STATUS:
+            for key in RESERVED_STATUS_KEYS:
+                if key in ev.data:
+                    out.setdefault(f"events[{i}].data.{key}", []).append(
+                        "is reserved for the platform's own state changes: reported status events are "
+                        "informational (rename the key)"
+                    )
+    return out
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class WireError(Exception):
+    def __init__(self, errors: dict[str, list[str]]):
+        self.errors = errors
+        super().__init__(str(errors))
+
+
+def parse(model: type[M], data: Any) -> M:
+    """Validate a parsed JSON body; raises WireError({"points[3].value": ["..."]})."""
+    if not isinstance(data, dict):
+        raise WireError({"body": [f"must be a JSON object, got {type(data).__name__}"]})
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        out: dict[str, list[str]] = {}
+        for path, msg in validation_errors(exc)[:50]:  # a 5000-point garbage batch needs no 5000 lines
+            out.setdefault(path or "body", []).append(msg)
+        raise WireError(out) from None
+
+
+def batch_length(data: Any, field: str) -> int | None:
+    """Length of the list under ``field`` before full validation (to answer 413 cheaply)."""
+    if isinstance(data, dict) and isinstance(data.get(field), list):
+        return len(data[field])
+    return None
