@@ -54,8 +54,10 @@ class _BareReceiver:
 def measure_sync(repeats: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench_sync_"))
     data = get_preset("demo-cpu")
-    data["model"] = {"path": str(tmp / "model"), "tiny": {"hidden_size": 256, "num_layers": 4, "num_heads": 4,
-                                                          "intermediate_size": 1024}}
+    data["model"] = {
+        "path": str(tmp / "model"),
+        "tiny": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024},
+    }
     cfg = parse_config(apply_overrides(data, ["logging.sinks=[]"]))
     from rl_engine.models import ensure_model
 
@@ -64,8 +66,13 @@ def measure_sync(repeats: int) -> dict[str, Any]:
     comps = Components()
     queue = ray.remote(MessageQueue).options(num_cpus=0).remote(knobs, 0)
     trainer = ray.remote(TrainerActor).options(num_cpus=1, max_concurrency=2).remote(cfg, knobs, queue, comps)
-    rollouter = ray.remote(Rollouter).options(num_cpus=1, max_concurrency=4).remote(cfg, knobs, 0, 1, queue, comps)
-    sender, receiver = _BareSender.options(num_cpus=1).remote(cfg), _BareReceiver.options(num_cpus=1).remote(cfg)
+    rollouter = (
+        ray.remote(Rollouter).options(num_cpus=1, max_concurrency=4).remote(cfg, knobs, 0, 1, queue, comps)
+    )
+    sender, receiver = (
+        _BareSender.options(num_cpus=1).remote(cfg),
+        _BareReceiver.options(num_cpus=1).remote(cfg),
+    )
     mb = ray.get(sender.nbytes.remote()) / 2**20
     store = ObjectStoreSync(trainer, [rollouter])
     gloo = BroadcastSync(trainer, [rollouter], "gloo", 60.0)
@@ -81,5 +88,12 @@ def measure_sync(repeats: int) -> dict[str, Any]:
         bare.append(time.monotonic() - t0)
     for a in (queue, trainer, rollouter, sender, receiver):
         ray.kill(a)
-    return {"mb": mb, "pipeline_s": statistics.median(pipe), "gloo_s": statistics.median(bcast),
-            "bare_s": statistics.median(bare), "pipeline_runs": pipe, "gloo_runs": bcast, "bare_runs": bare}
+    return {
+        "mb": mb,
+        "pipeline_s": statistics.median(pipe),
+        "gloo_s": statistics.median(bcast),
+        "bare_s": statistics.median(bare),
+        "pipeline_runs": pipe,
+        "gloo_runs": bcast,
+        "bare_runs": bare,
+    }

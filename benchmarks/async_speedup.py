@@ -64,15 +64,32 @@ class StepClock(MetricsSink):
 
 
 # --- (a) long-tail simulation -------------------------------------------------------------------------
-SIM = {"devices": 4, "slots": 16, "n": 8, "len_median": 32, "len_sigma": 0.99, "len_cap": 512,
-       "decode_step_s": 0.004, "train_token_s": 0.00032, "chunk_steps": 8, "seed": 0,
-       "staleness": 2, "trigger": 2, "prompts_per_call": 2, "rollout_concurrency": 4}
+SIM = {
+    "devices": 4,
+    "slots": 16,
+    "n": 8,
+    "len_median": 32,
+    "len_sigma": 0.99,
+    "len_cap": 512,
+    "decode_step_s": 0.004,
+    "train_token_s": 0.00032,
+    "chunk_steps": 8,
+    "seed": 0,
+    "staleness": 2,
+    "trigger": 2,
+    "prompts_per_call": 2,
+    "rollout_concurrency": 4,
+}
 
 
 def sim_model_figures(p: dict[str, Any], rollout_devices: int, samples: int = 20000) -> dict[str, float]:
     """Analytic stage times per batch (seconds) from the same seeded length model the worker uses."""
-    lens = np.array([response_length(p["seed"], i // p["n"], i % p["n"], p["len_median"], p["len_sigma"],
-                                     p["len_cap"]) for i in range(samples)])
+    lens = np.array(
+        [
+            response_length(p["seed"], i // p["n"], i % p["n"], p["len_median"], p["len_sigma"], p["len_cap"])
+            for i in range(samples)
+        ]
+    )
     batch = p["devices"] * p["slots"]
     maxes = lens[: samples // batch * batch].reshape(-1, batch).max(axis=1)
     chunk = p["chunk_steps"]
@@ -80,7 +97,9 @@ def sim_model_figures(p: dict[str, Any], rollout_devices: int, samples: int = 20
     tokens = batch * float(lens.mean())
     d_t = p["devices"] - rollout_devices
     return {
-        "p50": float(np.median(lens)), "p99": float(np.percentile(lens, 99)), "mean_len": float(lens.mean()),
+        "p50": float(np.median(lens)),
+        "p99": float(np.percentile(lens, 99)),
+        "mean_len": float(lens.mean()),
         "sync_step_s": sync_gen + tokens * p["train_token_s"] / p["devices"],
         "gen_stage_s": tokens * p["decode_step_s"] / (rollout_devices * p["slots"]),
         "train_stage_s": tokens * p["train_token_s"] / d_t,
@@ -90,11 +109,19 @@ def sim_model_figures(p: dict[str, Any], rollout_devices: int, samples: int = 20
 def run_sim(mode: str, p: dict[str, Any], rollout_devices: int, steps: int) -> StepClock:
     batch = p["devices"] * p["slots"]
     async_mode = mode != "sync"
-    worker = {"slots": p["slots"] if async_mode else batch, "decode_step_s": p["decode_step_s"],
-              "chunk_steps": p["chunk_steps"], "len_median": p["len_median"], "len_sigma": p["len_sigma"],
-              "len_cap": p["len_cap"]}
-    trainer = {"train_token_s": p["train_token_s"],
-               "devices": p["devices"] - rollout_devices if async_mode else p["devices"], "weight_mb": 4.0}
+    worker = {
+        "slots": p["slots"] if async_mode else batch,
+        "decode_step_s": p["decode_step_s"],
+        "chunk_steps": p["chunk_steps"],
+        "len_median": p["len_median"],
+        "len_sigma": p["len_sigma"],
+        "len_cap": p["len_cap"],
+    }
+    trainer = {
+        "train_token_s": p["train_token_s"],
+        "devices": p["devices"] - rollout_devices if async_mode else p["devices"],
+        "weight_mb": 4.0,
+    }
     comps = Components(
         worker=Factory("rl_engine.pipeline.simulated:sim_worker", worker),
         prompts=Factory("rl_engine.pipeline.simulated:sim_prompts"),
@@ -102,17 +129,26 @@ def run_sim(mode: str, p: dict[str, Any], rollout_devices: int, steps: int) -> S
         trainer=Factory("rl_engine.pipeline.simulated:sim_trainer", trainer),
         prepare=None,
     )
-    cfg = parse_config({
-        "name": f"sim-{mode}", "seed": p["seed"], "model": {"path": "/nonexistent"},
-        "rollout": {"backend": "hf", "n": p["n"], "max_new_tokens": p["len_cap"]},
-        "trainer": {"total_steps": steps, "batch_size": batch, "mini_batch_size": batch},
-        "pipeline": {"mode": mode, "staleness_threshold": p["staleness"], "trigger_parameter_sync_step": p["trigger"],
-                     "partial_rollout": True, "num_rollouters": rollout_devices if async_mode else 1,
-                     "prompts_per_call": p["prompts_per_call"] if async_mode else 0,
-                     "rollout_concurrency": p["rollout_concurrency"] if async_mode else 1},
-        "resources": {"cpus_per_actor": 0.01},
-        "logging": {"sinks": [], "samples_per_step": 0},
-    })
+    cfg = parse_config(
+        {
+            "name": f"sim-{mode}",
+            "seed": p["seed"],
+            "model": {"path": "/nonexistent"},
+            "rollout": {"backend": "hf", "n": p["n"], "max_new_tokens": p["len_cap"]},
+            "trainer": {"total_steps": steps, "batch_size": batch, "mini_batch_size": batch},
+            "pipeline": {
+                "mode": mode,
+                "staleness_threshold": p["staleness"],
+                "trigger_parameter_sync_step": p["trigger"],
+                "partial_rollout": True,
+                "num_rollouters": rollout_devices if async_mode else 1,
+                "prompts_per_call": p["prompts_per_call"] if async_mode else 0,
+                "rollout_concurrency": p["rollout_concurrency"] if async_mode else 1,
+            },
+            "resources": {"cpus_per_actor": 0.01},
+            "logging": {"sinks": [], "samples_per_step": 0},
+        }
+    )
     clock = StepClock()
     run_experiment(cfg, clock, components=comps)
     return clock
@@ -120,19 +156,28 @@ def run_sim(mode: str, p: dict[str, Any], rollout_devices: int, steps: int) -> S
 
 def part_a(steps: int, repeats: int) -> dict[str, Any]:
     p = SIM
-    best = min(range(1, p["devices"]), key=lambda r: max(sim_model_figures(p, r)["gen_stage_s"],
-                                                          sim_model_figures(p, r)["train_stage_s"]))
+    best = min(
+        range(1, p["devices"]),
+        key=lambda r: max(sim_model_figures(p, r)["gen_stage_s"], sim_model_figures(p, r)["train_stage_s"]),
+    )
     fig = sim_model_figures(p, best)
     batch = p["devices"] * p["slots"]
     bound = batch / max(fig["gen_stage_s"], fig["train_stage_s"])
-    out: dict[str, Any] = {"params": p, "rollout_devices": best, "model": fig, "bound_samples_per_s": bound,
-                           "sync_analytic_samples_per_s": batch / fig["sync_step_s"], "modes": {}}
+    out: dict[str, Any] = {
+        "params": p,
+        "rollout_devices": best,
+        "model": fig,
+        "bound_samples_per_s": bound,
+        "sync_analytic_samples_per_s": batch / fig["sync_step_s"],
+        "modes": {},
+    }
     for mode in ("sync", "one_step_off", "fully_async"):
         clocks = [run_sim(mode, p, best, steps) for _ in range(repeats)]
         tps = [c.steady_throughput(batch) for c in clocks]
         last = clocks[-1].steps[2:]
         out["modes"][mode] = {
-            "samples_per_s": statistics.median(tps), "runs": tps,
+            "samples_per_s": statistics.median(tps),
+            "runs": tps,
             "trainer_idle": statistics.fmean(m["trainer/idle_ratio"] for _, m in last),
             "rollouter_idle": statistics.fmean(m["rollouter/idle_ratio"] for _, m in last),
             "partial_ratio": statistics.fmean(m["async/partial_ratio"] for _, m in last),
@@ -145,11 +190,21 @@ def part_a(steps: int, repeats: int) -> dict[str, Any]:
 def run_real(mode: str, steps: int, model_dir: Path) -> tuple[StepClock, float]:
     data = get_preset("demo-cpu")
     data["model"]["path"] = str(model_dir)
-    cfg = parse_config(apply_overrides(data, [
-        f"pipeline.mode={mode}", "pipeline.staleness_threshold=1", f"trainer.total_steps={steps}",
-        "logging.sinks=[]", "logging.samples_per_step=0", "logging.log_every=1",
-        "rollout.num_threads=1", "trainer.num_threads=1",
-    ]))
+    cfg = parse_config(
+        apply_overrides(
+            data,
+            [
+                f"pipeline.mode={mode}",
+                "pipeline.staleness_threshold=1",
+                f"trainer.total_steps={steps}",
+                "logging.sinks=[]",
+                "logging.samples_per_step=0",
+                "logging.log_every=1",
+                "rollout.num_threads=1",
+                "trainer.num_threads=1",
+            ],
+        )
+    )
     clock = StepClock()
     summary = run_experiment(cfg, clock)
     return clock, float(summary.final_reward_mean or 0.0)
@@ -164,16 +219,21 @@ def part_b(steps: int, repeats: int) -> dict[str, Any]:
             for mode in runs:
                 clock, reward = run_real(mode, steps, tmp / "tiny")
                 walls = [m["timing/step_s"] for _, m in clock.steps[1:]]
-                runs[mode].append({"train_wall_s": sum(walls), "final_reward": reward,
-                                   "staleness_mean": statistics.fmean(m["async/staleness_mean"]
-                                                                      for _, m in clock.steps)})
+                runs[mode].append(
+                    {
+                        "train_wall_s": sum(walls),
+                        "final_reward": reward,
+                        "staleness_mean": statistics.fmean(m["async/staleness_mean"] for _, m in clock.steps),
+                    }
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out: dict[str, Any] = {"steps": steps, "repeats": repeats, "modes": {}}
     for mode, rs in runs.items():
         out["modes"][mode] = {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": rs}
-    out["speedups"] = [s["train_wall_s"] / f["train_wall_s"] for s, f in zip(runs["sync"], runs["fully_async"],
-                                                                             strict=True)]
+    out["speedups"] = [
+        s["train_wall_s"] / f["train_wall_s"] for s, f in zip(runs["sync"], runs["fully_async"], strict=True)
+    ]
     return out
 
 
@@ -190,30 +250,44 @@ def _table(res: dict[str, Any]) -> str:
     if "a" in res:
         a = res["a"]
         sync = a["modes"]["sync"]["samples_per_s"]
-        rows.append(f"| (a) sim | sync (analytic) | {a['sync_analytic_samples_per_s']:.1f} samples/s | "
-                    f"{a['sync_analytic_samples_per_s'] / sync:.2f}x measured sync |")
-        rows.append(f"| (a) sim | bound (analytic, D_r={a['rollout_devices']}) | "
-                    f"{a['bound_samples_per_s']:.1f} samples/s | {a['bound_samples_per_s'] / sync:.2f}x sync |")
+        rows.append(
+            f"| (a) sim | sync (analytic) | {a['sync_analytic_samples_per_s']:.1f} samples/s | "
+            f"{a['sync_analytic_samples_per_s'] / sync:.2f}x measured sync |"
+        )
+        rows.append(
+            f"| (a) sim | bound (analytic, D_r={a['rollout_devices']}) | "
+            f"{a['bound_samples_per_s']:.1f} samples/s | {a['bound_samples_per_s'] / sync:.2f}x sync |"
+        )
         for mode, v in a["modes"].items():
-            rows.append(f"| (a) sim | {mode} (trainer idle {v['trainer_idle']:.0%}, rollouter idle "
-                        f"{v['rollouter_idle']:.0%}, staleness {v['staleness_mean']:.2f}) | "
-                        f"{v['samples_per_s']:.1f} samples/s | {v['samples_per_s'] / sync:.2f}x "
-                        f"sync, {v['samples_per_s'] / a['bound_samples_per_s']:.0%} of bound |")
+            rows.append(
+                f"| (a) sim | {mode} (trainer idle {v['trainer_idle']:.0%}, rollouter idle "
+                f"{v['rollouter_idle']:.0%}, staleness {v['staleness_mean']:.2f}) | "
+                f"{v['samples_per_s']:.1f} samples/s | {v['samples_per_s'] / sync:.2f}x "
+                f"sync, {v['samples_per_s'] / a['bound_samples_per_s']:.0%} of bound |"
+            )
     if "b" in res:
         b = res["b"]["modes"]
         for mode, v in b.items():
-            rows.append(f"| (b) tiny model | {mode} (staleness {v['staleness_mean']:.2f}) | "
-                        f"{v['train_wall_s']:.1f} s for {res['b']['steps'] - 1} steps (median), "
-                        f"final reward {v['final_reward']:.3f} | "
-                        f"{b['sync']['train_wall_s'] / v['train_wall_s']:.2f}x |")
-        rows.append(f"| (b) tiny model | per-pair speedups | "
-                    f"{', '.join(f'{x:.2f}x' for x in res['b']['speedups'])} | |")
+            rows.append(
+                f"| (b) tiny model | {mode} (staleness {v['staleness_mean']:.2f}) | "
+                f"{v['train_wall_s']:.1f} s for {res['b']['steps'] - 1} steps (median), "
+                f"final reward {v['final_reward']:.3f} | "
+                f"{b['sync']['train_wall_s'] / v['train_wall_s']:.2f}x |"
+            )
+        rows.append(
+            f"| (b) tiny model | per-pair speedups | "
+            f"{', '.join(f'{x:.2f}x' for x in res['b']['speedups'])} | |"
+        )
     if "c" in res:
         c = res["c"]
-        rows.append(f"| (c) weight sync | {c['mb']:.1f} MB state dict | pipeline {c['pipeline_s'] * 1e3:.1f} ms vs "
-                    f"bare {c['bare_s'] * 1e3:.1f} ms (medians) | {c['pipeline_s'] / c['bare_s']:.2f}x bare |")
-        rows.append(f"| (c) weight sync, gloo | same, `pipeline.sync_backend: gloo` | {c['gloo_s'] * 1e3:.1f} ms "
-                    f"(median) | {c['gloo_s'] / c['bare_s']:.2f}x bare |")
+        rows.append(
+            f"| (c) weight sync | {c['mb']:.1f} MB state dict | pipeline {c['pipeline_s'] * 1e3:.1f} ms vs "
+            f"bare {c['bare_s'] * 1e3:.1f} ms (medians) | {c['pipeline_s'] / c['bare_s']:.2f}x bare |"
+        )
+        rows.append(
+            f"| (c) weight sync, gloo | same, `pipeline.sync_backend: gloo` | {c['gloo_s'] * 1e3:.1f} ms "
+            f"(median) | {c['gloo_s'] / c['bare_s']:.2f}x bare |"
+        )
     return "\n".join(rows)
 
 
@@ -242,7 +316,9 @@ def main() -> None:
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; took {time.time() - t0:.0f} s")
+    print(
+        f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; took {time.time() - t0:.0f} s"
+    )
     print(_table(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=2, default=float))

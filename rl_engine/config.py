@@ -84,7 +84,6 @@ class HFRolloutConfig(_RolloutBase):
     )
 
 
-
 LOGPROB_CONVENTION = (
     "behaviour log-probs are log softmax(logits / temperature)[token] over the whole vocabulary, "
     "before any top-p/top-k cut: the distribution the trainer recomputes"
@@ -154,7 +153,9 @@ RolloutConfig = Annotated[
 
 
 class TrainerConfig(_Strict):
-    total_steps: int = Field(100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run.")
+    total_steps: int = Field(
+        100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run."
+    )
     batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
     mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
     micro_batch_size: int | None = Field(
@@ -175,7 +176,9 @@ class TrainerConfig(_Strict):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of the decayed LR, as a ratio of lr.")
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the trainer process.")
     checkpoint_dir: str | None = Field(None, description="Where checkpoints go; None disables them.")
-    checkpoint_every: int = Field(0, ge=0, description="Trainer steps between checkpoints; 0: only at the end.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Trainer steps between checkpoints; 0: only at the end."
+    )
     keep_checkpoints: int = Field(2, ge=1)
     resume_from: str | None = Field(None, description="A checkpoint directory to resume from.")
     device: Literal["auto", "cpu", "cuda"] = Field(
@@ -255,20 +258,26 @@ class AlgorithmConfig(_Strict):
 class PipelineConfig(_Strict):
     mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
     staleness_threshold: int = Field(
-        1, ge=0, description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md."
+        1,
+        ge=0,
+        description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md.",
     )
     trigger_parameter_sync_step: int = Field(1, ge=1, description="Trainer steps between weight syncs.")
     require_batches: int = Field(1, ge=1, description="Mini-batches the trainer gathers before a step.")
     partial_rollout: bool = True
     num_rollouters: int = Field(1, ge=1, le=64)
     queue_max_size: int = Field(0, ge=0, description="Queue bound in samples; 0: derived from the staleness.")
-    watchdog_timeout_s: float = Field(300.0, gt=0.0, description="Report a stage with no progress for this long.")
+    watchdog_timeout_s: float = Field(
+        300.0, gt=0.0, description="Report a stage with no progress for this long."
+    )
     ray_address: str | None = Field(None, description="Ray cluster to join; None: start a local one.")
     prompts_per_call: int = Field(
         0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
     )
     rollout_concurrency: int = Field(
-        1, ge=1, le=256,
+        1,
+        ge=1,
+        le=256,
         description="Concurrent generate calls per rollouter (engines with continuous batching); hf: 1.",
     )
     sync_backend: Literal["object_store", "gloo", "nccl"] = Field(
@@ -646,7 +655,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError([(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")])
+                raise ConfigError(
+                    [(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")]
+                )
             node = child
         node[path[-1]] = value
     return out

@@ -119,12 +119,44 @@ def main() -> int:
     queues = ",".join(sorted({settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_LAUNCHER_QUEUE}))
     procs = [
         # The engine posts metrics several times a second: its requests go to a file, not the console.
-        start([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "--access-log", str(access_log),
-               "config.asgi:application"], env),
-        start([PYTHON, "-m", "celery", "-A", "config", "worker", "-B", "-l", "INFO",
-               "--pool=threads", "--concurrency=8", "--without-gossip", "--without-mingle",
-               "--without-heartbeat", "-Q", queues,
-               "-s", str(Path(settings.VAR_DIR) / "celerybeat-schedule")], env),
+        start(
+            [
+                PYTHON,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "--access-log",
+                str(access_log),
+                "config.asgi:application",
+            ],
+            env,
+        ),
+        start(
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-B",
+                "-l",
+                "INFO",
+                "--pool=threads",
+                "--concurrency=8",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-Q",
+                queues,
+                "-s",
+                str(Path(settings.VAR_DIR) / "celerybeat-schedule"),
+            ],
+            env,
+        ),
     ]
     stopping = False
 
@@ -140,9 +172,13 @@ def main() -> int:
             return 1
         print(f"\nPlatform: {base_url}/   API docs: {base_url}/api/docs/   admin: {base_url}/admin/")
         if password:
-            print(f"Demo user: {username} / {password}   (shown once; reset: python manage.py changepassword demo)")
+            print(
+                f"Demo user: {username} / {password}   (shown once; reset: python manage.py changepassword demo)"
+            )
         else:
-            print(f"Demo user: {username} (password shown when it was created; reset: python manage.py changepassword demo)")
+            print(
+                f"Demo user: {username} (password shown when it was created; reset: python manage.py changepassword demo)"
+            )
         if not args.no_launch:
             path = launch_demo_run()
             print(f"Demo run launched — dashboard: {base_url}{path}")
@@ -156,8 +192,13 @@ def main() -> int:
     finally:
         print("stopping...", flush=True)
         stop_all(procs)
-        subprocess.run([PYTHON, "manage.py", "ray_local", "stop"], cwd=REPO_ROOT, env=env, check=False,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [PYTHON, "manage.py", "ray_local", "stop"],
+            cwd=REPO_ROOT,
+            env=env,
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
 
 
 if __name__ == "__main__":

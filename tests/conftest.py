@@ -81,7 +81,9 @@ def child_process_env() -> dict[str, str]:
         env.pop("DATABASE_URL", None)
     else:
         auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-        env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        env["DATABASE_URL"] = (
+            f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
     env["VAR_DIR"] = str(settings.VAR_DIR)
     env["CELERY_QUEUE"] = SESSION_QUEUE
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "platform"), str(REPO_ROOT)])
@@ -114,21 +116,41 @@ class CeleryWorker:
 
 
 def start_celery_worker(
-    tmp_dir: Path, *, pool: str = "threads", concurrency: int = 4, extra_args: list[str] | None = None,
-    env_overrides: dict[str, str] | None = None, ready_timeout_s: float = 60.0,
+    tmp_dir: Path,
+    *,
+    pool: str = "threads",
+    concurrency: int = 4,
+    extra_args: list[str] | None = None,
+    env_overrides: dict[str, str] | None = None,
+    ready_timeout_s: float = 60.0,
 ) -> CeleryWorker:
     """Start a worker on the test database and wait until it reports ready."""
     env = child_process_env() | (env_overrides or {})
     log_path = tmp_dir / f"celery-{uuid.uuid4().hex[:6]}.log"
     cmd = [
-        sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "INFO",
-        "-Q", SESSION_QUEUE, f"--pool={pool}", f"--concurrency={concurrency}",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "-n", f"test-{uuid.uuid4().hex[:6]}@%h", *(extra_args or []),
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "worker",
+        "-l",
+        "INFO",
+        "-Q",
+        SESSION_QUEUE,
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-n",
+        f"test-{uuid.uuid4().hex[:6]}@%h",
+        *(extra_args or []),
     ]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     worker = CeleryWorker(proc=proc, log_path=log_path, queue=SESSION_QUEUE)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

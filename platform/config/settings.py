@@ -110,7 +110,11 @@ else:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": Path(env_str("SQLITE_PATH") or VAR_DIR / "db.sqlite3"),
             # Several processes (web server, Celery worker) share the file: wait on locks instead of failing.
-            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
             # A file, not :memory:, so that the test suite's Celery workers and servers see the test DB.
             "TEST": {"NAME": str(VAR_DIR / f"test_db_{_TEST_SUFFIX}.sqlite3")},
         }
@@ -223,7 +227,8 @@ if REDIS_URL:
     # name (the default queue keeps channels-redis' own prefix).
     CHANNEL_LAYERS = {
         "default": redis_channel_layer(
-            REDIS_URL, "asgi" if CELERY_TASK_DEFAULT_QUEUE == "celery" else f"asgi:{CELERY_TASK_DEFAULT_QUEUE}"
+            REDIS_URL,
+            "asgi" if CELERY_TASK_DEFAULT_QUEUE == "celery" else f"asgi:{CELERY_TASK_DEFAULT_QUEUE}",
         )
     }
 else:

@@ -88,4 +88,5 @@ def sweep() -> dict[str, list[int]]:
         "admitted": admitted,
     }
 
+
 from launcher.exports import export_checkpoint  # noqa: E402, F401 - registers launcher.export_checkpoint

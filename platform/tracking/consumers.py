@@ -310,7 +310,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await asyncio.sleep(min(configured, FALLBACK_POLL_S) if configured > 0 else FALLBACK_POLL_S)
             now = time.monotonic()
             due = configured > 0 and now - last >= configured
-            if (due or now - self.member_checked >= MEMBERSHIP_RECHECK_S) and not await self._still_member_quietly():
+            if (
+                due or now - self.member_checked >= MEMBERSHIP_RECHECK_S
+            ) and not await self._still_member_quietly():
                 return
             if self.layer_up and not due:
                 continue

@@ -35,12 +35,18 @@ def collected():
 
 def test_routine_sweep_lines_are_dropped_and_other_tasks_kept(collected):
     # The three lines Celery writes for every periodic sweep, in its own formats.
-    logging.getLogger("celery.beat").info("Scheduler: Sending due task %s (%s)", "launcher-sweep", "launcher.sweep")
+    logging.getLogger("celery.beat").info(
+        "Scheduler: Sending due task %s (%s)", "launcher-sweep", "launcher.sweep"
+    )
     logging.getLogger("celery.worker.strategy").info("Task %s[%s] received", "launcher.sweep", "abc")
-    logging.getLogger("celery.app.trace").info("Task %s[%s] succeeded in %ss: %r", "launcher.sweep", "abc", 0.01, {})
+    logging.getLogger("celery.app.trace").info(
+        "Task %s[%s] succeeded in %ss: %r", "launcher.sweep", "abc", 0.01, {}
+    )
     # A run's tasks and anything about the sweep above INFO are kept.
     logging.getLogger("celery.worker.strategy").info("Task %s[%s] received", "launcher.start_run", "def")
-    logging.getLogger("celery.app.trace").error("Task %s[%s] raised unexpected: %r", "launcher.sweep", "ghi", "boom")
+    logging.getLogger("celery.app.trace").error(
+        "Task %s[%s] raised unexpected: %r", "launcher.sweep", "ghi", "boom"
+    )
     assert collected == [
         "Task launcher.start_run[def] received",
         "Task launcher.sweep[ghi] raised unexpected: 'boom'",

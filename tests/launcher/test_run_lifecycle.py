@@ -236,8 +236,14 @@ def test_a_run_on_a_stopped_local_head_is_failed_at_once_with_the_reason(launche
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     now = timezone.now()
-    run = RunFactory(state="running", started_at=now, heartbeat_at=now, provider="local",
-                     ray_job_id="rlp-on-the-old-head", cluster_address=dead)
+    run = RunFactory(
+        state="running",
+        started_at=now,
+        heartbeat_at=now,
+        provider="local",
+        ray_job_id="rlp-on-the-old-head",
+        cluster_address=dead,
+    )
     run = wait_state(run.pk, "failed", timeout_s=30)  # well inside the stack's heartbeat timeout
     assert f"local Ray head at {dead} was stopped" in run.error
 
@@ -246,9 +252,7 @@ def test_provider_address_runs_on_an_existing_cluster_given_by_its_dashboard_url
     from experiments.services import experiment_create, run_create
     from tests.factories import ProjectFactory
 
-    exp = experiment_create(
-        project=ProjectFactory(), user=None, name="address", config=tiny_config(steps=2)
-    )
+    exp = experiment_create(project=ProjectFactory(), user=None, name="address", config=tiny_config(steps=2))
     run = wait_state(run_create(experiment=exp, user=None, provider="address").pk, "succeeded")
     assert run.provider == "address"
     assert run.cluster_address == launcher_stack.env["RAY_ADDRESS"]  # the worker's RAY_ADDRESS

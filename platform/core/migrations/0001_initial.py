@@ -4,25 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='WorkerPing',
+            name="WorkerPing",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('token', models.CharField(max_length=64, unique=True)),
-                ('hostname', models.CharField(max_length=255)),
-                ('broker', models.CharField(max_length=32)),
-                ('sent_at', models.DateTimeField()),
-                ('answered_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("token", models.CharField(max_length=64, unique=True)),
+                ("hostname", models.CharField(max_length=255)),
+                ("broker", models.CharField(max_length=32)),
+                ("sent_at", models.DateTimeField()),
+                ("answered_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['-answered_at'],
+                "ordering": ["-answered_at"],
             },
         ),
     ]

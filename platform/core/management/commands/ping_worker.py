@@ -30,4 +30,6 @@ class Command(BaseCommand):
                 self.stdout.write(f"worker {ping.hostname} answered via {ping.broker} in {elapsed_ms:.0f} ms")
                 return
             time.sleep(0.1)
-        raise CommandError(f"no Celery worker answered within {wait:.0f} s (is `celery -A config worker` running?)")
+        raise CommandError(
+            f"no Celery worker answered within {wait:.0f} s (is `celery -A config worker` running?)"
+        )
