@@ -51,10 +51,10 @@ from django.contrib.auth import get_user_model
 from accounts.services import project_create, token_create
 from experiments.models import Run
 from experiments.services import experiment_create
-from rl_engine.presets import get_preset
+from experiments.config_policy import platform_preset
 user = get_user_model().objects.create_user("bench", password=%r)
 project = project_create(name="bench", user=user)
-exp = experiment_create(project=project, user=user, name="probe", config=get_preset("demo-cpu"))
+exp = experiment_create(project=project, user=user, name="probe", config=platform_preset("demo-cpu"))
 runs = [Run.objects.create(experiment=exp, project=project, number=i + 1, config=exp.config, state="running")
         for i in range(%d)]
 print(json.dumps({"token": token_create(user=user, name="bench").secret, "project": project.pk,
@@ -147,11 +147,8 @@ class Deployment:
             shutil.rmtree(self.var_dir, ignore_errors=True)
 
 
-def tiny_config(steps: int) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
-    from rl_engine.presets import get_preset
-
-    cfg = get_preset("demo-cpu")
+def tiny_config(dep: Deployment, steps: int) -> dict[str, Any]:
+    cfg = dep.api.get("/api/presets/demo-cpu")  # as the platform serves it: its model under a model root
     cfg["rollout"]["n"] = 4
     cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16)
     cfg["logging"] = {"sinks": ["stdout"], "progress_bar": False}
@@ -177,7 +174,7 @@ async def measure(dep: Deployment, steps: int, probe_batches: int) -> dict[str, 
 
     api = dep.api
     exp = api.post(
-        "/api/experiments", {"project": dep.info["project"], "name": "train", "config": tiny_config(steps)}
+        "/api/experiments", {"project": dep.info["project"], "name": "train", "config": tiny_config(dep, steps)}
     )
     run_id = api.post("/api/runs", {"experiment": exp["id"]})["id"]
     probe = dep.info["runs"][0]

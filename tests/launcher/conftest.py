@@ -102,7 +102,7 @@ def _worker_args(tmp: Path) -> list[str]:
     return ["-Q", LAUNCHER_QUEUE, "-B", "-s", str(tmp / f"beat-{uuid.uuid4().hex[:6]}")]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def launcher_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[LauncherStack]:
     from django.conf import settings
 
@@ -130,6 +130,9 @@ def launcher_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iter
     overrides["RAY_ADDRESS"] = ray_local.ensure_started().dashboard_url
     from config.celery import app
 
+    # Package scope: the stack's worker runs beat, whose sweep admits every queued run in the database,
+    # so it must be gone before later packages (frontend, e2e) create queued runs of their own.
+    previous_routes = app.conf.task_routes
     app.conf.task_routes = {"launcher.*": {"queue": LAUNCHER_QUEUE}}  # what run_create enqueues here
     with django_db_blocker.unblock():
         env = child_process_env() | overrides
@@ -150,3 +153,4 @@ def launcher_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iter
         holder["w"].stop()
         web.stop()
         ray_local.stop()
+        app.conf.task_routes = previous_routes
