@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -161,17 +160,6 @@ def start_celery_worker(
         time.sleep(0.2)
     worker.kill()
     raise RuntimeError(f"celery worker not ready after {ready_timeout_s}s:\n{worker.log()[-3000:]}")
-
-
-@pytest.fixture(scope="session")
-def celery_worker_proc(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[CeleryWorker]:
-    """One real worker for the session, on the session's test database and queue."""
-    with django_db_blocker.unblock():
-        worker = start_celery_worker(tmp_path_factory.mktemp("celery"))
-    try:
-        yield worker
-    finally:
-        worker.stop()
 
 
 def wait_for(predicate, *, timeout_s: float = 30.0, interval_s: float = 0.1, message: str = "condition"):

@@ -54,7 +54,7 @@ def asgi_server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterato
     with django_db_blocker.unblock():
         env = child_process_env()
     # Launch/cancel/resume from the browser enqueue launcher tasks. They go to a queue of their own that no
-    # worker consumes, so that the session's Celery worker (started by other tests) never picks up a
+    # worker consumes, so that the launcher tests' worker (if still up) never picks up a
     # browser test's run and launches a real Ray job for it. The queue is purged at the end.
     queue = f"e2e-{uuid.uuid4().hex[:8]}"
     env["CELERY_QUEUE"] = env["CELERY_LAUNCHER_QUEUE"] = queue

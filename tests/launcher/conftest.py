@@ -29,7 +29,7 @@ from tests.conftest import REPO_ROOT, SESSION_QUEUE, CeleryWorker, child_process
 LEASE_S = 8
 SWEEP_S = 1
 HEARTBEAT_TIMEOUT_S = 60
-# Launcher tasks go to a queue only our worker consumes (a session-wide worker on the default queue
+# Launcher tasks go to a queue only our worker consumes (a worker on the session's default queue
 # must not pick them up with settings that point at another head and web server).
 LAUNCHER_QUEUE = f"{SESSION_QUEUE}-launcher"
 

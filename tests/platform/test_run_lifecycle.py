@@ -124,7 +124,7 @@ def test_resume_links_the_new_run_to_the_latest_checkpoint(team, experiment):
 def test_concurrent_transitions_let_exactly_one_writer_win(team, experiment):
     """Four workers race to cancel the same running run: CAS lets one through, the others get an error.
 
-    Not a queued run: the session's Celery worker may still run a late launcher task, and each one
+    Not a queued run: a launcher worker still running (another suite's) may run a late task, and each one
     admits queued runs; only the periodic sweep (which no test schedules here) looks at running ones."""
     run = RunFactory(experiment=experiment, state=RunState.RUNNING)
     outcomes: list[str] = []

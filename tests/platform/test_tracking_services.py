@@ -155,7 +155,7 @@ def test_samples_are_capped_per_step(run, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_event_writers_get_distinct_gap_free_sequence_numbers(team, experiment):
-    # A finished run: the session's Celery worker may still run a late launcher task, and every one of
+    # A finished run: a launcher worker still running (another suite's) may run a late task, and every one of
     # them admits queued runs (writing status events); nothing touches a finished run.
     run = RunFactory(experiment=experiment, state=RunState.SUCCEEDED)
     errors: list[BaseException] = []
