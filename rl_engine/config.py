@@ -90,7 +90,7 @@ LOGPROB_CONVENTION = (
 )
 
 
-class _EngineRolloutBase(_RolloutBase):
+class EngineRolloutConfig(_RolloutBase):
     """GPU engines (vLLM, SGLang): bounds on every wait on the engine, weight bucket size."""
 
     request_timeout_s: float = Field(
@@ -105,7 +105,7 @@ class _EngineRolloutBase(_RolloutBase):
     )
 
 
-class VLLMRolloutConfig(_EngineRolloutBase):
+class VLLMRolloutConfig(EngineRolloutConfig):
     backend: Literal["vllm"] = "vllm"
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
@@ -138,7 +138,7 @@ class VLLMRolloutConfig(_EngineRolloutBase):
         return top_p
 
 
-class SGLangRolloutConfig(_EngineRolloutBase):
+class SGLangRolloutConfig(EngineRolloutConfig):
     backend: Literal["sglang"] = "sglang"
     tp_size: int = Field(1, ge=1)
     mem_fraction_static: float = Field(0.5, gt=0.0, le=1.0)

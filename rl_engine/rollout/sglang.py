@@ -22,22 +22,17 @@ tokenizer manager's pause / continue / weight-update coroutines. Every wait is b
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import os
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rl_engine.config import ModelConfig, SGLangRolloutConfig
 from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream, as_stream, unpack
-from rl_engine.rollout.base import RolloutWorker
-from rl_engine.rollout.common import extend_sample, needs_continuation, normalise_finish, sample_template
-from rl_engine.rollout.engine_loop import EngineError, EngineLoop, InterruptGate
-from rl_engine.types import FinishReason, Prompt, Sample
+from rl_engine.rollout.async_worker import AsyncEngineWorker, Result
+from rl_engine.rollout.common import normalise_finish
+from rl_engine.rollout.engine_loop import EngineError
 
-Result = tuple[list[int], list[float], FinishReason]
 WEIGHT_GROUP = "rl_engine_weights"
 
 
@@ -100,39 +95,23 @@ def check_result(what: str, result: Any) -> None:
         raise EngineError(f"sglang: {what} failed: {message}")
 
 
-class SGLangRolloutWorker(RolloutWorker):
+class SGLangRolloutWorker(AsyncEngineWorker):
     """Rollout on ``sglang.Engine`` driven through its coroutines; see the module docstring."""
 
-    supports_concurrent_calls = True  # the tokenizer manager batches concurrent requests continuously
+    backend = "sglang"
+    cfg: SGLangRolloutConfig
 
     def __init__(self, rollout_cfg: SGLangRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
-        super().__init__()
-        from rl_engine.models import ensure_model, load_tokenizer, special_token_ids, torch_dtype
-
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
             raise EngineError(
                 "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would return log-probs without the "
                 "temperature, which the trainer does not recompute; unset it"
             )
-        self.cfg = rollout_cfg
-        path = ensure_model(model_cfg)
-        self.tokenizer = load_tokenizer(model_cfg)
-        self.special = special_token_ids(model_cfg, self.tokenizer)
-        self._rids = itertools.count()
-        self._loop = EngineLoop("sglang")
-        kwargs = engine_kwargs(rollout_cfg, model_cfg, str(path), seed)
-        self.engine = self._loop.call(
-            self._build(kwargs), timeout=rollout_cfg.startup_timeout_s, what="engine start"
-        )
-        self._gate = InterruptGate(
-            self._loop,
-            pause=self._pause,
-            resume=self._continue,
-            flag=self._interrupt,
-            timeout_s=rollout_cfg.control_timeout_s,
-        )
+        super().__init__(rollout_cfg, model_cfg, seed=seed)
         self._group_ready = False
-        self._dtype = torch_dtype(model_cfg)  # what the engine serves: named tensors are cast to it
+
+    def engine_kwargs(self, model_cfg: ModelConfig, path: str, seed: int) -> dict[str, Any]:
+        return engine_kwargs(self.cfg, model_cfg, path, seed)
 
     async def _build(self, kwargs: dict[str, Any]) -> Any:
         import sglang
@@ -144,15 +123,11 @@ class SGLangRolloutWorker(RolloutWorker):
 
         await self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="abort"))
 
-    async def _continue(self) -> None:
+    async def _resume(self) -> None:
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput
 
         await self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput())
 
-    def _control(self, what: str, coro: Any) -> Any:
-        return self._loop.call(coro, timeout=self.cfg.control_timeout_s, what=what)
-
-    # --- generation -----------------------------------------------------------------------------------
     async def _one(self, token_ids: list[int], budget: int) -> Result:
         if self.interrupted:  # checked on the loop thread right before the engine: see engine_loop
             return [], [], "abort"
@@ -160,44 +135,9 @@ class SGLangRolloutWorker(RolloutWorker):
             input_ids=token_ids,
             sampling_params=sampling_params(self.cfg, budget, self.special.eos_ids),
             return_logprob=True,
-            rid=f"rl{next(self._rids)}",
+            rid=f"rl{next(self._request_ids)}",
         )
         return convert_output(out, self.special.eos_ids)
-
-    async def _many(self, jobs: list[tuple[list[int], int]]) -> list[Result]:
-        return list(await asyncio.gather(*(self._one(ids, budget) for ids, budget in jobs)))
-
-    def _run(self, samples: list[Sample]) -> list[Sample]:
-        if not samples:
-            return []
-        t0, version = time.perf_counter(), self.version
-        jobs = [
-            (s.prompt_ids + s.response_ids, self.cfg.max_new_tokens - len(s.response_ids)) for s in samples
-        ]
-        results = self._loop.call(self._many(jobs), timeout=self.cfg.request_timeout_s, what="generate")
-        dt = time.perf_counter() - t0
-        return [
-            extend_sample(s, ids, lps, fin, version=version, elapsed_s=dt, tokenizer=self.tokenizer)
-            for s, (ids, lps, fin) in zip(samples, results, strict=True)
-        ]
-
-    def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
-        return self._run([sample_template(p, self.version) for p in prompts for _ in range(n)])
-
-    def resume(self, samples: list[Sample]) -> list[Sample]:
-        todo = [i for i, s in enumerate(samples) if needs_continuation(s, self.cfg.max_new_tokens)]
-        out = list(samples)
-        for i, s in zip(todo, self._run([samples[i] for i in todo]), strict=True):
-            out[i] = s
-        return out
-
-    # --- partial rollout --------------------------------------------------------------------------------
-    def interrupt(self) -> None:
-        """Never blocks: submits the abort-mode pause and returns (see engine_loop)."""
-        self._gate.interrupt()
-
-    def clear_interrupt(self) -> None:
-        self._gate.clear()
 
     # --- weights -----------------------------------------------------------------------------------------
     @property
@@ -315,12 +255,6 @@ class SGLangRolloutWorker(RolloutWorker):
         check_result("end_weight_update", ended)
         check_result("flush_cache", self._control("flush_cache", tm.flush_cache()))
         self._version = int(version)
-
-    def close(self) -> None:
-        try:
-            self.engine.shutdown()
-        finally:
-            self._loop.close()
 
 
 def _stamp(plan: BucketPlan, count: int, version: int) -> str | None:

@@ -21,19 +21,14 @@ is built on); every call is a coroutine submitted to that loop, every wait bound
 
 from __future__ import annotations
 
-import itertools
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 from rl_engine.config import ModelConfig, VLLMRolloutConfig
 from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream, as_stream, unpack
-from rl_engine.rollout.base import RolloutWorker
-from rl_engine.rollout.common import extend_sample, needs_continuation, normalise_finish, sample_template
-from rl_engine.rollout.engine_loop import EngineError, EngineLoop, InterruptGate
-from rl_engine.types import FinishReason, Prompt, Sample
-
-Result = tuple[list[int], list[float], FinishReason]
+from rl_engine.rollout.async_worker import AsyncEngineWorker, Result
+from rl_engine.rollout.common import normalise_finish
+from rl_engine.rollout.engine_loop import EngineError
 
 
 def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
@@ -116,34 +111,18 @@ class VLLMWorkerExtension:
         return len(named)
 
 
-class VLLMRolloutWorker(RolloutWorker):
+class VLLMRolloutWorker(AsyncEngineWorker):
     """Rollout on vLLM ``AsyncLLM``; see the module docstring."""
 
-    supports_concurrent_calls = True  # AsyncLLM batches concurrent requests continuously
+    backend = "vllm"
+    cfg: VLLMRolloutConfig
 
     def __init__(self, rollout_cfg: VLLMRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
-        super().__init__()
-        from rl_engine.models import ensure_model, load_tokenizer, special_token_ids, torch_dtype
-
-        self.cfg = rollout_cfg
-        path = ensure_model(model_cfg)
-        self.tokenizer = load_tokenizer(model_cfg)
-        self.special = special_token_ids(model_cfg, self.tokenizer)
-        self._ids = itertools.count()
-        self._loop = EngineLoop("vllm")
-        kwargs = engine_kwargs(rollout_cfg, model_cfg, str(path), seed)
-        self.engine = self._loop.call(
-            self._build(kwargs), timeout=rollout_cfg.startup_timeout_s, what="engine start"
-        )
-        self._gate = InterruptGate(
-            self._loop,
-            pause=lambda: self.engine.pause_generation(mode="abort", clear_cache=False),
-            resume=lambda: self.engine.resume_generation(),
-            flag=self._interrupt,
-            timeout_s=rollout_cfg.control_timeout_s,
-        )
+        super().__init__(rollout_cfg, model_cfg, seed=seed)
         self._transfer_buffer: int | None = None  # packed buffer bytes, once init_weight_transfer ran
-        self._dtype = torch_dtype(model_cfg)  # what the engine serves: named tensors are cast to it
+
+    def engine_kwargs(self, model_cfg: ModelConfig, path: str, seed: int) -> dict[str, Any]:
+        return engine_kwargs(self.cfg, model_cfg, path, seed)
 
     async def _build(self, kwargs: dict[str, Any]) -> Any:
         from vllm import AsyncEngineArgs
@@ -155,21 +134,23 @@ class VLLMRolloutWorker(RolloutWorker):
         )
         return AsyncLLM.from_engine_args(args)
 
-    def _control(self, what: str, coro: Any) -> Any:
-        return self._loop.call(coro, timeout=self.cfg.control_timeout_s, what=what)
+    def _pause(self) -> Coroutine[Any, Any, Any]:
+        return self.engine.pause_generation(mode="abort", clear_cache=False)
 
-    # --- generation -----------------------------------------------------------------------------------
-    async def _one(self, token_ids: list[int], max_tokens: int) -> Result:
+    def _resume(self) -> Coroutine[Any, Any, Any]:
+        return self.engine.resume_generation()
+
+    async def _one(self, token_ids: list[int], budget: int) -> Result:
         from vllm import SamplingParams
         from vllm.exceptions import RetryableRequestError
 
         if self.interrupted:  # checked on the loop thread right before the engine: see engine_loop
             return [], [], "abort"
-        params = SamplingParams(**sampling_kwargs(self.cfg, max_tokens, self.special.eos_ids))
+        params = SamplingParams(**sampling_kwargs(self.cfg, budget, self.special.eos_ids))
         final = None
         try:
             async for out in self.engine.generate(
-                {"prompt_token_ids": token_ids}, params, f"r{next(self._ids)}"
+                {"prompt_token_ids": token_ids}, params, f"r{next(self._request_ids)}"
             ):
                 final = out
         except RetryableRequestError:  # the pause reached the engine before this request
@@ -177,43 +158,6 @@ class VLLMRolloutWorker(RolloutWorker):
         if final is None:
             return [], [], "abort"
         return convert_completion(final.outputs[0], self.special.eos_ids)
-
-    async def _many(self, jobs: list[tuple[list[int], int]]) -> list[Result]:
-        import asyncio
-
-        return list(await asyncio.gather(*(self._one(ids, budget) for ids, budget in jobs)))
-
-    def _run(self, samples: list[Sample]) -> list[Sample]:
-        if not samples:
-            return []
-        t0, version = time.perf_counter(), self.version
-        jobs = [
-            (s.prompt_ids + s.response_ids, self.cfg.max_new_tokens - len(s.response_ids)) for s in samples
-        ]
-        results = self._loop.call(self._many(jobs), timeout=self.cfg.request_timeout_s, what="generate")
-        dt = time.perf_counter() - t0
-        return [
-            extend_sample(s, ids, lps, fin, version=version, elapsed_s=dt, tokenizer=self.tokenizer)
-            for s, (ids, lps, fin) in zip(samples, results, strict=True)
-        ]
-
-    def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
-        return self._run([sample_template(p, self.version) for p in prompts for _ in range(n)])
-
-    def resume(self, samples: list[Sample]) -> list[Sample]:
-        todo = [i for i, s in enumerate(samples) if needs_continuation(s, self.cfg.max_new_tokens)]
-        out = list(samples)
-        for i, s in zip(todo, self._run([samples[i] for i in todo]), strict=True):
-            out[i] = s
-        return out
-
-    # --- partial rollout --------------------------------------------------------------------------------
-    def interrupt(self) -> None:
-        """Never blocks: submits the abort-mode pause and returns (see engine_loop)."""
-        self._gate.interrupt()
-
-    def clear_interrupt(self) -> None:
-        self._gate.clear()
 
     # --- weights -----------------------------------------------------------------------------------------
     @property
@@ -301,9 +245,7 @@ class VLLMRolloutWorker(RolloutWorker):
         if not own_pause:
             self._gate.wait_paused()
         else:
-            self._control(
-                "pause before a weight update", self.engine.pause_generation(mode="abort", clear_cache=False)
-            )
+            self._control("pause before a weight update", self._pause())
         try:
             self._control("start_weight_update", self.engine.start_weight_update())
             for item in items:
@@ -317,11 +259,5 @@ class VLLMRolloutWorker(RolloutWorker):
                 )
         finally:
             if own_pause:
-                self._control("resume after a weight update", self.engine.resume_generation())
+                self._control("resume after a weight update", self._resume())
         self._version = int(version)
-
-    def close(self) -> None:
-        try:
-            self.engine.shutdown()
-        finally:
-            self._loop.close()
