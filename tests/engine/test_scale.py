@@ -115,10 +115,16 @@ def test_token_budget_micro_batches_accumulate_to_the_mini_batch_update(make_cfg
     assert len(micro._micro_batches(micro.pack_samples(batch), torch.arange(16))) > 2
     assert len(full._micro_batches(full.pack_samples(batch), torch.arange(16))) == 1
     mf, mm = full.train_step(batch), micro.train_step(batch)
-    for (k, a), b in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-6), k
     for key in ("actor/pg_loss", "actor/entropy", "actor/clipfrac", "actor/grad_norm"):
         assert mf[key] == pytest.approx(mm[key], abs=1e-6), key
+    # The same update to 1% of one learning-rate step: AdamW divides by sqrt(v), so the float rounding
+    # of a summed gradient (which differs between CPUs' kernels) shows up magnified in elements whose
+    # gradient is near zero (measured up to 2.4e-6 at lr 6e-4 on one CPU, below 1e-6 on another). A
+    # wrong accumulation changes the loss and gradient norm above, and flips the sign of many elements'
+    # gradients: a difference of a whole step (2 lr) there.
+    lr = full.cfg.trainer.lr
+    for (k, a), b in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-2 * lr), k
 
 
 def test_everything_lives_on_the_trainer_device_and_auto_resolves_by_gpus(make_cfg, monkeypatch):

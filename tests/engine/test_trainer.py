@@ -130,9 +130,11 @@ def test_micro_batches_accumulate_to_the_same_update(make_cfg):
     micro = PolicyTrainer(make_cfg(*base, "trainer.micro_batch_size=4"))
     batch = _scored_batch(make_cfg(*base))
     mf, mm = full.train_step(batch), micro.train_step(batch)
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert mf[key] == pytest.approx(mm[key], abs=1e-6), key
+    # to 1% of a learning-rate step: see test_scale's token-budget version of this test
     for (k, a), b in zip(full.model.named_parameters(), micro.model.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-6), k
-    assert mf["actor/pg_loss"] == pytest.approx(mm["actor/pg_loss"], abs=1e-6)
+        assert torch.allclose(a, b, atol=1e-2 * full.cfg.trainer.lr), k
 
 
 def test_tis_and_decoupled_report_importance_ratios(make_cfg):
