@@ -17,6 +17,7 @@ import pytest
 from rl_engine.config import LoggingConfig, MlflowConfig, WandbConfig
 from rl_engine.sinks import MirrorSink, MultiSink, build_sinks
 from rl_engine.sinks.base import MetricsSink
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = [{"prompt": "what is 2 + 3?", "response": "#### 5", "answer": "#### 5", "reward": 1.0}]
@@ -102,6 +103,8 @@ def _wandb_records(run_file: Path) -> list:
             pos += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):
+            break  # a chunk still being written
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 1:
             out.append(chunk)
@@ -121,7 +124,13 @@ def test_wandb_offline_mirror_writes_a_run_that_reads_back(tmp_path, make_cfg, c
     _drive(build_sinks(logging_cfg, experiment=cfg), checkpoint)
 
     [run_dir] = (tmp_path / "wandb").glob("offline-run-*")
-    records = _wandb_records(next(run_dir.glob("run-*.wandb")))
+    run_file = next(run_dir.glob("run-*.wandb"))
+
+    def complete() -> list:  # W&B's service may still be writing the log when finish() returns
+        records = _wandb_records(run_file)
+        return records if any(r.WhichOneof("record_type") == "exit" for r in records) else []
+
+    records = wait_for(complete, timeout_s=30, interval_s=0.2, message="the W&B log's exit record")
     rows = []
     for r in records:
         if r.WhichOneof("record_type") == "history":
