@@ -174,7 +174,8 @@ async def measure(dep: Deployment, steps: int, probe_batches: int) -> dict[str, 
 
     api = dep.api
     exp = api.post(
-        "/api/experiments", {"project": dep.info["project"], "name": "train", "config": tiny_config(dep, steps)}
+        "/api/experiments",
+        {"project": dep.info["project"], "name": "train", "config": tiny_config(dep, steps)},
     )
     run_id = api.post("/api/runs", {"experiment": exp["id"]})["id"]
     probe = dep.info["runs"][0]
