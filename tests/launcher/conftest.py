@@ -1,5 +1,6 @@
 """Launcher fixtures: one real Ray head, one real web server and one real Celery worker (with the
-embedded beat running the sweep) for the launcher package (torn down when it ends), on the session's test database.
+embedded beat running the sweep) for the launcher package, torn down when it ends, on the session's
+test database.
 
 The web server is a subprocess (daphne) rather than pytest-django's in-process ``live_server``
 because one test restarts it mid-run; it listens on a fixed port so the engine's HTTP sink, configured
