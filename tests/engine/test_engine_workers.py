@@ -20,20 +20,15 @@ from rl_engine.data import PromptStream
 from rl_engine.models.buckets import plan_buckets
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError, EngineTimeout
-from tests.engine import standin_sglang, standin_vllm
+from tests.engine import standin_sglang, standin_vllm, standins
 
 pytestmark = pytest.mark.timeout(60)  # a deadlock fails here instead of hanging the suite
 MAX_NEW = 400  # long enough that an interrupt always lands mid-response (2 ms per stand-in step)
 
 
-@pytest.fixture(params=["vllm", "sglang"])
+@pytest.fixture(params=standins.BACKENDS)
 def backend(request, monkeypatch):
-    if request.param == "vllm":
-        standin_vllm.install(monkeypatch)
-    else:
-        standin_sglang.install(monkeypatch)
-        monkeypatch.setattr(standin_sglang.TokenizerManager, "pause_poll_s", 0.1)
-    return request.param
+    return standins.install(request.param, monkeypatch)
 
 
 def _worker(make_cfg, backend, *extra):

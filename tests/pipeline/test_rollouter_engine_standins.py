@@ -23,19 +23,14 @@ from rl_engine.pipeline.knobs import knobs_from_config
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.presets import get_preset
-from tests.engine import standin_sglang, standin_vllm
+from tests.engine import standin_vllm, standins
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(params=["vllm", "sglang"])
+@pytest.fixture(params=standins.BACKENDS)
 def backend(request, monkeypatch):
-    if request.param == "vllm":
-        standin_vllm.install(monkeypatch)
-    else:
-        standin_sglang.install(monkeypatch)
-        monkeypatch.setattr(standin_sglang.TokenizerManager, "pause_poll_s", 0.1)
-    return request.param
+    return standins.install(request.param, monkeypatch)
 
 
 def _cfg(backend: str, model_dir):
