@@ -7,7 +7,9 @@
 # succeed with every point the engine logged stored once and seen by the client. Then everything comes
 # down again, volumes included. Prints how long each stage took and a SMOKE summary line.
 #
-#   bash scripts/compose_smoke.sh          # or: make compose-smoke
+#   bash scripts/compose_smoke.sh              # or: make compose-smoke
+#   bash scripts/compose_smoke.sh --preflight  # status 0 when it can run here, else 3 and the reason
+#                                              # (SMOKE_NEED_IMAGE=1: also an image built before, i.e. cached layers)
 #
 # Works with the compose v2 plugin (`docker compose`) or Compose 1.29 (`docker-compose`). Base images:
 # SMOKE_BASE=local uses the stand-ins of scripts/local_base_images.sh (docker/local.env, air-gapped
@@ -25,13 +27,22 @@ cd "$(dirname "$0")/.."
 
 export COMPOSE_PROJECT_NAME="${COMPOSE_PROJECT_NAME:-rlp-smoke}"
 docker=${DOCKER:-docker}
-if docker compose version >/dev/null 2>&1; then
-  compose=(docker compose -f docker/compose.yaml)
+preflight=0
+[ "${1:-}" = --preflight ] && preflight=1
+# --preflight: only say whether the smoke can run here (status 0), or print why not (status 3).
+cannot() {
+  if [ "$preflight" = 1 ]; then echo "$*"; exit 3; fi
+  echo "error: $*" >&2
+  exit 1
+}
+command -v "$docker" >/dev/null 2>&1 || cannot "no docker client"
+"$docker" info >/dev/null 2>&1 || cannot "no Docker daemon answers ($docker info fails)"
+if "$docker" compose version >/dev/null 2>&1; then
+  compose=("$docker" compose -f docker/compose.yaml)
 elif command -v docker-compose >/dev/null 2>&1; then
   compose=(docker-compose -f docker/compose.yaml)
 else
-  echo "error: neither 'docker compose' nor 'docker-compose' is installed" >&2
-  exit 1
+  cannot "neither 'docker compose' nor 'docker-compose' is installed"
 fi
 t0=$(date +%s)
 ts=$t0
@@ -42,12 +53,17 @@ times=()
 base=${SMOKE_BASE:-auto}
 if [ "$base" = auto ]; then base=$([ -f docker/local.env ] && echo local || echo official); fi
 if [ "$base" = local ]; then
-  [ -f docker/local.env ] || { echo "error: docker/local.env is missing: run scripts/local_base_images.sh" >&2; exit 1; }
+  [ -f docker/local.env ] || cannot "docker/local.env is missing: run scripts/local_base_images.sh"
   set -a
   # shellcheck disable=SC1091
   . docker/local.env
   set +a
 fi
+for image in "${PYTHON_IMAGE:-python:3.11-slim-bookworm}" "${POSTGRES_IMAGE:-postgres:16}" "${REDIS_IMAGE:-redis:7}"; do
+  # Official images are pulled by the build and by compose; --preflight asks for them on this machine.
+  "$docker" image inspect "$image" >/dev/null 2>&1 || { [ "$base" = official ] && [ "$preflight" = 0 ]; } \
+    || cannot "base image $image is not on this machine (docker pull it, or run scripts/local_base_images.sh)"
+done
 export WEB_PORT="${WEB_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
 
 # A BuildKit-capable client: buildx, else a client with BuildKit built in (20.10 to 22).
@@ -57,7 +73,12 @@ for d in "$docker" /usr/bin/docker; do
   v=$("$d" version --format '{{.Client.Version}}' 2>/dev/null || true)
   if [ "${v%%.*}" -ge 20 ] 2>/dev/null && [ "${v%%.*}" -lt 23 ]; then build=(env DOCKER_BUILDKIT=1 "$d" build); break; fi
 done
-[ ${#build[@]} -gt 0 ] || { echo "error: no BuildKit-capable docker client (install buildx, or set DOCKER)" >&2; exit 1; }
+[ ${#build[@]} -gt 0 ] || cannot "no BuildKit-capable docker client (install buildx, or set DOCKER)"
+if [ "${SMOKE_NEED_IMAGE:-0}" = 1 ]; then  # CI: a cold build of the image does not fit its time budget
+  "$docker" image inspect rlplatform:latest >/dev/null 2>&1 \
+    || cannot "rlplatform:latest was never built here (a cold build takes ~10 min): run make compose-smoke once"
+fi
+[ "$preflight" = 0 ] || exit 0
 
 created_env=0
 if [ ! -f docker/.env ]; then

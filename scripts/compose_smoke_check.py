@@ -71,14 +71,20 @@ def logged_points(run_id: int) -> list[Point]:
     for line in (run_folder(run) / run.config["logging"]["jsonl_path"]).read_text().splitlines():
         rec = json.loads(line)
         if rec.get("type") == "metrics":
-            out += [(k, int(rec["step"]), float(v)) for k, v in rec["metrics"].items() if math.isfinite(float(v))]
+            out += [
+                (k, int(rec["step"]), float(v)) for k, v in rec["metrics"].items() if math.isfinite(float(v))
+            ]
     return out
 
 
 def history(api: Api, run_id: int) -> set[Point]:
     """The stored series as the run page loads them over REST (no downsampling)."""
     reply = api.get(f"/api/runs/{run_id}/metrics?max_points=100000")
-    return {(s["key"], int(st), float(v)) for s in reply["series"] for st, v in zip(s["steps"], s["values"], strict=True)}
+    return {
+        (s["key"], int(st), float(v))
+        for s in reply["series"]
+        for st, v in zip(s["steps"], s["values"], strict=True)
+    }
 
 
 def steps(points: list[Point] | set[Point]) -> int:
@@ -93,7 +99,9 @@ def reconnect(base: str, run_id: int, cookie: str, host: str, timeout_s: float) 
             return Follower(base, run_id, cookie, host=host, origin=f"https://{host}")
         except (RuntimeError, OSError, urllib.error.URLError) as exc:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the websocket did not come back within {timeout_s:.0f} s: {exc}") from exc
+                raise RuntimeError(
+                    f"the websocket did not come back within {timeout_s:.0f} s: {exc}"
+                ) from exc
             time.sleep(1)
 
 
@@ -101,7 +109,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="http://web:8000")
     parser.add_argument("--steps", type=int, default=30, help="the demo-cpu run's total_steps")
-    parser.add_argument("--restart-after", type=int, default=5, help="steps stored before the web restart (0: none)")
+    parser.add_argument(
+        "--restart-after", type=int, default=5, help="steps stored before the web restart (0: none)"
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds for the whole run")
     args = parser.parse_args()
     setup_django()
@@ -124,7 +134,9 @@ def main() -> int:
     seen: set[Point] = set()
     restarted = 0
     if args.restart_after:
-        ws.wait_for(lambda f: steps(f.points()) >= args.restart_after, args.timeout, "steps over the websocket")
+        ws.wait_for(
+            lambda f: steps(f.points()) >= args.restart_after, args.timeout, "steps over the websocket"
+        )
         if "succeeded" in ws.states():
             raise RuntimeError("the run ended before the web restart: raise --steps")
         print(f"[check {stamp()}] {steps(ws.points())} steps over the websocket; RESTART-WEB", flush=True)
@@ -148,7 +160,9 @@ def main() -> int:
             f"missing {sorted(set(logged) - set(stored))[:5]}, extra {sorted(set(stored) - set(logged))[:5]}"
         )
     # Points stored after the last live message reach the socket through the poll: wait for them.
-    wait_until(lambda: seen | set(ws.points()) >= set(stored), 30, "every stored point over the websocket", 0.2)
+    wait_until(
+        lambda: seen | set(ws.points()) >= set(stored), 30, "every stored point over the websocket", 0.2
+    )
     seen |= set(ws.points())
     if seen != set(stored):
         raise RuntimeError(f"the client saw {len(seen)} points, {len(set(stored))} are stored")
