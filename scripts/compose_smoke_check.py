@@ -26,11 +26,10 @@ import sys
 import time
 import urllib.error
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.platform_stack import Api, Follower, wait_until  # noqa: E402
+from scripts.platform_stack import Api, Follower, wait_until
 
 Point = tuple[str, int, float]
 
