@@ -18,7 +18,8 @@
 # or the client built into Docker 20.10-22: set DOCKER to such a client when `docker` is newer and has
 # no buildx). pip's CA bundle (PIP_CERT or SMOKE_CA) and a pip configuration (SMOKE_PIP_CONF) are passed
 # as build secrets: never written to a layer. SMOKE_STEPS (default 30) and SMOKE_RESTART_AFTER
-# (default 5 steps; 0 = no restart) shape the run; WEB_PORT (default: a free port) publishes the web server.
+# (default 5 steps; 0 = no restart) shape the run; SMOKE_UP_TIMEOUT (default 600 s) bounds the wait for
+# the health checks; WEB_PORT (default: a free port) publishes the web server.
 #
 # It uses docker/.env when it exists; otherwise it writes one from docker/env.example with fresh random
 # secrets and removes it at the end.
@@ -135,7 +136,7 @@ wait_healthy() {  # TIMEOUT_S SERVICE...
     done
   done
 }
-wait_healthy 300 "${services[@]}"
+wait_healthy "${SMOKE_UP_TIMEOUT:-600}" "${services[@]}"
 times+=("up=$(took)s")
 
 steps=${SMOKE_STEPS:-30}
