@@ -17,8 +17,8 @@
 # the default (auto) takes docker/local.env when it exists. The image is built with BuildKit (buildx,
 # or the client built into Docker 20.10-22: set DOCKER to such a client when `docker` is newer and has
 # no buildx). pip's CA bundle (PIP_CERT or SMOKE_CA) and a pip configuration (SMOKE_PIP_CONF) are passed
-# as build secrets: never written to a layer. SMOKE_STEPS (default 30) and SMOKE_RESTART_AFTER
-# (default 5 steps; 0 = no restart) shape the run; SMOKE_UP_TIMEOUT (default 600 s) bounds the wait for
+# as build secrets: never written to a layer. SMOKE_STEPS (default 1000, every step logged: ~0.1 s
+# each) and SMOKE_RESTART_AFTER (default 20 steps; 0 = no restart) shape the run; SMOKE_UP_TIMEOUT (default 600 s) bounds the wait for
 # the health checks; WEB_PORT (default: a free port) publishes the web server.
 #
 # It uses docker/.env when it exists; otherwise it writes one from docker/env.example with fresh random
@@ -100,6 +100,7 @@ cleanup() {
   exit "$status"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 stage "building rlplatform:latest on $base base images (${build[*]})"
 secrets=()
@@ -139,8 +140,8 @@ wait_healthy() {  # TIMEOUT_S SERVICE...
 wait_healthy "${SMOKE_UP_TIMEOUT:-600}" "${services[@]}"
 times+=("up=$(took)s")
 
-steps=${SMOKE_STEPS:-30}
-restart_after=${SMOKE_RESTART_AFTER:-5}
+steps=${SMOKE_STEPS:-1000}
+restart_after=${SMOKE_RESTART_AFTER:-20}
 stage "client: a user, a demo-cpu run of $steps steps through the REST API, followed over the websocket"
 "${compose[@]}" run --rm --no-deps -T web python scripts/compose_smoke_check.py --steps "$steps" \
   --restart-after "$restart_after" >"$log" 2>&1 &

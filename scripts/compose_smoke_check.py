@@ -107,7 +107,7 @@ def reconnect(base: str, run_id: int, cookie: str, host: str, timeout_s: float) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="http://web:8000")
-    parser.add_argument("--steps", type=int, default=30, help="the demo-cpu run's total_steps")
+    parser.add_argument("--steps", type=int, default=1000, help="the demo-cpu run's total_steps")
     parser.add_argument(
         "--restart-after", type=int, default=5, help="steps stored before the web restart (0: none)"
     )
@@ -125,6 +125,9 @@ def main() -> int:
     cookie = api.login(username, password)
     config = api.get("/api/presets/demo-cpu")
     config["trainer"]["total_steps"] = args.steps
+    # Every step logged, to the platform and to a JSONL file in the run's folder: the engine's own record.
+    config["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": "metrics.jsonl", "log_every": 1,
+                         "progress_bar": False}  # fmt: skip
     exp = api.post("/api/experiments", {"project": project, "name": "compose smoke", "config": config})
     run_id = api.post("/api/runs", {"experiment": exp["id"]})["id"]
     print(f"[check {stamp()}] user {username}, run {run_id} launched ({args.steps} steps)", flush=True)
@@ -144,7 +147,13 @@ def main() -> int:
         ws = reconnect(args.base, run_id, cookie, host, 180)
         seen |= history(api, run_id)
         restarted = 1
-        print(f"[check {stamp()}] reconnected after the restart ({steps(seen)} steps known)", flush=True)
+        state = ws.wait_for(lambda f: f.of_kind("hello"), 30, "the hello message")[0]["run"]["state"]
+        if state != "running":
+            raise RuntimeError(
+                f"the run was {state} when the web server was back, not mid-run: raise --steps"
+            )
+        print(f"[check {stamp()}] reconnected after the restart, the run still running ({steps(seen)} steps known)",
+              flush=True)  # fmt: skip
     ws.wait_for(lambda f: "succeeded" in f.states() or {"failed", "cancelled"} & set(f.states()),
                 args.timeout, "the run's end over the websocket")  # fmt: skip
     state = api.get(f"/api/runs/{run_id}")["state"]
