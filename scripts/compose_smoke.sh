@@ -118,8 +118,9 @@ services=(postgres redis web worker beat ray-head)
 stage "up: ${services[*]} (migrate first), waiting for their health checks"
 "${compose[@]}" up -d --no-build "${services[@]}" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
 health() {  # SERVICE -> healthy | starting | unhealthy | exited | ...
-  local id
-  id=$("${compose[@]}" ps -q "$1")
+  local id  # the service's own container (`ps -q` of Compose 1.29 also lists `run` containers)
+  id=$("$docker" ps -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" \
+    --filter "label=com.docker.compose.service=$1" --filter "label=com.docker.compose.oneoff=False")
   [ -n "$id" ] || { echo missing; return; }
   $docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$id"
 }
