@@ -107,12 +107,17 @@ secrets=()
 ca=${SMOKE_CA:-${PIP_CERT:-}}
 if [ -n "$ca" ] && [ -f "$ca" ]; then secrets+=(--secret "id=ca,src=$ca"); fi
 if [ -n "${SMOKE_PIP_CONF:-}" ]; then secrets+=(--secret "id=pip_conf,src=$SMOKE_PIP_CONF"); fi
+previous=$("$docker" image inspect -f '{{.Id}}' rlplatform:latest 2>/dev/null || true)
 "${build[@]}" -f docker/Dockerfile -t rlplatform:latest "${secrets[@]}" \
   --build-arg "PYTHON_IMAGE=${PYTHON_IMAGE:-python:3.11-slim-bookworm}" \
   --build-arg "WHEELS_IMAGE=${WHEELS_IMAGE:-scratch}" \
   --build-arg "TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}" . >"$log" 2>&1 \
   || { tail -n 30 "$log" >&2; exit 1; }
 times+=("build=$(took)s")
+# The image this build replaced (now untagged) goes, unless a container still uses it.
+if [ -n "$previous" ] && [ "$previous" != "$("$docker" image inspect -f '{{.Id}}' rlplatform:latest)" ]; then
+  "$docker" rmi "$previous" >/dev/null 2>&1 || true
+fi
 
 services=(postgres redis web worker beat ray-head)
 stage "up: ${services[*]} (migrate first), waiting for their health checks"
