@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang
+.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang base-images compose-smoke
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-mirrors.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,3 +45,12 @@ check-vllm check-sglang: check-%:
 	  "then: make check-$* VENV=DIR"; exit 1; }
 	@$(VENV)/bin/python -m pytest --version >/dev/null 2>&1 || $(VENV)/bin/python -m pip install --quiet pytest
 	$(VENV)/bin/python -m pytest tests/contracts -k $* -p no:cacheprovider -q -W ignore
+
+# The production stack in Docker (docs/deploy.md). base-images: stand-ins for python/postgres/redis built
+# from Debian's packages, for machines without an image registry (root, debootstrap). compose-smoke:
+# build, bring up, launch and follow a run, restart web mid-run, bring down (scripts/compose_smoke.sh).
+base-images:
+	bash scripts/local_base_images.sh
+
+compose-smoke:
+	bash scripts/compose_smoke.sh
