@@ -105,8 +105,6 @@ def _model_violations(config: dict[str, Any], policy: PathPolicy) -> list[tuple[
             out.append(("model.tiny", problem))
     for field in ("path", "tokenizer_path"):
         value = model.get(field)
-        if field == "path" and model.get("tiny") is not None:
-            continue  # built in the project's own folder whatever it says (launch_config)
         if value is not None and not policy.model_ok(str(value)):
             where = (
                 f"under {roots_text(policy.model_roots)} (MODEL_ROOTS) or an allowed model "

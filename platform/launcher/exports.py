@@ -101,7 +101,8 @@ def _announce(export: Export, message: str) -> None:
                   data={"source": SOURCE, "export_id": export.pk, "step": export.step, "state": export.state})  # fmt: skip
 
 
-def _set_state(export: Export, state: str, message: str, **fields: Any) -> None:
+def export_transition(export: Export, state: str, message: str, **fields: Any) -> None:
+    """Move ``export`` to ``state`` (with its result fields) and announce it on the run's events."""
     with transaction.atomic():
         for name, value in {"state": state, **fields}.items():
             setattr(export, name, value)
@@ -177,7 +178,9 @@ def export_run(*, export_id: int) -> str:
     run, step = export.run, export.step
     checkpoint, out = export.checkpoint.path, export.out
     if reason := _paths_refused(run, checkpoint, Path(out)):  # again: the disk may have changed since
-        _set_state(export, ExportState.FAILED, f"export of step {step} refused: {reason}", error=reason)
+        export_transition(
+            export, ExportState.FAILED, f"export of step {step} refused: {reason}", error=reason
+        )
         return ExportState.FAILED
     sid = f"{services.submission_id_for(run)}-export-{step}-{export.pk}"
     try:
@@ -186,23 +189,23 @@ def export_run(*, export_id: int) -> str:
                     env=services.base_job_env(),
                     metadata={"run_id": str(run.pk), "kind": "export", "step": str(step)})  # fmt: skip
         if export.state == ExportState.QUEUED:
-            _set_state(export, ExportState.RUNNING, f"exporting the step {step} checkpoint (Ray job {sid})",
+            export_transition(export, ExportState.RUNNING, f"exporting the step {step} checkpoint (Ray job {sid})",
                        job_id=sid)  # fmt: skip
         final = jobs.wait_terminal(cluster.address, sid, timeout=EXPORT_TIMEOUT_S, poll_s=1.0)
         log_text = jobs.logs(cluster.address, sid)
     except (services.LaunchError, jobs.ClusterUnreachable, jobs.JobNotFound) as exc:
-        _set_state(export, ExportState.FAILED, f"export of step {step} failed: {exc}", error=str(exc))
+        export_transition(export, ExportState.FAILED, f"export of step {step} failed: {exc}", error=str(exc))
         return ExportState.FAILED
     result = _result_line(log_text) if final is not None and final.status == "SUCCEEDED" else None
     if result is None:
         reason = "timed out" if final is None else final.message
         error = jobs.error_from_logs(log_text, fallback=reason) or reason
-        _set_state(export, ExportState.FAILED, f"export of step {step} failed: {error.splitlines()[-1]}",
+        export_transition(export, ExportState.FAILED, f"export of step {step} failed: {error.splitlines()[-1]}",
                    error=error)  # fmt: skip
         return ExportState.FAILED
     # Only sizes come from the job's output: the folder is the one the platform chose.
     dtype = result.get("dtype")
-    _set_state(export, ExportState.SUCCEEDED, f"exported step {step} to {out}",
+    export_transition(export, ExportState.SUCCEEDED, f"exported step {step} to {out}",
                size_bytes=_int_or_none(result.get("size_bytes")),
                dtype=dtype[:32] if isinstance(dtype, str) else "")  # fmt: skip
     return ExportState.SUCCEEDED
