@@ -24,16 +24,16 @@ from django.conf import settings
 ALLOWED_NAMES = frozenset(
     {
         "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-        "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+        "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
         "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "XDG_CACHE_HOME",
+        "TOKENIZERS_PARALLELISM", "XDG_CACHE_HOME",
         "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_DEDUP_LOGS",
     }
 )  # fmt: skip
 # Prefixes of what the engine itself reads: its sink settings, accelerators and collectives, the model
 # hubs and caches, the GPU inference engines, and the experiment trackers it reports to.
 ALLOWED_PREFIXES = (
-    "RL_ENGINE_", "LC_", "CUDA_", "NVIDIA_", "NCCL_", "ROCR_", "HIP_", "HF_", "HUGGINGFACE_",
+    "RL_ENGINE_", "LC_", "OMP_", "MKL_", "KMP_", "CUDA_", "NVIDIA_", "NCCL_", "ROCR_", "HIP_", "HF_", "HUGGINGFACE_",
     "TRANSFORMERS_", "TORCH_", "TORCHINDUCTOR_", "TRITON_", "VLLM_", "SGLANG_", "MLFLOW_", "WANDB_",
 )  # fmt: skip
 

@@ -12,12 +12,12 @@ from django.conf import settings
 from playwright.sync_api import expect
 
 from accounts.services import ingest_token_issue, project_create
-from experiments.services import run_transition
-from tests.e2e.conftest import login
-from tests.e2e.test_web_ui import as_worker, post_json
 from experiments.run_files import checkpoint_folder
+from experiments.services import run_transition
 from launcher import exports
 from launcher.models import Export
+from tests.e2e.conftest import login
+from tests.e2e.test_web_ui import as_worker, post_json
 from tests.factories import ExperimentFactory, RunFactory, UserFactory, checkpoint_path
 from tracking.services import checkpoint_record
 

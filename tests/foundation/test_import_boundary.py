@@ -26,7 +26,13 @@ SHARED_MODULE = "models"
 # What the platform may import of the engine: the config schema and presets, the launch spec, the
 # ingestion wire format, the walk of local data paths. Each imports neither torch nor ray nor transformers
 # (checked below).
-ENGINE_PUBLIC = ("rl_engine.config", "rl_engine.presets", "rl_engine.jobspec", "rl_engine.wire", "rl_engine.paths")
+ENGINE_PUBLIC = (
+    "rl_engine.config",
+    "rl_engine.presets",
+    "rl_engine.jobspec",
+    "rl_engine.wire",
+    "rl_engine.paths",
+)
 HEAVY = ("torch", "ray", "transformers")
 
 

@@ -152,7 +152,10 @@ def test_a_checkpoint_row_outside_the_runs_folder_is_never_exported(
     victim = run_create(experiment=ExperimentFactory(project=team["other_project"]), user=team["stranger"])
     Checkpoint.objects.create(run=run, step=30, path=checkpoint_path(victim, 30))
     resp = client_for(team["member"]).post(f"/api/runs/{run.pk}/checkpoints/30/export")
-    assert resp.status_code == 400 and "outside the run's checkpoint folder" in resp.json()["errors"]["checkpoint"][0]
+    assert (
+        resp.status_code == 400
+        and "outside the run's checkpoint folder" in resp.json()["errors"]["checkpoint"][0]
+    )
     assert not Export.objects.filter(step=30).exists() and not enqueued
 
     queued = client_for(team["member"]).post(f"/api/runs/{run.pk}/checkpoints/20/export").json()
