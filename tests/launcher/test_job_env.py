@@ -31,12 +31,15 @@ def _spec() -> JobSpec:
     return JobSpec(config={}, checkpoint_dir="/runs/7/checkpoints", ingest=ingest, data_roots=("/data",))
 
 
-def test_the_head_environment_is_an_allow_list(settings):
+def test_the_head_environment_is_an_allow_list(settings, monkeypatch):
+    """What ``ray_local`` starts the head with (so what every job driver and worker inherits)."""
     settings.ENGINE_ENV_PASSTHROUGH = ["SITE_PROXY_CONFIG"]
     worker = {name: f"leak-{name}" for name in platform_settings()}
     worker |= {"PATH": "/usr/bin", "HOME": "/home/w", "HF_HOME": "/cache/hf", "CUDA_VISIBLE_DEVICES": "0",
                "MLFLOW_TRACKING_TOKEN": "engine's", "SITE_PROXY_CONFIG": "x", "UNRELATED_TOOL_TOKEN": "t"}  # fmt: skip
-    env = job_env.head_env(worker)
+    for name, value in worker.items():
+        monkeypatch.setenv(name, value)
+    env = ray_local.head_env()
     assert not [k for k, v in env.items() if v.startswith("leak-")]
     assert {
         "PATH",
