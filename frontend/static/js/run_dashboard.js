@@ -20,6 +20,7 @@ const $ = (id) => document.getElementById(id);
 let state = run.state;
 let checkpoints = data.checkpoints || [];
 const exportsByStep = {}; // step -> latest export record (state, out, error), from REST (re-read on notices)
+let exportsReload = null; // the pending re-read of the exports (one per burst of export notices)
 const CAN_WRITE = Boolean($("cancel-btn")); // the page shows write actions to members only
 const enteredAt = {}; // state -> ISO time the run entered it
 
@@ -182,7 +183,6 @@ function renderCheckpoints() {
   renderButtons();
 }
 
-let exportsReload = null;
 /** One re-read of the exports for a burst of notices (a replayed event tail holds many). */
 function scheduleExportsReload() {
   if (exportsReload === null) exportsReload = setTimeout(() => { exportsReload = null; loadExports(); }, 200);
