@@ -54,7 +54,7 @@ def test_export_a_checkpoint_from_the_run_page_and_see_val_metrics_grouped(page,
     )
     # what the launcher task records as the Ray job runs, arriving live (the page re-reads the table)
     for state, extra in (("running", {"job_id": "j1"}), ("succeeded", {"size_bytes": 4096})):
-        as_worker(exports.export_transition, export, state, f"export {state}", **extra)
+        as_worker(exports.export_transition, export=export, state=state, message=f"export {state}", **extra)
         expect(cell).to_have_attribute("data-state", state)
     expect(cell).to_contain_text(export.out)
     page.reload()
