@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rl_engine import paths
+
 URL = "RL_ENGINE_INGEST_URL"  # the platform's base URL
 RUN_ID = "RL_ENGINE_RUN_ID"
 TOKEN_FILE = "RL_ENGINE_INGEST_TOKEN_FILE"  # absolute path of a file holding the ingest token
@@ -103,6 +105,9 @@ class JobSpec(_Spec):
     sinks: tuple[str, ...] = (HTTP_SINK,)
     progress_bar: bool = False  # carriage-return bars make unreadable run events
     ingest: IngestSpec
+    # Where the job may read local data from (the platform's DATA_ROOTS): the engine refuses a data
+    # file, glob match or folder entry whose real path leaves them (rl_engine.paths). Empty: no check.
+    data_roots: tuple[str, ...] = ()
 
     @property
     def run_id(self) -> str:
@@ -122,5 +127,8 @@ class JobSpec(_Spec):
         return out
 
     def env(self) -> dict[str, str]:
-        """The job's environment for the engine's sinks."""
-        return self.ingest.env()
+        """The job's environment for the engine's sinks (and the data roots, when set)."""
+        out = self.ingest.env()
+        if self.data_roots:
+            out[paths.ROOTS_ENV] = os.pathsep.join(self.data_roots)
+        return out

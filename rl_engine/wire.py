@@ -112,6 +112,9 @@ CHECKPOINT_KEYS = frozenset({"step", "path", "size_bytes"})
 # Only the platform's own status events (a run's state changes) say which state a run entered; the
 # dashboard's state badge follows them. Reported status events are informational.
 RESERVED_STATUS_KEYS = ("from", "to")
+# ``data.source`` values the platform's own events carry (the launcher's notes, export notices): a
+# reported event may not pose as one (nothing reads them back, but a page shows them as the platform's).
+RESERVED_SOURCES = frozenset({"export", "launcher", "platform"})
 
 # Optional on event and sample batches: a re-sent batch with the same id is not stored twice.
 BatchId = Annotated[
@@ -216,7 +219,13 @@ def event_data_errors(events: list[EventIn]) -> dict[str, list[str]]:
             except ValidationError as exc:
                 for path, msg in validation_errors(exc):
                     out.setdefault(f"events[{i}].data.{path}", []).append(msg)
-        elif ev.kind == EventKind.STATUS:
+        source = ev.data.get("source")
+        if isinstance(source, str) and source.strip().lower() in RESERVED_SOURCES:
+            out.setdefault(f"events[{i}].data.source", []).append(
+                f"{source!r} is reserved for the platform's own events (one of "
+                f"{', '.join(sorted(RESERVED_SOURCES))}): use another source"
+            )
+        if ev.kind == EventKind.STATUS:
             for key in RESERVED_STATUS_KEYS:
                 if key in ev.data:
                     out.setdefault(f"events[{i}].data.{key}", []).append(

@@ -248,6 +248,9 @@ RUN_HEARTBEAT_TIMEOUT_S = env_int("RUN_HEARTBEAT_TIMEOUT_S", 120)
 RUN_STALL_TIMEOUT_S = env_int("RUN_STALL_TIMEOUT_S", 1800)
 ENGINE_PYTHON = env_str("ENGINE_PYTHON")  # interpreter for the Ray job; default: the platform's own
 ENGINE_WORKDIR = env_str("ENGINE_WORKDIR")  # the job's working dir on the cluster; default: this repository
+# Extra variables of the worker's environment a local Ray head (so every job) may inherit, beyond the
+# allow-list of launcher.job_env (naming a secret here hands it to every job and its model code).
+ENGINE_ENV_PASSTHROUGH = env_list("ENGINE_ENV_PASSTHROUGH", [])
 RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)  # SIGTERM -> SIGKILL of a cancelled job (local head)
 LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 15)  # a supervisor silent this long is replaced
 LAUNCHER_SWEEP_INTERVAL_S = env_int("LAUNCHER_SWEEP_INTERVAL_S", 3)  # reaper / re-attach / queue period

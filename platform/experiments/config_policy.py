@@ -21,6 +21,9 @@ cluster, so it narrows every field that names a local path or a network endpoint
   run's own folder, with its artifacts), or a server of ``ALLOWED_MLFLOW_SERVERS``;
   ``logging.mlflow.artifact_location`` and ``logging.wandb.dir`` belong to the platform (the run's folder).
 - ``model.trust_remote_code`` only in projects an administrator has allowed it for.
+- ``model.tiny`` and ``data.synthetic`` build into the project's own folder,
+  ``<first root>/projects/project-<id>/<last component of the path>``, whatever the path says: a run
+  never writes a model or a dataset where another project (or an allowed model name) reads it.
 
 Violations are :class:`ConfigError` with field paths, i.e. HTTP 400s naming the field.
 """
@@ -46,6 +49,8 @@ if TYPE_CHECKING:
 JSONL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.jsonl$")
 SQLITE_NAME = re.compile(r"^sqlite:///([A-Za-z0-9][A-Za-z0-9._-]{0,99}\.db)$")
 MLFLOW_DB, MLFLOW_ARTIFACTS, WANDB_DIR = "mlflow.db", "mlflow-artifacts", "wandb"
+BUILT = "projects"  # under the first model / data root: what runs build (tiny models, synthetic data)
+BUILT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 OWNED_BY_PLATFORM = {
     "trainer.checkpoint_dir": "is set by the platform: every run checkpoints into its own folder; "
@@ -73,9 +78,31 @@ REMOTE_CODE_RULE = (
 )
 
 
+def built_place(root: Path, project_id: int, value: str) -> Path:
+    """Where the platform puts a model ``model.tiny`` builds, or a dataset ``data.synthetic`` generates:
+    a folder of the project's own under the first root, named by the config's last path component.
+    Never the config's own path: that could be a shared model other projects load by name."""
+    return root / BUILT / f"project-{project_id}" / Path(value).name
+
+
+def _built_name_violation(value: Any, roots: tuple[Path, ...], setting: str) -> str | None:
+    if not roots:
+        return f"builds into the first of {setting}, and none is configured"
+    if not BUILT_NAME.match(Path(str(value)).name):
+        return (
+            f"{value!r}: its last component must be a folder name (letters, digits, . _ -): the platform "
+            f"builds it in this project's own folder {roots[0] / BUILT}/project-<id>/"
+        )
+    return None
+
+
 def _model_violations(config: dict[str, Any], policy: PathPolicy) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     model = config.get("model") or {}
+    if model.get("tiny") is not None:
+        problem = _built_name_violation(model.get("path"), policy.model_roots, "MODEL_ROOTS")
+        if problem:
+            out.append(("model.tiny", problem))
     for field in ("path", "tokenizer_path"):
         value = model.get(field)
         if value is not None and not policy.model_ok(str(value)):
@@ -96,6 +123,11 @@ def _data_field_violation(field: str, value: str, policy: PathPolicy, *, hub: bo
         return (
             f"{value!r} is not allowed here: use a file, glob or directory {roots}, or a hub dataset id "
             "namespace/name (e.g. openai/gsm8k)"
+        )
+    if escapes := policy.data_escapes(ref):
+        return (
+            f"{value!r} is not allowed here: it reads {escapes[0]!r}, whose real path (symlinks followed) "
+            f"leaves {roots_text(policy.data_roots)} (DATA_ROOTS)"
         )
     if ref.kind == "hub" and not policy.dataset_allowed(ref.value):
         allowed = list_text(tuple(policy.allowed_datasets))
@@ -129,6 +161,10 @@ def _data_violations(config: dict[str, Any], policy: PathPolicy) -> list[tuple[s
         out.append(
             ("data.synthetic", f"writes a dataset at data.path, which must then be a directory {roots}")
         )
+    elif data.get("synthetic") is not None:
+        problem = _built_name_violation(data.get("path"), policy.data_roots, "DATA_ROOTS")
+        if problem:
+            out.append(("data.synthetic", problem))
     if data.get("allow_download") and not policy.allow_downloads:
         out.append(("data.allow_download", DOWNLOAD_RULE))
     return out
@@ -216,11 +252,18 @@ def without_platform_fields(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_config(
-    config: dict[str, Any], *, folder: Path, resume_from: str | None, policy: PathPolicy | None = None
+    config: dict[str, Any],
+    *,
+    folder: Path,
+    resume_from: str | None,
+    project_id: int,
+    policy: PathPolicy | None = None,
 ) -> dict[str, Any]:
     """The config a run's job gets: the platform's fields set whatever the stored config says (a config
-    stored before this policy, or edited in the admin, cannot point a run elsewhere), and every path the
-    policy checked in the form it checked (absolute; a hub dataset in its hub-only form)."""
+    stored before this policy, or edited in the admin, cannot point a run elsewhere), every path the
+    policy checked in the form it checked (absolute; a hub dataset in its hub-only form), and a model
+    ``model.tiny`` builds or a dataset ``data.synthetic`` generates in project ``project_id``'s own
+    folder (built_place)."""
     policy = policy or PathPolicy.from_settings()
     out = without_platform_fields(config)
     out["trainer"].update(checkpoint_dir=str(folder / CHECKPOINTS), resume_from=resume_from)
@@ -229,7 +272,12 @@ def launch_config(
         value = model.get(field)
         if value and value not in policy.allowed_models and policy.under(str(value), policy.model_roots):
             model[field] = policy.absolute(str(value))
-    _place_data(out.get("data") or {}, policy)
+    if model.get("tiny") is not None and policy.model_roots:
+        model["path"] = str(built_place(policy.model_roots[0], project_id, str(model["path"])))
+    data = out.get("data") or {}
+    if data.get("synthetic") is not None and policy.data_roots:
+        data["path"] = str(built_place(policy.data_roots[0], project_id, str(data["path"])))
+    _place_data(data, policy)
     _place_logs(out.setdefault("logging", {}), folder)
     return out
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from experiments.run_files import is_inside
+from rl_engine import paths
 
 # The form `datasets` resolves on the hub and in its cache only, never as a local folder (datasets >= 5).
 HUB_URL = "hf://datasets/"
@@ -82,6 +83,16 @@ class PathPolicy:
         if self.under(value, self.data_roots):
             return DataRef("path", self.absolute(value))
         return DataRef("hub", value) if hub and HUB_ID.match(value) else None
+
+    def data_escapes(self, ref: DataRef) -> list[str]:
+        """Entries a local data path would read (the file, a glob's matches, a folder's files, walked
+        now) whose real path leaves DATA_ROOTS: a symlink inside a root may point anywhere."""
+        if ref.kind != "path":
+            return []
+        try:
+            return paths.escaping(ref.value, self.data_roots)
+        except paths.TooManyEntries as exc:
+            return [str(exc)]
 
     def dataset_allowed(self, hub_id: str) -> bool:
         return any(fnmatchcase(hub_id, pattern) for pattern in self.allowed_datasets)

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from launcher.models import Supervision
+from launcher.models import Export, Supervision
 
 
 @admin.register(Supervision)
@@ -15,3 +15,10 @@ class SupervisionAdmin(admin.ModelAdmin):
         "stop_requested_at",
         "updated_at",
     )
+
+
+@admin.register(Export)
+class ExportAdmin(admin.ModelAdmin):
+    list_display = ("id", "run", "step", "state", "out", "requested_by", "updated_at")
+    list_filter = ("state",)
+    readonly_fields = tuple(f.name for f in Export._meta.fields)

@@ -1,5 +1,6 @@
 """Launcher endpoints: checkpoint exports (``POST /api/runs/{id}/checkpoints/{step}/export`` queues one,
-``GET /api/runs/{id}/exports`` lists the latest state per checkpoint)."""
+``GET /api/runs/{id}/exports`` lists the latest request per checkpoint), read from the platform's own
+``Export`` table."""
 
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ from launcher import exports
 
 
 class ExportSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="The export request.")
     step = serializers.IntegerField()
     state = serializers.CharField(help_text="queued, running, succeeded or failed.")
     checkpoint = serializers.CharField(help_text="The checkpoint directory on the run's cluster.")
     out = serializers.CharField(help_text="The exported model directory on the run's cluster.")
     error = serializers.CharField(allow_blank=True)
-    size_bytes = serializers.IntegerField(required=False)
-    dtype = serializers.CharField(required=False)
-    job_id = serializers.CharField(required=False, help_text="The Ray job that runs the export.")
-    by = serializers.CharField(required=False)
-    request_seq = serializers.IntegerField(help_text="Sequence number of the request's run event.")
+    size_bytes = serializers.IntegerField(allow_null=True)
+    dtype = serializers.CharField(allow_blank=True)
+    job_id = serializers.CharField(allow_blank=True, help_text="The Ray job that runs the export.")
+    by = serializers.CharField(allow_blank=True, help_text="Who asked for it.")
     requested = serializers.DateTimeField()
     updated = serializers.DateTimeField()
 
@@ -51,6 +52,7 @@ class CheckpointExportView(JsonOnly, APIView):
         request=None,
         responses={
             202: ExportSerializer,
+            400: OpenApiResponse(description="The checkpoint's path leaves the run's own folder."),
             404: OpenApiResponse(description="No such run, or no checkpoint at that step."),
         },
     )
@@ -60,4 +62,6 @@ class CheckpointExportView(JsonOnly, APIView):
             record = exports.export_request(run=run, step=step, username=request.user.get_username())
         except exports.ExportNotFound as exc:
             raise exceptions.NotFound(str(exc)) from None
+        except exports.ExportRefused as exc:
+            raise exceptions.ValidationError({"checkpoint": [str(exc)]}) from None
         return Response(ExportSerializer(record).data, status=status.HTTP_202_ACCEPTED)

@@ -37,3 +37,46 @@ class LauncherLock(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ExportState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class Export(models.Model):
+    """One request to export a checkpoint, written by the platform only (launcher.exports).
+
+    What the export job reads (the :class:`tracking.models.Checkpoint` row) and where it writes (``out``,
+    computed from the run's own folder) are fixed when the request is made; nothing a run or a member
+    reports afterwards changes them. Run events about an export are a notice for the live page, never
+    read back."""
+
+    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="exports")
+    checkpoint = models.ForeignKey("tracking.Checkpoint", on_delete=models.CASCADE, related_name="exports")
+    step = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=ExportState.choices, default=ExportState.QUEUED)
+    out = models.CharField(max_length=1000, help_text="The model directory the job writes (platform-chosen).")
+    job_id = models.CharField(max_length=200, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    dtype = models.CharField(max_length=32, blank=True, default="")
+    requested_by = models.CharField(max_length=150, blank=True, default="")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["run_id", "step", "id"]
+        constraints = [
+            # At most one export of a checkpoint in flight: a second request returns the first.
+            models.UniqueConstraint(
+                fields=["run", "step"],
+                condition=models.Q(state__in=["queued", "running"]),
+                name="uniq_active_export",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"export #{self.pk} of run {self.run_id} step {self.step}: {self.state}"

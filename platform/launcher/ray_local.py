@@ -28,6 +28,8 @@ from urllib.request import urlopen
 
 from django.conf import settings
 
+from launcher import job_env
+
 HEAD_START_TIMEOUT_S = 90.0
 HEAD_STOP_TIMEOUT_S = 40.0
 # Ray's own "keep sockets short" budget: temp dir + "/session_<date>_<pid>/sockets/plasma_store".
@@ -184,21 +186,9 @@ def _num_cpus() -> int:
 
 
 def head_env() -> dict[str, str]:
-    """Environment of the head (and so of every job driver it starts)."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_AUTH_MODE": "disabled",
-            # A cancelled engine gets this long after SIGTERM to checkpoint before Ray kills it.
-            "RAY_JOB_STOP_WAIT_TIME_S": str(getattr(settings, "RUN_CANCEL_GRACE_S", 5)),
-            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "3",
-        }
-    )
-    # The platform's own settings must not leak into the engine's Ray: it joins via RAY_ADDRESS.
-    for name in ("RAY_ADDRESS", "DJANGO_SETTINGS_MODULE"):
-        env.pop(name, None)
-    return env
+    """Environment of the head (and so of every job driver it starts): an allow-list of the worker's
+    (launcher.job_env), never the platform's settings (database, secret key, broker, RAY_ADDRESS)."""
+    return job_env.head_env()
 
 
 def _spawn_head() -> HeadInfo:

@@ -28,6 +28,7 @@ from experiments import run_files
 from experiments.config_policy import launch_config
 from experiments.models import Run, RunState
 from experiments.services import InvalidTransition, run_transition
+from launcher import job_env as job_env_module
 from launcher import jobs
 from launcher.models import LauncherLock, Supervision
 from rl_engine.jobspec import IngestSpec, JobSpec
@@ -190,10 +191,13 @@ def job_spec(run: Run, token_file: Path) -> JobSpec:
         heartbeat_s=max(1.0, min(10.0, timeout_s / 4)),
     )
     return JobSpec(
-        config=launch_config(run.config, folder=folder, resume_from=resume_from),
+        config=launch_config(
+            run.config, folder=folder, resume_from=resume_from, project_id=run.experiment.project_id
+        ),
         checkpoint_dir=str(run_files.checkpoint_folder(run)),
         resume_from=resume_from,
         ingest=ingest,
+        data_roots=tuple(str(p) for p in setting("DATA_ROOTS", [])),
     )
 
 
@@ -226,14 +230,14 @@ def ingest_token_file(run: Run, token_secret: str) -> Path:
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
-    """The Ray job's environment: the spec's (where the engine's sink reports) and the process's own."""
-    workdir = str(setting("ENGINE_WORKDIR", "") or settings.BASE_DIR)
-    return {
-        "PYTHONPATH": workdir,  # the engine's Ray actors import rl_engine from the working dir too
-        **spec.env(),
-        "PYTHONUNBUFFERED": "1",  # log lines reach the run's events as they are printed
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
+    """The Ray job's environment: an allow-list (launcher.job_env), the spec's (where the engine's sink
+    reports) and nothing of the platform's own settings."""
+    return job_env_module.job_env(spec.env())
+
+
+def base_job_env() -> dict[str, str]:
+    """The environment of a job that reports nothing (an export)."""
+    return job_env_module.job_env()
 
 
 def engine_env(run: Run, token_secret: str) -> dict[str, str]:

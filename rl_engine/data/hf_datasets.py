@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_engine.config import DatasetDataConfig
-from rl_engine.data.rows import DataError
+from rl_engine.data.rows import DataError, check_local_data
 
 _EXTENSIONS = {
     ".parquet": "parquet",
@@ -88,6 +88,8 @@ def _load(cfg: DatasetDataConfig, path: str, split: str) -> Any:
         # `datasets` resolves this form on the hub and in its cache only (never a local folder).
         return datasets.load_dataset(path, cfg.name, split=split, **kwargs)
     p = Path(path).expanduser()
+    if p.exists() or _is_single_file(path):
+        check_local_data(path)
     if p.is_dir() and _is_saved_dataset(p):
         return _pick_split(datasets.load_from_disk(str(p)), split, path)
     if _is_single_file(path):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rl_engine import paths
 from rl_engine.config import DatasetColumns
 
 
@@ -70,11 +71,30 @@ class ListRows:
         return self._rows[j]
 
 
+def check_local_data(path: str | Path) -> None:
+    """Refuse a local data path that reads outside the data roots a platform job was given
+    (``RL_ENGINE_DATA_ROOTS``): the file, a glob's matches or a folder's entries, by real path, checked
+    right before reading. Without roots (the CLI) nothing is checked."""
+    roots = paths.roots_from_env()
+    if not roots:
+        return
+    try:
+        escapes = paths.escaping(path, roots)
+    except paths.TooManyEntries as exc:
+        raise DataError(str(exc)) from None
+    if escapes:
+        raise DataError(
+            f"{path}: reads {escapes[0]}, whose real path (symlinks followed) leaves the data roots "
+            f"{', '.join(roots)}"
+        )
+
+
 def load_jsonl(
     path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer"
 ) -> list[tuple[str, str]]:
     """Read (prompt, answer) pairs; blank lines are skipped; any bad line raises DataError naming it."""
     p = Path(path)
+    check_local_data(p)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as exc:

@@ -12,12 +12,14 @@ from django.conf import settings
 from playwright.sync_api import expect
 
 from accounts.services import ingest_token_issue, project_create
+from experiments.run_files import checkpoint_folder
 from experiments.services import run_transition
+from launcher import exports
+from launcher.models import Export
 from tests.e2e.conftest import login
 from tests.e2e.test_web_ui import as_worker, post_json
-from tests.factories import ExperimentFactory, RunFactory, UserFactory
-from tracking.models import RunEvent
-from tracking.services import checkpoint_record, events_append
+from tests.factories import ExperimentFactory, RunFactory, UserFactory, checkpoint_path
+from tracking.services import checkpoint_record
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -29,7 +31,7 @@ def test_export_a_checkpoint_from_the_run_page_and_see_val_metrics_grouped(page,
     token = ingest_token_issue(run=run).secret
     for to in ("starting", "running"):
         as_worker(run_transition, run_id=run.pk, to=to)
-    as_worker(checkpoint_record, run_id=run.pk, step=10, path="/ckpts/step_00000010", size_bytes=4096)
+    as_worker(checkpoint_record, run_id=run.pk, step=10, path=checkpoint_path(run, 10), size_bytes=4096)
     t0 = time.time()
     post_json(asgi_server.url, f"/api/runs/{run.pk}/metrics", token, {"points": [
         {"key": k, "step": s, "value": 0.1 * s, "wall_time": t0 + s}
@@ -46,16 +48,17 @@ def test_export_a_checkpoint_from_the_run_page_and_see_val_metrics_grouped(page,
     page.get_by_test_id("export-10").click()
     expect(cell).to_have_attribute("data-state", "queued")
     expect(cell).to_contain_text("queued…")
-    request = RunEvent.objects.get(run=run, data__source="export")
-    assert request.data["out"] == "/ckpts/hf/step_00000010" and request.data["by"] == "frank"
-    # what the launcher task reports as the Ray job runs, arriving live
-    for state, extra in (("running", {"job_id": "j1"}), ("succeeded", {"out": "/ckpts/hf/step_00000010"})):
-        as_worker(events_append, run_id=run.pk, kind="log", message=f"export {state}",
-                  data={"source": "export", "step": 10, "state": state, **extra})  # fmt: skip
+    export = Export.objects.get(run=run)
+    assert (
+        export.out == str(checkpoint_folder(run) / "hf" / "step_00000010") and export.requested_by == "frank"
+    )
+    # what the launcher task records as the Ray job runs, arriving live (the page re-reads the table)
+    for state, extra in (("running", {"job_id": "j1"}), ("succeeded", {"size_bytes": 4096})):
+        as_worker(exports.export_transition, export=export, state=state, message=f"export {state}", **extra)
         expect(cell).to_have_attribute("data-state", state)
-    expect(cell).to_contain_text("/ckpts/hf/step_00000010")
+    expect(cell).to_contain_text(export.out)
     page.reload()
-    expect(page.get_by_test_id("export-state-10")).to_contain_text("/ckpts/hf/step_00000010")
+    expect(page.get_by_test_id("export-state-10")).to_contain_text(export.out)
     expect(page.get_by_test_id("export-10")).to_have_text("Export again")
     assert page.js_errors == []
 

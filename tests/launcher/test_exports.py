@@ -1,6 +1,7 @@
 """Checkpoint export end to end on the real stack: a run trains and checkpoints on the Ray head, an export is
 asked for through the REST API, the Celery worker runs ``python -m rl_engine export`` as a Ray Job, and
-the result is a model directory ``from_pretrained`` loads; a failing export records the engine's error."""
+the result is a model directory ``from_pretrained`` loads (in the folder the platform chose); a failing
+export records the engine's error."""
 
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ def test_export_of_a_run_checkpoint_through_the_api_gives_a_loadable_model(api):
     assert sum(p.numel() for p in model.parameters()) > 0
     assert AutoTokenizer.from_pretrained(str(out)).chat_template
     states = [e.data["state"] for e in run.events.filter(data__source="export").order_by("seq")]
-    assert states == ["queued", "running", "succeeded"]
+    assert states == ["queued", "running", "succeeded"]  # the notices the run page follows
 
     # the checkpoint is gone from the cluster's disk: the export fails with the engine's one-line error
     shutil.rmtree(ckpt.path)
     api.post(f"/api/runs/{run.pk}/checkpoints/3/export", {})
     failed = _wait_export(run.pk, 3)
-    assert failed["state"] == "failed" and failed["request_seq"] > queued["request_seq"]
+    assert failed["state"] == "failed" and failed["id"] > queued["id"]
     assert "error: " in failed["error"] and "no such directory" in failed["error"]

@@ -1,7 +1,8 @@
 """The dataset preset as the platform serves it, launched the way ``make demo`` launches its preset (the
-experiment and run services, then the real launcher, Ray job and engine): its generated dataset lands
-under the first data root, and the MLflow and W&B mirrors, given no place by the config, write into the
-run's own folder (the platform's path policy), where MLflow's own client reads the run back."""
+experiment and run services, then the real launcher, Ray job and engine): its generated dataset lands in
+the project's own folder under the first data root, and the MLflow and W&B mirrors, given no place by
+the config, write into the run's own folder (the platform's path policy), where MLflow's own client
+reads the run back."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from experiments.config_policy import built_place
 from experiments.models import Run
 from experiments.run_files import run_folder
 from tests.conftest import wait_for
@@ -53,7 +55,10 @@ def test_the_served_dataset_preset_runs_with_its_data_and_trackers_in_the_platfo
     run.refresh_from_db()
     assert run.state == "succeeded", (run.error, list(run.events.values_list("message", flat=True))[-30:])
 
-    assert (Path(served_preset["data"]["path"]) / "train.parquet").is_file()  # generated under DATA_ROOTS
+    # generated in the project's own folder under the first data root, not at the name the config gave
+    generated = built_place(Path(settings.DATA_ROOTS[0]), project.pk, served_preset["data"]["path"])
+    assert (generated / "train.parquet").is_file() and not Path(served_preset["data"]["path"]).exists()
+    shutil.rmtree(generated, ignore_errors=True)
     keys = set(run.metric_points.values_list("key", flat=True))
     assert {"reward/mean", "val/pass@1"} <= keys
     assert not run.events.filter(kind="alert").exists()  # both mirrors worked

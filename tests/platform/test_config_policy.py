@@ -190,7 +190,7 @@ def test_the_launcher_sets_the_platforms_fields_whatever_the_stored_config_says(
     stored["trainer"].update(checkpoint_dir="/shared", resume_from="/etc/passwd")
     stored["pipeline"]["ray_address"] = "ray://elsewhere:10001"
     stored["logging"]["jsonl_path"] = "/etc/x.jsonl"
-    out = launch_config(stored, folder=run_folder(run), resume_from=None)
+    out = launch_config(stored, folder=run_folder(run), resume_from=None, project_id=team["project"].pk)
     assert out["trainer"]["checkpoint_dir"] == str(checkpoint_folder(run))
     assert out["trainer"]["resume_from"] is None and out["pipeline"]["ray_address"] is None
     assert out["logging"]["jsonl_path"] == str(run_folder(run) / "x.jsonl")
@@ -205,7 +205,9 @@ def test_two_runs_of_the_gsm8k_preset_checkpoint_into_different_folders(team, se
     assert exp.status_code == 201, exp.json()
     runs = [run_create(experiment=Experiment.objects.get(pk=exp.json()["id"]), user=None) for _ in range(2)]
     folders = {
-        launch_config(r.config, folder=run_folder(r), resume_from=None)["trainer"]["checkpoint_dir"]
+        launch_config(r.config, folder=run_folder(r), resume_from=None, project_id=team["project"].pk)[
+            "trainer"
+        ]["checkpoint_dir"]
         for r in runs
     }
     assert len(folders) == 2
@@ -347,20 +349,23 @@ def test_the_job_gets_the_checked_paths_and_its_trackers_write_into_its_folder(t
     cfg["logging"].update(sinks=["stdout", "mlflow", "wandb"])
     cfg["logging"]["mlflow"]["tracking_uri"] = "sqlite:///team.db"
     cfg["model"]["path"] = f"{MODEL_ROOT.relative_to(DATA_ROOT.parent)}/tiny"
-    out = launch_config(cfg, folder=folder, resume_from=None)
-    assert out["model"]["path"] == str(MODEL_ROOT / "tiny")
+    out = launch_config(cfg, folder=folder, resume_from=None, project_id=team["project"].pk)
+    # model.tiny builds in the project's own folder (tests/platform/test_trust_boundary_paths.py)
+    assert out["model"]["path"] == str(MODEL_ROOT / "projects" / f"project-{team['project'].pk}" / "tiny")
     assert out["data"]["path"] == str(DATA_ROOT / "gsm")  # absolute, as checked
     assert out["data"]["validation_path"] == "hf://datasets/var/runs"  # the hub's, never a local folder
     assert out["logging"]["mlflow"] == {**cfg["logging"]["mlflow"], "tracking_uri": f"sqlite:///{folder}/team.db",
                                         "artifact_location": str(folder / "mlflow-artifacts")}  # fmt: skip
     assert out["logging"]["wandb"]["dir"] == str(folder / "wandb")
     cfg["logging"]["mlflow"]["tracking_uri"] = None  # the default: a store in the run's folder too
-    assert launch_config(cfg, folder=folder, resume_from=None)["logging"]["mlflow"]["tracking_uri"] == (
-        f"sqlite:///{folder}/mlflow.db"
-    )
+    assert launch_config(cfg, folder=folder, resume_from=None, project_id=team["project"].pk)["logging"][
+        "mlflow"
+    ]["tracking_uri"] == (f"sqlite:///{folder}/mlflow.db")
     cfg["logging"]["mlflow"]["tracking_uri"] = "http://mlflow:5000"
     cfg["logging"]["mlflow"]["artifact_location"] = "/elsewhere"  # a row stored before the policy
-    server = launch_config(cfg, folder=folder, resume_from=None)["logging"]["mlflow"]
+    server = launch_config(cfg, folder=folder, resume_from=None, project_id=team["project"].pk)["logging"][
+        "mlflow"
+    ]
     assert server["tracking_uri"] == "http://mlflow:5000" and server["artifact_location"] is None
 
 

@@ -19,7 +19,8 @@ const HISTORY_MAX_POINTS = 1000;
 const $ = (id) => document.getElementById(id);
 let state = run.state;
 let checkpoints = data.checkpoints || [];
-const exportsByStep = {}; // step -> latest export record (state, out, error), from REST then live events
+const exportsByStep = {}; // step -> latest export record (state, out, error), from REST (re-read on notices)
+let exportsReload = null; // the pending re-read of the exports (one per burst of export notices)
 const CAN_WRITE = Boolean($("cancel-btn")); // the page shows write actions to members only
 const enteredAt = {}; // state -> ISO time the run entered it
 
@@ -121,10 +122,8 @@ function handleEvent(ev) {
     enteredAt[ev.data.to] = ev.created;
     setState(ev.data.to, ev.data.error);
   } else if (ev.kind === "log" && ev.data && ev.data.source === "export") {
-    // A new request ("queued") starts a fresh record; later events of it add to it.
-    const prev = ev.data.state === "queued" ? { error: "" } : exportsByStep[ev.data.step] || {};
-    exportsByStep[ev.data.step] = { ...prev, ...ev.data };
-    renderCheckpoints();
+    // A notice that an export changed: its state is read from the platform's table, never the event.
+    scheduleExportsReload();
   } else if (ev.kind === "checkpoint" && ev.data && ev.data.path !== undefined) {
     checkpoints = checkpoints.filter((c) => c.step !== ev.data.step);
     checkpoints.push({ step: ev.data.step, path: ev.data.path, size_bytes: ev.data.size_bytes || 0, created: ev.created });
@@ -184,11 +183,16 @@ function renderCheckpoints() {
   renderButtons();
 }
 
+/** One re-read of the exports for a burst of notices (a replayed event tail holds many). */
+function scheduleExportsReload() {
+  if (exportsReload === null) exportsReload = setTimeout(() => { exportsReload = null; loadExports(); }, 200);
+}
+
 async function loadExports() {
   try {
     for (const ex of await api(`/api/runs/${run.id}/exports`)) exportsByStep[ex.step] = ex;
     renderCheckpoints();
-  } catch { /* the table still lists the checkpoints; export states arrive with the next event */ }
+  } catch { /* the table still lists the checkpoints; export states are read again on the next notice */ }
 }
 
 // --- charts ---------------------------------------------------------------------------------------------
