@@ -24,8 +24,16 @@ APP_ORDER = ("accounts", "experiments", "tracking", "launcher", "core", "config"
 PLATFORM_APPS = set(APP_ORDER)
 SHARED_MODULE = "models"
 # What the platform may import of the engine: the config schema and presets, the launch spec, the
-# ingestion wire format. Each imports neither torch nor ray nor transformers (checked below).
-ENGINE_PUBLIC = ("rl_engine.config", "rl_engine.presets", "rl_engine.jobspec", "rl_engine.wire")
+# ingestion wire format, the strict URL grammar and the check of free-form JSON values. Each imports neither
+# torch nor ray nor transformers (checked below).
+ENGINE_PUBLIC = (
+    "rl_engine.config",
+    "rl_engine.presets",
+    "rl_engine.jobspec",
+    "rl_engine.wire",
+    "rl_engine.strict_url",
+    "rl_engine.safe_json",
+)
 HEAVY = ("torch", "ray", "transformers")
 
 
