@@ -142,11 +142,15 @@ def _request_token(request: Request) -> ApiToken | None:
 
 
 def _own_tokens(request: Request):
-    """The user's tokens; through a token limited to a project, only the tokens limited to it."""
+    """The user's tokens. Through a token: only that token and the tokens created with it (a narrower
+    child can neither list nor revoke its parent or a sibling), and through a token limited to a
+    project, only tokens limited to it."""
     qs = ApiToken.objects.filter(user=request.user, kind=TokenKind.USER)
     used = _request_token(request)
-    if used is not None and used.project_id is not None:
-        qs = qs.filter(project_id=used.project_id)
+    if used is not None:
+        qs = qs.filter(pk__in=services.token_family_ids(used))
+        if used.project_id is not None:
+            qs = qs.filter(project_id=used.project_id)
     return qs
 
 
@@ -195,10 +199,14 @@ class TokenDetailView(JsonOnly, APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-def _project_tokens(project_id: int):
-    return ApiToken.objects.filter(Q(project_id=project_id) | Q(run__project_id=project_id)).select_related(
-        "user"
-    )
+def _project_tokens(request: Request, project_id: int):
+    """Every token that can act in the project. Through a token, the user's own tokens outside that
+    token's family are left out (as in ``_own_tokens``): an owner's child token cannot revoke its parent."""
+    qs = ApiToken.objects.filter(Q(project_id=project_id) | Q(run__project_id=project_id))
+    used = _request_token(request)
+    if used is not None:
+        qs = qs.exclude(Q(user=request.user) & ~Q(pk__in=services.token_family_ids(used)))
+    return qs.select_related("user")
 
 
 class ProjectTokenListView(JsonOnly, APIView):
@@ -207,7 +215,7 @@ class ProjectTokenListView(JsonOnly, APIView):
     @extend_schema(responses=TokenSerializer(many=True))
     def get(self, request: Request, project_id: int) -> Response:
         _project_for(request, project_id, Role.OWNER)
-        return Response(TokenSerializer(_project_tokens(project_id), many=True).data)
+        return Response(TokenSerializer(_project_tokens(request, project_id), many=True).data)
 
 
 class ProjectTokenDetailView(JsonOnly, APIView):
@@ -215,5 +223,5 @@ class ProjectTokenDetailView(JsonOnly, APIView):
     def delete(self, request: Request, project_id: int, token_id: int) -> Response:
         _project_for(request, project_id, Role.OWNER)
         with transaction.atomic():
-            services.token_revoke(token=get_object_or_404(_project_tokens(project_id), pk=token_id))
+            services.token_revoke(token=get_object_or_404(_project_tokens(request, project_id), pk=token_id))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -174,14 +174,21 @@ def ingest_token_issue(*, run: Run, expires_at: datetime | None = None) -> Issue
     return IssuedToken(token=token, secret=secret)
 
 
-def token_revoke(*, token: ApiToken) -> ApiToken:
-    """Revoke ``token`` and every token created with it (recursively). Idempotent: a revoked token
-    keeps its first revocation time."""
+def token_family_ids(token: ApiToken) -> set[int]:
+    """Ids of ``token`` and of every token created with it, recursively: what a request authenticated
+    by ``token`` may see and revoke of its user's tokens (never its parent, nor a sibling)."""
     ids, frontier = {token.pk}, [token.pk]
     while frontier:  # one query per generation; chains are short
         frontier = [pk for pk in ApiToken.objects.filter(parent_id__in=frontier).values_list("pk", flat=True)
                     if pk not in ids]  # fmt: skip
         ids.update(frontier)
+    return ids
+
+
+def token_revoke(*, token: ApiToken) -> ApiToken:
+    """Revoke ``token`` and every token created with it (recursively). Idempotent: a revoked token
+    keeps its first revocation time."""
+    ids = token_family_ids(token)
     ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
     token.refresh_from_db()
     return token
