@@ -15,7 +15,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from accounts.models import ApiToken, Membership, Project
-from accounts.services import ingest_token_issue, token_create
+from accounts.services import ingest_token_issue, member_invite, token_create
 from experiments.models import Experiment, Run, RunState
 from experiments.services import config_to_yaml, run_create, run_transition
 from tests.factories import ExperimentFactory, UserFactory, checkpoint_path, demo_config
@@ -50,8 +50,13 @@ ENDPOINTS = [
     Endpoint("DELETE", "/api/projects/{project}", "owner", 409),
     Endpoint("GET", "/api/projects/{project}/members", "viewer", 200),
     Endpoint(
-        "POST", "/api/projects/{project}/members", "owner", 201, {"username": "newbie", "role": "viewer"}
+        "POST", "/api/projects/{project}/members", "owner", 202, {"username": "newbie", "role": "viewer"}
     ),
+    Endpoint("GET", "/api/projects/{project}/invitations", "owner", 200),
+    Endpoint("DELETE", "/api/projects/{project}/invitations/{invitation}", "owner", 204),
+    Endpoint("GET", "/api/invitations", "auth", 200),
+    Endpoint("DELETE", "/api/invitations/{my_invitation}", "self", 204),
+    Endpoint("POST", "/api/invitations/{my_invitation}/accept", "self", 201),
     Endpoint("PATCH", "/api/projects/{project}/members/{membership}", "owner", 200, {"role": "member"}),
     Endpoint("DELETE", "/api/projects/{project}/members/{membership}", "owner", 204),
     Endpoint("GET", "/api/projects/{project}/tokens", "owner", 200),
@@ -118,6 +123,11 @@ def world(team):
         "run": run.pk,
         "done_run": done.pk,
         "owner_token": owner_token.pk,
+        "invitation": member_invite(project=team["project"], username="newbie", role="viewer", by=None).pk,
+        # addressed to the owner's account ("self": only the owner sees it)
+        "my_invitation": member_invite(
+            project=team["other_project"], username="owner", role="viewer", by=None
+        ).pk,
         "membership": Membership.objects.get(project=team["project"], user=team["viewer"]).pk,
         "ingest_token": ingest_token_issue(run=run).token.pk,
     }
@@ -209,6 +219,7 @@ def _template(path: str) -> str:
     path = re.sub(r"^/api/projects/\{project\}", "/api/projects/{id}", path)
     path = path.replace("/api/projects/{id}/", "/api/projects/{project_id}/")
     path = path.replace("{membership}", "{membership_id}").replace("{ingest_token}", "{token_id}")
+    path = path.replace("{my_invitation}", "{invitation_id}").replace("{invitation}", "{invitation_id}")
     path = path.replace("/api/tokens/{owner_token}", "/api/tokens/{token_id}")
     path = re.sub(r"/api/experiments/\{(idle_)?experiment\}", "/api/experiments/{id}", path)
     path = re.sub(r"/api/runs/\{(done_)?run\}$", "/api/runs/{id}", path)
