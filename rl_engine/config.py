@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_engine.strict_url import url_problem
+
 
 class _Strict(BaseModel):
     """Base: unknown keys are errors (a typo must not silently fall back to a default)."""
@@ -270,7 +272,9 @@ class PipelineConfig(_Strict):
     watchdog_timeout_s: float = Field(
         300.0, gt=0.0, description="Report a stage with no progress for this long."
     )
-    ray_address: str | None = Field(None, description="Ray cluster to join; None: start a local one.")
+    ray_address: str | None = Field(
+        None, description="Ray cluster to join (auto, host:port or ray://host:port); None: start a local one."
+    )
     prompts_per_call: int = Field(
         0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
     )
@@ -295,6 +299,16 @@ class PipelineConfig(_Strict):
             "a rollouter may first finish its running generate call)."
         ),
     )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _strict_ray_address(cls, v: str | None) -> str | None:
+        if v is None or v == "auto":
+            return v
+        problem = url_problem(v if "://" in v else f"ray://{v}", schemes=("ray",))
+        if problem:
+            raise ValueError(f"the address {problem} (docs/api.md, Trust boundary)")
+        return v
 
 
 # --- data / reward / resources / logging --------------------------------------------------------------
@@ -437,6 +451,16 @@ class MlflowConfig(_Strict):
         None, description="Artifact root of a new experiment; default: the tracking server's."
     )
     log_checkpoints: bool = Field(False, description="Upload each checkpoint's model directory as artifacts.")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _strict_http_uri(cls, v: str | None) -> str | None:
+        """An http(s) server is read by the one strict URL parser: what passes is what the client dials."""
+        if v is not None and v.split("://", 1)[0].lower() in ("http", "https"):
+            problem = url_problem(v)
+            if problem:
+                raise ValueError(f"the URL {problem} (docs/api.md, Trust boundary)")
+        return v
 
 
 class WandbConfig(_Strict):

@@ -69,7 +69,11 @@ class PointIn(TypedDict):
 class EventIn(_Wire):
     kind: EventKind
     message: str = Field("", max_length=MAX_TEXT)
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form JSON (rl_engine.safe_json): finite numbers, valid Unicode, no NUL, at most "
+        "64 levels deep; anything else is a 400 naming the field.",
+    )
 
 
 class SampleIn(_Wire):

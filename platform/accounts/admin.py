@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from accounts.models import ApiToken, Membership, Project
+from accounts.models import ApiToken, Invitation, Membership, Project
 from accounts.services import token_revoke
 
 
@@ -23,6 +23,16 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ("project", "user", "role", "created_at")
     list_filter = ("role",)
     search_fields = ("project__name", "user__username")
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    """Pending invitations (an owner who is not an administrator adds members this way)."""
+
+    list_display = ("project", "username", "role", "invited_by", "created_at")
+    list_filter = ("role",)
+    search_fields = ("project__name", "username")
+    raw_id_fields = ("invited_by",)
 
 
 @admin.register(ApiToken)

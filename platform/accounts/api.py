@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.shortcuts import get_object_or_404
@@ -14,9 +15,10 @@ from rest_framework.views import APIView
 
 from accounts import services
 from accounts.access import Conflict, project_roles, require_role, visible_projects
-from accounts.models import ApiToken, Membership, Project, Role, TokenKind
+from accounts.models import ApiToken, Invitation, Membership, Project, Role, TokenKind
 from accounts.parsers import JsonOnly
 from accounts.serializers import (
+    InvitationSerializer,
     MembershipCreateSerializer,
     MembershipSerializer,
     MembershipUpdateSerializer,
@@ -96,12 +98,83 @@ class MembershipListView(JsonOnly, APIView):
         rows = project.memberships.select_related("user")
         return Response(MembershipSerializer(rows, many=True).data)
 
-    @extend_schema(request=MembershipCreateSerializer, responses={201: MembershipSerializer})
+    @extend_schema(
+        request=MembershipCreateSerializer,
+        responses={201: MembershipSerializer, 202: InvitationSerializer},
+        description=(
+            "A member already in the project: its role changes (201). Anyone else: an administrator adds "
+            "the account at once (201; 400 when there is none); an owner who is not one invites the name "
+            "(202, the same answer whether or not the account exists), and the account joins when it "
+            "accepts (POST /api/invitations/{id}/accept)."
+        ),
+    )
     def post(self, request: Request, project_id: int) -> Response:
         project = _project_for(request, project_id, Role.OWNER)
         ser = MembershipCreateSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        membership = _membership_set(project, ser.validated_data["username"], ser.validated_data["role"])
+        username, role = ser.validated_data["username"], ser.validated_data["role"]
+        member = project.memberships.select_related("user").filter(user__username=username).first()
+        if member is not None or request.user.is_staff:  # members are visible to the owner anyway
+            user = member.user if member else _active_user(username)
+            membership = _membership_set(project, user, role)
+            return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+        invitation = services.member_invite(project=project, username=username, role=role, by=request.user)
+        return Response(InvitationSerializer(invitation).data, status=status.HTTP_202_ACCEPTED)
+
+
+def _active_user(username: str):
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise exceptions.ValidationError({"username": ["no active user with this username"]})
+    return user
+
+
+class ProjectInvitationListView(JsonOnly, APIView):
+    """Owners: the project's pending invitations."""
+
+    @extend_schema(responses=InvitationSerializer(many=True))
+    def get(self, request: Request, project_id: int) -> Response:
+        project = _project_for(request, project_id, Role.OWNER)
+        return Response(InvitationSerializer(project.invitations.select_related("project"), many=True).data)
+
+
+class ProjectInvitationDetailView(JsonOnly, APIView):
+    @extend_schema(responses={204: None}, description="Withdraw a pending invitation.")
+    def delete(self, request: Request, project_id: int, invitation_id: int) -> Response:
+        _project_for(request, project_id, Role.OWNER)
+        get_object_or_404(Invitation, pk=invitation_id, project_id=project_id).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _my_invitations(request: Request):
+    """Invitations addressed to the user's account; none through a token limited to a project (it may
+    not join others)."""
+    token = _request_token(request)
+    if token is not None and token.project_id is not None:
+        return Invitation.objects.none()
+    return Invitation.objects.filter(username=request.user.get_username()).select_related("project")
+
+
+class InvitationListView(JsonOnly, APIView):
+    """Invitations to projects addressed to you."""
+
+    @extend_schema(responses=InvitationSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(InvitationSerializer(_my_invitations(request), many=True).data)
+
+
+class InvitationDetailView(JsonOnly, APIView):
+    @extend_schema(responses={204: None}, description="Decline an invitation addressed to you.")
+    def delete(self, request: Request, invitation_id: int) -> Response:
+        get_object_or_404(_my_invitations(request), pk=invitation_id).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationAcceptView(JsonOnly, APIView):
+    @extend_schema(request=None, responses={201: MembershipSerializer})
+    def post(self, request: Request, invitation_id: int) -> Response:
+        invitation = get_object_or_404(_my_invitations(request), pk=invitation_id)
+        membership = services.invitation_accept(invitation=invitation, user=request.user)
         return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
 
@@ -142,11 +215,15 @@ def _request_token(request: Request) -> ApiToken | None:
 
 
 def _own_tokens(request: Request):
-    """The user's tokens; through a token limited to a project, only the tokens limited to it."""
+    """The user's tokens. Through a token: only that token and the tokens created with it (a narrower
+    child can neither list nor revoke its parent or a sibling), and through a token limited to a
+    project, only tokens limited to it."""
     qs = ApiToken.objects.filter(user=request.user, kind=TokenKind.USER)
     used = _request_token(request)
-    if used is not None and used.project_id is not None:
-        qs = qs.filter(project_id=used.project_id)
+    if used is not None:
+        qs = qs.filter(pk__in=services.token_family_ids(used))
+        if used.project_id is not None:
+            qs = qs.filter(project_id=used.project_id)
     return qs
 
 
@@ -195,10 +272,14 @@ class TokenDetailView(JsonOnly, APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-def _project_tokens(project_id: int):
-    return ApiToken.objects.filter(Q(project_id=project_id) | Q(run__project_id=project_id)).select_related(
-        "user"
-    )
+def _project_tokens(request: Request, project_id: int):
+    """Every token that can act in the project. Through a token, the user's own tokens outside that
+    token's family are left out (as in ``_own_tokens``): an owner's child token cannot revoke its parent."""
+    qs = ApiToken.objects.filter(Q(project_id=project_id) | Q(run__project_id=project_id))
+    used = _request_token(request)
+    if used is not None:
+        qs = qs.exclude(Q(user=request.user) & ~Q(pk__in=services.token_family_ids(used)))
+    return qs.select_related("user")
 
 
 class ProjectTokenListView(JsonOnly, APIView):
@@ -207,7 +288,7 @@ class ProjectTokenListView(JsonOnly, APIView):
     @extend_schema(responses=TokenSerializer(many=True))
     def get(self, request: Request, project_id: int) -> Response:
         _project_for(request, project_id, Role.OWNER)
-        return Response(TokenSerializer(_project_tokens(project_id), many=True).data)
+        return Response(TokenSerializer(_project_tokens(request, project_id), many=True).data)
 
 
 class ProjectTokenDetailView(JsonOnly, APIView):
@@ -215,5 +296,5 @@ class ProjectTokenDetailView(JsonOnly, APIView):
     def delete(self, request: Request, project_id: int, token_id: int) -> Response:
         _project_for(request, project_id, Role.OWNER)
         with transaction.atomic():
-            services.token_revoke(token=get_object_or_404(_project_tokens(project_id), pk=token_id))
+            services.token_revoke(token=get_object_or_404(_project_tokens(request, project_id), pk=token_id))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -58,6 +58,27 @@ class Membership(models.Model):
         return f"{self.user} in {self.project} ({self.role})"
 
 
+class Invitation(models.Model):
+    """An owner's offer of a role in ``project`` to the account named ``username``. An owner who is not
+    an administrator adds members this way: the membership exists once that account accepts, so the
+    answer never tells the owner whether an account of that name exists."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["project", "username"], name="uniq_invitation")]
+
+    def __str__(self) -> str:
+        return f"{self.username} to {self.project} ({self.role})"
+
+
 class TokenKind(models.TextChoices):
     USER = "user", "User token"  # acts as its user (optionally limited to one project)
     INGEST = "ingest", "Run ingest token"  # may only report metrics/events/samples of one run

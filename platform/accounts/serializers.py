@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from accounts.models import ApiToken, Membership, Project, Role
+from accounts.models import ApiToken, Invitation, Membership, Project, Role
 
 
 class ProjectSerializer(serializers.ModelSerializer):
@@ -38,11 +37,14 @@ class MembershipCreateSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
-    def validate_username(self, value: str):
-        user = get_user_model().objects.filter(username=value, is_active=True).first()
-        if user is None:
-            raise serializers.ValidationError("no active user with this username")
-        return user
+
+class InvitationSerializer(serializers.ModelSerializer):
+    project_name = serializers.CharField(source="project.name", read_only=True)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "project", "project_name", "username", "role", "created_at"]
+        read_only_fields = fields
 
 
 class MembershipUpdateSerializer(serializers.Serializer):

@@ -13,7 +13,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.models import ApiToken, Membership, Project, Role, TokenKind
+from accounts.models import ApiToken, Invitation, Membership, Project, Role, TokenKind
 
 if TYPE_CHECKING:
     from experiments.models import Run
@@ -69,6 +69,25 @@ def membership_set(*, project: Project, user: AbstractBaseUser, role: str) -> Me
                 _ensure_other_owner(project, membership)
             membership.role = role
             membership.save(update_fields=["role"])
+    return membership
+
+
+def member_invite(*, project: Project, username: str, role: str, by: AbstractBaseUser | None) -> Invitation:
+    """Offer ``role`` in ``project`` to the account named ``username`` (whether or not it exists); a
+    second invitation of the same name replaces the role."""
+    if role not in Role.values:
+        raise ValueError(f"unknown role {role!r}")
+    invitation, _ = Invitation.objects.update_or_create(
+        project=project, username=username, defaults={"role": role, "invited_by": by}
+    )
+    return invitation
+
+
+def invitation_accept(*, invitation: Invitation, user: AbstractBaseUser) -> Membership:
+    """``user`` (the invited account) joins the project with the invited role; the invitation is used up."""
+    with transaction.atomic():
+        membership = membership_set(project=invitation.project, user=user, role=invitation.role)
+        invitation.delete()
     return membership
 
 
@@ -174,14 +193,21 @@ def ingest_token_issue(*, run: Run, expires_at: datetime | None = None) -> Issue
     return IssuedToken(token=token, secret=secret)
 
 
-def token_revoke(*, token: ApiToken) -> ApiToken:
-    """Revoke ``token`` and every token created with it (recursively). Idempotent: a revoked token
-    keeps its first revocation time."""
+def token_family_ids(token: ApiToken) -> set[int]:
+    """Ids of ``token`` and of every token created with it, recursively: what a request authenticated
+    by ``token`` may see and revoke of its user's tokens (never its parent, nor a sibling)."""
     ids, frontier = {token.pk}, [token.pk]
     while frontier:  # one query per generation; chains are short
         frontier = [pk for pk in ApiToken.objects.filter(parent_id__in=frontier).values_list("pk", flat=True)
                     if pk not in ids]  # fmt: skip
         ids.update(frontier)
+    return ids
+
+
+def token_revoke(*, token: ApiToken) -> ApiToken:
+    """Revoke ``token`` and every token created with it (recursively). Idempotent: a revoked token
+    keeps its first revocation time."""
+    ids = token_family_ids(token)
     ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
     token.refresh_from_db()
     return token

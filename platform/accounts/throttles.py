@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import unicodedata
 
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
@@ -102,9 +103,15 @@ class LoginThrottle(LoginAddressThrottle):
     def get_cache_key(self, request, view) -> str | None:
         if request.method != "POST":
             return None
-        username = str(request.POST.get("username", ""))[:150].lower()
+        username = login_name(str(request.POST.get("username", "")))
         digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:24]
         return self.cache_format % {"scope": self.scope, "ident": f"{self.get_ident(request)}:{digest}"}
+
+
+def login_name(raw: str) -> str:
+    """The account a login attempt is counted against: the name as authentication reads it (NFKC, as
+    Django normalises usernames: full-width ``alice`` is ``alice``), lower-cased."""
+    return unicodedata.normalize("NFKC", raw[:1000])[:150].lower()
 
 
 def login_wait_s(request) -> int | None:

@@ -18,6 +18,23 @@ urlpatterns = [
         api.ProjectTokenDetailView.as_view(),
         name="api-project-token",
     ),
+    path(
+        "projects/<int:project_id>/invitations",
+        api.ProjectInvitationListView.as_view(),
+        name="api-project-invitations",
+    ),
+    path(
+        "projects/<int:project_id>/invitations/<int:invitation_id>",
+        api.ProjectInvitationDetailView.as_view(),
+        name="api-project-invitation",
+    ),
+    path("invitations", api.InvitationListView.as_view(), name="api-invitations"),
+    path("invitations/<int:invitation_id>", api.InvitationDetailView.as_view(), name="api-invitation"),
+    path(
+        "invitations/<int:invitation_id>/accept",
+        api.InvitationAcceptView.as_view(),
+        name="api-invitation-accept",
+    ),
     path("tokens", api.TokenListView.as_view(), name="api-tokens"),
     path("tokens/<int:token_id>", api.TokenDetailView.as_view(), name="api-token"),
 ]

@@ -18,7 +18,8 @@ cluster, so it narrows every field that names a local path or a network endpoint
   endpoint (from a checkpoint of a run of the same project), and a run joins the cluster it was
   submitted to. ``logging.jsonl_path`` is a file name the launcher places in the run's own folder.
 - ``logging.mlflow.tracking_uri``: empty or ``sqlite:///NAME.db`` (a store the launcher places in the
-  run's own folder, with its artifacts), or a server of ``ALLOWED_MLFLOW_SERVERS``;
+  run's own folder, with its artifacts), or a server of ``ALLOWED_MLFLOW_SERVERS``, both read by the one
+  strict URL parser (``rl_engine.strict_url``: no user-info, backslash, percent-encoding, dot segment);
   ``logging.mlflow.artifact_location`` and ``logging.wandb.dir`` belong to the platform (the run's folder).
 - ``model.trust_remote_code`` only in projects an administrator has allowed it for.
 - ``model.tiny`` and ``data.synthetic`` build into the project's own folder,
@@ -41,6 +42,7 @@ from experiments.path_policy import PathPolicy, list_text, roots_text
 from experiments.run_files import CHECKPOINTS, checkpoint_folder, is_inside
 from rl_engine.config import ConfigError
 from rl_engine.presets import get_preset, preset_names
+from rl_engine.strict_url import url_problem
 
 if TYPE_CHECKING:
     from accounts.models import Project
@@ -178,8 +180,13 @@ def _tracker_violations(config: dict[str, Any], policy: PathPolicy) -> list[tupl
     if uri is not None and not (SQLITE_NAME.match(str(uri)) or policy.mlflow_server_ok(str(uri))):
         servers = list_text(tuple(policy.mlflow_servers))
         server = f"or name an allowed MLflow server ({servers}; ALLOWED_MLFLOW_SERVERS)"
+        malformed = url_problem(str(uri)) if str(uri).startswith(("http://", "https://")) else None
+        why = f" (the URL {malformed})" if malformed else ""
         out.append(
-            ("logging.mlflow.tracking_uri", f"{uri!r} is not allowed here: {MLFLOW_LOCAL_RULE}, {server}")
+            (
+                "logging.mlflow.tracking_uri",
+                f"{uri!r} is not allowed here{why}: {MLFLOW_LOCAL_RULE}, {server}",
+            )
         )
     owned = {
         "logging.mlflow.artifact_location": mlflow.get("artifact_location"),

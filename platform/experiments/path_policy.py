@@ -9,18 +9,17 @@ answers the questions they ask about one value.
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 from django.conf import settings
 
 from experiments.run_files import is_inside
 from rl_engine import paths
+from rl_engine.strict_url import UrlError, parse_strict_url
 
 # The form `datasets` resolves on the hub and in its cache only, never as a local folder (datasets >= 5).
 HUB_URL = "hf://datasets/"
@@ -98,32 +97,22 @@ class PathPolicy:
         return any(fnmatchcase(hub_id, pattern) for pattern in self.allowed_datasets)
 
     def mlflow_server_ok(self, uri: str) -> bool:
-        """An http(s) URI on one of the allowed servers (same scheme, host and port; under its path)."""
-        origin = _origin(uri)
-        if origin is None:
+        """An http(s) URI on one of the allowed servers: both read by the one strict parser
+        (``rl_engine.strict_url``), same scheme, host and port exactly, and under the entry's path. An
+        entry that does not parse allows nothing."""
+        try:
+            url = parse_strict_url(uri)
+        except UrlError:
             return False
         for entry in self.mlflow_servers:
             if entry == "*":
                 return True
-            allowed = _origin(entry)
-            if allowed is not None and allowed[:3] == origin[:3]:
-                prefix = allowed[3].rstrip("/")
-                if not prefix or origin[3] == prefix or origin[3].startswith(prefix + "/"):
+            try:
+                if url.within(parse_strict_url(entry)):
                     return True
+            except UrlError:
+                continue
         return False
-
-
-def _origin(uri: str) -> tuple[str, str, int, str] | None:
-    """(scheme, host, port, normalised path) of an http(s) URI; None for anything else."""
-    try:
-        parts = urlsplit(uri)
-        port = parts.port
-    except ValueError:
-        return None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    path = posixpath.normpath(parts.path) if parts.path else ""
-    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path.rstrip("/")
 
 
 def roots_text(roots: tuple[Path, ...]) -> str:

@@ -3,7 +3,9 @@
 A config needs neither anchors nor aliases, and PyYAML expands aliases into shared objects that every
 later step (validation, JSON, the database) walks as copies: 448 bytes of nested aliases become
 megabytes (the "billion laughs"). So anchors and aliases are refused at the first one, nesting is
-bounded, and the document's size is checked before parsing: a refusal costs microseconds.
+bounded, and the document's size is checked before parsing: a refusal costs microseconds. What it
+parses then passes the same check as every JSON body (``rl_engine.safe_json``): ``.inf``/``.nan``, NUL
+(``"\\0"``), lone surrogates and non-JSON types (dates, ``!!binary``, sets) are a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import yaml
 from django.conf import settings
 
 from rl_engine.config import ConfigError, yaml_where
+from rl_engine.safe_json import json_problem
 
 MAX_YAML_DEPTH = 32
 
@@ -60,10 +63,14 @@ def load_yaml_text(text: str) -> Any:
         raise ConfigError([("", f"the YAML document is {size} bytes; the limit is {limit} bytes")])
     loader = StrictSafeLoader(text)
     try:
-        return loader.get_single_data()
+        data = loader.get_single_data()
     except _Refused as exc:
         raise ConfigError([("", f"{exc.message}{yaml_where(exc.mark)}")]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([("", f"not valid YAML{yaml_where(getattr(exc, 'problem_mark', None))}")]) from None
     finally:
         loader.dispose()
+    problem = json_problem(data, max_depth=MAX_YAML_DEPTH)  # the JSON bodies' own check (rl_engine.safe_json)
+    if problem:
+        raise ConfigError([problem])
+    return data

@@ -20,8 +20,9 @@ Protocol (docs/dashboard.md has the full picture):
 - A channel layer that is unreachable (Redis down) does not end the stream: the consumer polls the
   database every ``FALLBACK_POLL_S`` meanwhile, retries the layer with a backoff, and once it answers
   joins the run's group again and reads what it missed.
-- Membership is re-checked on every poll, at least every ``MEMBERSHIP_RECHECK_S`` and on every client
-  message: a user removed from the project (or deactivated) is disconnected with code 4403.
+- Membership and the session are re-checked on every poll, at least every ``MEMBERSHIP_RECHECK_S`` and
+  on every client message: a user removed from the project (or deactivated), logged out, or whose
+  password changed since the stream opened is disconnected with code 4403.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ import contextlib
 import json
 import logging
 import time
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.contrib.auth import get_user
 
 from experiments.models import Run
 from experiments.summary import run_summary
@@ -62,9 +66,22 @@ def poll_interval_s() -> float:
 # --- database reads (sync; wrapped below) -------------------------------------------------------------
 
 
-def _run_for_member(user: Any, run_id: int) -> Run | None:
-    """The run if ``user`` belongs to its project, else None (unknown run and foreign run look alike)."""
-    if not getattr(user, "is_authenticated", False):
+def _session_still_logs_in(user: Any, session: Any) -> bool:
+    """The browser session the stream was opened with still logs in ``user``: it was not logged out (the
+    session is gone from the store) and the password did not change since (Django's session auth hash
+    no longer matches). Read fresh from the session store, the way Django authenticates a request."""
+    key = getattr(session, "session_key", None)
+    if not key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    fresh = get_user(SimpleNamespace(session=store))
+    return bool(fresh.is_authenticated and fresh.pk == user.pk)
+
+
+def _run_for_member(user: Any, run_id: int, session: Any = None) -> Run | None:
+    """The run if ``user`` belongs to its project and ``session`` still logs them in, else None (unknown
+    run and foreign run look alike)."""
+    if not getattr(user, "is_authenticated", False) or not _session_still_logs_in(user, session):
         return None
     # The user row is re-read too: a deactivated user is gone as much as a removed member.
     return Run.objects.filter(
@@ -296,7 +313,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def still_member(self) -> bool:
         """Re-check that the user may still see the run; if not, close the socket with 4403."""
         self.member_checked = time.monotonic()
-        if await run_for_member(self.scope.get("user"), self.run_id) is not None:
+        if await run_for_member(self.scope.get("user"), self.run_id, self.scope.get("session")) is not None:
             return True
         log.info("closing the live stream of run %s: the user is not (or no longer) a member", self.run_id)
         await self.close(code=CLOSE_FORBIDDEN)

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from accounts.services import ingest_token_issue
+from accounts.services import ingest_token_issue, member_invite
 from experiments.services import run_create
 from tests.factories import UserFactory
 from tracking.services import (
@@ -31,6 +31,7 @@ def test_every_platform_model_has_working_admin_pages(team, experiment):
     checkpoint_record(run_id=run.pk, step=1, path="/ck/1")
     samples_record(run_id=run.pk, samples=[NewSample(step=1, prompt="p", response="r")])
     ingest_token_issue(run=run)
+    member_invite(project=team["project"], username="someone", role="viewer", by=team["owner"])
     client = Client()
     client.force_login(UserFactory(is_staff=True, is_superuser=True))
     models = [m for m in apps.get_models() if m._meta.app_label in PLATFORM_APPS]

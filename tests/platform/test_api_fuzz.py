@@ -1,23 +1,28 @@
 """schemathesis drives every operation of the live OpenAPI document (in-process WSGI app) with generated
 valid and invalid requests, authenticated as a project owner: no 5xx, ever, and 2xx bodies match the
-documented schema. Path ids point at real objects half of the time (else mostly 404)."""
+documented schema. Path ids point at real objects half of the time (else mostly 404). Free-form values
+(event data, samples, configs as JSON and YAML) are also generated with what a store cannot hold:
+non-finite numbers, lone surrogates, NUL."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import schemathesis
+import yaml
 from django.core import signals
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from accounts.models import Membership
 from accounts.services import ingest_token_issue, token_create
 from experiments.services import run_create, run_transition
-from tests.factories import ExperimentFactory, checkpoint_path
+from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tracking.services import Point, checkpoint_record, metrics_ingest
 
 # Loaded at collection from the running code (no database needed to render the document).
@@ -138,3 +143,99 @@ def test_malformed_checkpoint_events_are_a_400(data, fuzz_world):
     body = {"events": [{"kind": "checkpoint", "data": data}]}
     resp = client.post(f"/api/runs/{fuzz_world['ids']['run']}/events", body, format="json")
     assert resp.status_code == 400 and any(k.startswith("events[0].data.") for k in resp.json()["errors"])
+
+
+# --- free-form values a store cannot hold: property-based, JSON and YAML ---------------------------------
+
+NASTY_TEXT = st.text(
+    alphabet=st.one_of(
+        st.characters(codec="utf-8"),  # any valid character
+        st.sampled_from(["\x00", "\ud800", "\udbff", "\udc00", "\udfff"]),  # NUL and lone surrogates
+    ),
+    max_size=8,
+)
+NASTY_NUMBER = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),  # NaN and +-Infinity, written as 1e400 below
+)
+# What a store cannot hold, drawn often (not left to the odds of the broad strategies above).
+NASTY_LEAF = st.sampled_from([math.inf, -math.inf, math.nan, "\ud800", "a\x00b", "\udc00z", "ok", 1.5])
+FREE_JSON = st.recursive(
+    st.one_of(NASTY_LEAF, st.none(), st.booleans(), NASTY_NUMBER, NASTY_TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(NASTY_TEXT, inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+def json_text(value: object) -> str:
+    """``value`` as the JSON text a hostile client sends: infinities as ``1e400`` (parsed back to inf),
+    NaN as ``NaN`` (a literal strict JSON refuses), surrogates and NUL as ``\\u`` escapes."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("1e400" if value > 0 else "-1e400")
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{json_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(json_text(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _api(fuzz_world):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=fuzz_world["auth"])
+    return client
+
+
+FREE_SETTINGS = settings(
+    max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+
+
+@FREE_SETTINGS
+@given(data=FREE_JSON, message=NASTY_TEXT, prompt=NASTY_TEXT)
+@example(data={"x": math.inf}, message="ok", prompt="ok")
+@example(data=["a", "\ud800"], message="\udc00", prompt="a\x00")
+def test_free_form_event_and_sample_data_is_stored_and_listed_or_a_400(fuzz_world, data, message, prompt):
+    """Whatever free-form ``data``, message or prompt an engine reports: a 2xx after which the run's
+    events and samples still list, or a 400 naming a field; never a 500."""
+    client, run = _api(fuzz_world), fuzz_world["ids"]["run"]
+    event = f'{{"kind": "log", "message": {json.dumps(message)}, "data": {{"v": {json_text(data)}}}}}'
+    body = f'{{"events": [{event}]}}'
+    resp = client.generic("POST", f"/api/runs/{run}/events", body, content_type="application/json")
+    assert resp.status_code in (201, 400), resp.content[:300]
+    if resp.status_code == 400:
+        assert resp.json().get("errors") or resp.json()["detail"], resp.content
+    sample = f'{{"prompt": {json.dumps(prompt)}, "response": {json_text(message)}}}'
+    body = f'{{"step": 1, "samples": [{sample}]}}'
+    resp = client.generic("POST", f"/api/runs/{run}/samples", body, content_type="application/json")
+    assert resp.status_code in (201, 400), resp.content[:300]
+    assert client.get(f"/api/runs/{run}/events").status_code == 200
+    assert client.get(f"/api/runs/{run}/samples").status_code == 200
+
+
+@FREE_SETTINGS
+@given(data=FREE_JSON)
+@example(data=math.inf)
+@example(data=math.nan)
+@example(data={"s": "\ud800"})
+@example(data=["a\x00"])
+def test_free_form_config_values_are_an_experiment_or_a_400_as_json_and_as_yaml(fuzz_world, data):
+    """The same values inside a config (``reward.kwargs``), sent as JSON and imported as YAML."""
+    client, project = _api(fuzz_world), fuzz_world["ids"]["project"]
+    cfg = demo_config()
+    cfg["reward"]["kwargs"] = {"PLACEHOLDER": 0}
+    config = json.dumps(cfg).replace('{"PLACEHOLDER": 0}', json_text({"v": data}))
+    body = f'{{"project": {project}, "name": "fuzz", "config": {config}}}'
+    resp = client.generic("POST", "/api/experiments", body, content_type="application/json")
+    assert resp.status_code in (201, 400), resp.content[:300]
+    cfg["reward"]["kwargs"] = {"v": data}
+    try:
+        text = yaml.safe_dump(cfg)  # .inf / .nan, and "\ud800" / "\0" escapes in double-quoted strings
+    except yaml.YAMLError:
+        return  # PyYAML cannot write this value; then no client can send it either
+    resp = client.post(
+        "/api/experiments/import", {"project": project, "name": "fuzz", "yaml": text}, format="json"
+    )
+    assert resp.status_code in (201, 400), resp.content[:300]
+    assert client.get("/api/experiments").status_code == 200

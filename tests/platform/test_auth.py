@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, Membership, Role
 from accounts.services import token_create
-from tests.factories import demo_config
+from tests.factories import UserFactory, demo_config
 from tests.platform.conftest import client_for
 
 
@@ -75,11 +75,14 @@ def test_browser_session_needs_the_csrf_token_for_writes(team):
 def test_owner_manages_members_but_cannot_remove_the_last_owner(team):
     owner = client_for(team["owner"])
     pid = team["project"].pk
-    added = owner.post(
+    invited = owner.post(
         f"/api/projects/{pid}/members", {"username": "stranger", "role": "viewer"}, format="json"
     )
-    assert added.status_code == 201 and added.json()["role"] == "viewer"
-    assert client_for(team["stranger"]).get(f"/api/projects/{pid}").json()["role"] == "viewer"
+    assert invited.status_code == 202 and invited.json()["role"] == "viewer"
+    stranger = client_for(team["stranger"])
+    accepted = stranger.post(f"/api/invitations/{invited.json()['id']}/accept")
+    assert accepted.status_code == 201 and accepted.json()["role"] == "viewer"
+    assert stranger.get(f"/api/projects/{pid}").json()["role"] == "viewer"
     own = Membership.objects.get(project_id=pid, user=team["owner"])
     demote = owner.patch(f"/api/projects/{pid}/members/{own.pk}", {"role": "member"}, format="json")
     assert demote.status_code == 400 and "at least one owner" in demote.json()["errors"]["role"][0]
@@ -91,6 +94,43 @@ def test_owner_manages_members_but_cannot_remove_the_last_owner(team):
     assert owner.delete(f"/api/projects/{pid}/members/{own.pk}").status_code == 204
     assert not Membership.objects.filter(project_id=pid, user=team["owner"]).exists()
     assert owner.post(f"/api/projects/{pid}/members", {"username": "ghost"}, format="json").status_code == 404
+
+
+def test_adding_a_member_does_not_tell_an_owner_whether_the_account_exists(team):
+    """An owner who is not an administrator gets the same answer for an account that exists and one
+    that does not (an invitation); only the invited account sees it, and joins by accepting it."""
+    owner, pid = client_for(team["owner"]), team["project"].pk
+    answers = [
+        owner.post(f"/api/projects/{pid}/members", {"username": name, "role": "member"}, format="json")
+        for name in ("stranger", "nobody-by-this-name")
+    ]
+    assert [a.status_code for a in answers] == [202, 202]
+    shapes = [
+        {k: v for k, v in a.json().items() if k not in ("id", "username", "created_at")} for a in answers
+    ]
+    assert shapes[0] == shapes[1]
+    assert not Membership.objects.filter(project_id=pid, user=team["stranger"]).exists()
+    assert {i["username"] for i in owner.get(f"/api/projects/{pid}/invitations").json()} == {
+        "stranger",
+        "nobody-by-this-name",
+    }
+    stranger, member = client_for(team["stranger"]), client_for(team["member"])
+    (mine,) = stranger.get("/api/invitations").json()
+    assert mine["project"] == pid and member.get("/api/invitations").json() == []
+    assert member.post(f"/api/invitations/{mine['id']}/accept").status_code == 404  # not addressed to them
+    assert stranger.post(f"/api/invitations/{mine['id']}/accept").status_code == 201
+    assert Membership.objects.get(project_id=pid, user=team["stranger"]).role == "member"
+    assert stranger.post(f"/api/invitations/{mine['id']}/accept").status_code == 404  # used up
+
+
+def test_an_administrator_adds_members_directly(team):
+    admin = UserFactory(username="admin", is_staff=True)
+    Membership.objects.create(project=team["project"], user=admin, role="owner")
+    client, pid = client_for(admin), team["project"].pk
+    added = client.post(f"/api/projects/{pid}/members", {"username": "stranger"}, format="json")
+    assert added.status_code == 201 and Membership.objects.filter(user=team["stranger"]).count() == 2
+    ghost = client.post(f"/api/projects/{pid}/members", {"username": "ghost"}, format="json")
+    assert ghost.status_code == 400 and "username" in ghost.json()["errors"]
 
 
 def test_owner_sees_and_revokes_the_projects_tokens(team):

@@ -333,6 +333,36 @@ def test_allowed_mlflow_servers_match_scheme_host_port_and_path(team, settings):
 
 
 @pytest.mark.parametrize(
+    "uri",
+    [
+        "http://EVIL\\@mlflow:5000",  # urlsplit: host mlflow; MLflow's HTTP client: host EVIL
+        "http://evil.example\\@mlflow:5000/",
+        "http://mlflow:5000\\@evil.example",
+        "https://ml.example.com/team-a/%2e%2e/team-b",  # encoded dot segments escape the path prefix
+        "https://ml.example.com/team-a/%2E%2E/team-b",
+        "https://ml.example.com/team-a/x%2f..%2f..%2fteam-b",
+        "https://ml.example.com/team-a/./../team-b",
+        "http://mlflow:5000/\x00",
+        "http://mlflow:5000\r\n",
+        "http://mlflow:5000#@evil.example",
+        "http://2130706433:5000",
+    ],
+)
+def test_allowed_mlflow_servers_are_not_bypassed_by_parser_differences(team, settings, uri):
+    settings.ALLOWED_MLFLOW_SERVERS = ["http://mlflow:5000", "https://ml.example.com/team-a"]
+    message = refused(team, with_("logging.mlflow", {"tracking_uri": uri}), "logging.mlflow.tracking_uri")
+    assert "must not" in message or "invalid" in message or "segment" in message or "ASCII" in message
+    settings.ALLOWED_MLFLOW_SERVERS = ["*"]  # any server, but still only one the strict parser reads
+    refused(team, with_("logging.mlflow", {"tracking_uri": uri}), "logging.mlflow.tracking_uri")
+
+
+def test_an_allow_list_entry_the_strict_parser_refuses_allows_nothing(team, settings):
+    settings.ALLOWED_MLFLOW_SERVERS = ["https://ml.example.com/team-a/%2e%2e", "http://u@mlflow:5000"]
+    for uri in ("https://ml.example.com/team-a/x", "http://mlflow:5000"):
+        refused(team, with_("logging.mlflow", {"tracking_uri": uri}), "logging.mlflow.tracking_uri")
+
+
+@pytest.mark.parametrize(
     ("field", "value"), [("logging.mlflow.artifact_location", "file:///etc"), ("logging.wandb.dir", "/tmp/w")]
 )
 def test_tracker_folders_belong_to_the_platform(team, field, value):

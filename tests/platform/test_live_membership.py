@@ -85,3 +85,33 @@ async def test_a_message_from_a_removed_member_closes_the_stream(world, settings
     await comm.send_json_to({"type": "resume", "last_seq": 0})
     assert await closed_with(comm) == consumers.CLOSE_FORBIDDEN
     await comm.disconnect()
+
+
+def _log_out(cookie: bytes) -> int:
+    """Log out the browser session of ``cookie`` the way a browser does (POST to the logout page)."""
+    from django.test import Client
+
+    browser = Client()
+    browser.cookies["sessionid"] = cookie.decode().split("=", 1)[1]
+    return browser.post("/accounts/logout/").status_code
+
+
+def _change_password(user) -> None:
+    user.set_password("a-new-password-for-tests")
+    user.save()
+
+
+@pytest.mark.parametrize("end_session", ["logout", "password change"])
+async def test_a_stream_ends_with_its_session_logout_or_password_change(
+    world, settings, monkeypatch, end_session
+):
+    settings.LIVE_POLL_INTERVAL_S = 0
+    monkeypatch.setattr(consumers, "MEMBERSHIP_RECHECK_S", 0.2)
+    comm = await connected(world)
+    assert await comm.receive_nothing(timeout=0.5)  # a valid session: the stream stays open
+    if end_session == "logout":
+        assert await database_sync_to_async(_log_out)(world["cookie"]) in (200, 302)
+    else:
+        await database_sync_to_async(_change_password)(world["viewer"])
+    assert await closed_with(comm) == consumers.CLOSE_FORBIDDEN
+    await comm.disconnect()

@@ -15,7 +15,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from accounts.models import ApiToken, Membership, Project
-from accounts.services import ingest_token_issue, token_create
+from accounts.services import ingest_token_issue, member_invite, token_create
 from experiments.models import Experiment, Run, RunState
 from experiments.services import config_to_yaml, run_create, run_transition
 from tests.factories import ExperimentFactory, UserFactory, checkpoint_path, demo_config
@@ -50,8 +50,13 @@ ENDPOINTS = [
     Endpoint("DELETE", "/api/projects/{project}", "owner", 409),
     Endpoint("GET", "/api/projects/{project}/members", "viewer", 200),
     Endpoint(
-        "POST", "/api/projects/{project}/members", "owner", 201, {"username": "newbie", "role": "viewer"}
+        "POST", "/api/projects/{project}/members", "owner", 202, {"username": "newbie", "role": "viewer"}
     ),
+    Endpoint("GET", "/api/projects/{project}/invitations", "owner", 200),
+    Endpoint("DELETE", "/api/projects/{project}/invitations/{invitation}", "owner", 204),
+    Endpoint("GET", "/api/invitations", "auth", 200),
+    Endpoint("DELETE", "/api/invitations/{my_invitation}", "self", 204),
+    Endpoint("POST", "/api/invitations/{my_invitation}/accept", "self", 201),
     Endpoint("PATCH", "/api/projects/{project}/members/{membership}", "owner", 200, {"role": "member"}),
     Endpoint("DELETE", "/api/projects/{project}/members/{membership}", "owner", 204),
     Endpoint("GET", "/api/projects/{project}/tokens", "owner", 200),
@@ -108,7 +113,9 @@ def world(team):
     run_transition(run_id=done.pk, to=RunState.FAILED, error="x")
     checkpoint_record(run_id=done.pk, step=3, path=checkpoint_path(done, 3))
     UserFactory(username="newbie")
-    owner_token = token_create(user=team["owner"], name="owner's").token
+    # The owner's client token, and a token created with it: a token manages itself and its descendants.
+    owner_client = token_create(user=team["owner"], name="matrix")
+    owner_token = token_create(user=team["owner"], name="owner's", parent=owner_client.token).token
     ids = {
         "project": team["project"].pk,
         "experiment": exp.pk,
@@ -116,6 +123,11 @@ def world(team):
         "run": run.pk,
         "done_run": done.pk,
         "owner_token": owner_token.pk,
+        "invitation": member_invite(project=team["project"], username="newbie", role="viewer", by=None).pk,
+        # addressed to the owner's account ("self": only the owner sees it)
+        "my_invitation": member_invite(
+            project=team["other_project"], username="owner", role="viewer", by=None
+        ).pk,
         "membership": Membership.objects.get(project=team["project"], user=team["viewer"]).pk,
         "ingest_token": ingest_token_issue(run=run).token.pk,
     }
@@ -124,7 +136,7 @@ def world(team):
         "import_body": {"project": ids["project"], "name": "y", "yaml": config_to_yaml(exp.config)},
         "run_body": {"experiment": exp.pk},
     }
-    return {"ids": ids, "bodies": bodies, **team}
+    return {"ids": ids, "bodies": bodies, "owner_secret": owner_client.secret, **team}
 
 
 def fingerprint() -> tuple:
@@ -159,11 +171,12 @@ def expected_status(ep: Endpoint, role: str) -> int:
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("ep", ENDPOINTS, ids=lambda ep: f"{ep.method} {ep.path}")
 def test_endpoint_answers_each_role_by_the_policy(world, ep, role):
-    client = (
-        client_for(token=token_create(user=world[role], name="matrix").secret)
-        if role != "anonymous"
-        else client_for()
-    )
+    if role == "anonymous":
+        client = client_for()
+    elif role == "owner":
+        client = client_for(token=world["owner_secret"])
+    else:
+        client = client_for(token=token_create(user=world[role], name="matrix").secret)
     path = ep.path.format(**world["ids"])
     body = world["bodies"].get(ep.body, ep.body) if isinstance(ep.body, str) else ep.body
     before = fingerprint()
@@ -206,6 +219,7 @@ def _template(path: str) -> str:
     path = re.sub(r"^/api/projects/\{project\}", "/api/projects/{id}", path)
     path = path.replace("/api/projects/{id}/", "/api/projects/{project_id}/")
     path = path.replace("{membership}", "{membership_id}").replace("{ingest_token}", "{token_id}")
+    path = path.replace("{my_invitation}", "{invitation_id}").replace("{invitation}", "{invitation_id}")
     path = path.replace("/api/tokens/{owner_token}", "/api/tokens/{token_id}")
     path = re.sub(r"/api/experiments/\{(idle_)?experiment\}", "/api/experiments/{id}", path)
     path = re.sub(r"/api/runs/\{(done_)?run\}$", "/api/runs/{id}", path)

@@ -47,6 +47,16 @@ def test_login_attempts_beyond_the_rate_are_429_with_retry_after(team, rates):
     assert other_address.status_code == 302
 
 
+def test_a_compatibility_spelling_of_the_name_counts_against_the_same_account(team, rates):
+    """Authentication reads a full-width ``member`` as ``member`` (NFKC): so does the throttle."""
+    rates(login="3/minute", login_address="100/minute")
+    browser = Client()
+    for name in ("member", "MEMBER", "\uff4d\uff45\uff4d\uff42\uff45\uff52"):
+        assert login(browser, name).status_code == 200
+    assert_throttled(login(browser, "\uff2d\uff25\uff2d\uff22\uff25\uff32", password="pw-for-tests"))
+    assert_throttled(login(browser, "member", password="pw-for-tests"))
+
+
 def test_one_address_trying_many_usernames_is_throttled_too(team, rates):
     rates(login="100/minute", login_address="3/minute")
     browser = Client()

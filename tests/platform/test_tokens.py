@@ -39,7 +39,36 @@ def test_a_project_limited_token_sees_and_revokes_only_tokens_of_its_project(two
         assert alpha.delete(f"/api/tokens/{pk}").status_code == 404
         assert ApiToken.objects.get(pk=pk).revoked_at is None
     unlimited = client_for(token=two_projects["all"].secret)
-    assert {t["name"] for t in unlimited.get("/api/tokens").json()} == {"alpha", "beta", "all"}
+    assert {t["name"] for t in unlimited.get("/api/tokens").json()} == {"all"}  # a token: only its family
+    session = client_for(two_projects["alpha"].token.user)
+    assert {t["name"] for t in session.get("/api/tokens").json()} == {"alpha", "beta", "all"}
+
+
+def test_a_token_manages_only_itself_and_its_descendants_never_its_parent(team):
+    """A narrower child (here limited to a project the user owns) neither lists nor revokes its parent,
+    nor a sibling; the parent manages the child and the child's own children."""
+    owner = team["owner"]
+    parent = token_create(user=owner, name="parent", project=team["project"])
+    sibling = token_create(user=owner, name="sibling", project=team["project"])
+    via_parent = client_for(token=parent.secret)
+    child = via_parent.post("/api/tokens", {"name": "child"}, format="json").json()
+    via_child = client_for(token=child["secret"])
+    grandchild = via_child.post("/api/tokens", {"name": "grandchild"}, format="json").json()
+    assert {t["name"] for t in via_child.get("/api/tokens").json()} == {"child", "grandchild"}
+    assert {t["name"] for t in via_parent.get("/api/tokens").json()} == {"parent", "child", "grandchild"}
+    project_tokens = f"/api/projects/{team['project'].pk}/tokens"
+    listed = {t["name"] for t in via_child.get(project_tokens).json()}
+    assert "parent" not in listed and "sibling" not in listed and "child" in listed
+    for victim in (parent.token, sibling.token):
+        assert via_child.get(f"/api/tokens/{victim.pk}").status_code == 404
+        assert via_child.delete(f"/api/tokens/{victim.pk}").status_code == 404
+        assert via_child.delete(f"{project_tokens}/{victim.pk}").status_code == 404
+        victim.refresh_from_db()
+        assert victim.revoked_at is None
+    assert via_child.delete(f"/api/tokens/{grandchild['id']}").status_code == 204
+    assert via_parent.delete(f"{project_tokens}/{child['id']}").status_code == 204
+    assert client_for(token=child["secret"]).get("/api/me").status_code == 401
+    assert client_for(token=parent.secret).get("/api/me").status_code == 200
 
 
 def test_a_token_created_with_a_limited_token_is_limited_to_the_same_project(team, two_projects):

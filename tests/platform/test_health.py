@@ -1,0 +1,80 @@
+"""``/api/health/``: a real Celery worker with embedded beat makes the worker's liveness and the sweep's
+last run show up without anyone sending a ping; a broker that does not answer (a dead port) is a 503, as
+a database that does not answer is."""
+
+from __future__ import annotations
+
+import socket
+from datetime import datetime
+
+import pytest
+from django.db import DatabaseError
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from core import selectors
+from tests.conftest import start_celery_worker, wait_for
+
+
+def health():
+    return APIClient().get("/api/health/")
+
+
+def dead_port() -> int:
+    """A local port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.django_db
+def test_a_fresh_deployment_answers_200_and_reports_no_worker_yet():
+    resp = health()
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["database_ok"] and body["broker_ok"]
+    assert body["last_worker_ping"] is None and body["last_sweep"] is None
+
+
+@pytest.mark.django_db
+def test_a_broker_that_does_not_answer_is_a_503(settings):
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{dead_port()}/0"
+    settings.CELERY_BROKER_TRANSPORT = "launcher.broker:RedisTransport"
+    resp = health()
+    assert resp.status_code == 503
+    assert resp.json()["broker_ok"] is False and resp.json()["database_ok"] is True
+
+
+@pytest.mark.django_db
+def test_a_database_that_does_not_answer_is_a_503(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise DatabaseError("connection refused")
+
+    monkeypatch.setattr(selectors.connection, "cursor", refuse)
+    resp = health()
+    assert resp.status_code == 503 and resp.json()["database_ok"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_running_worker_and_beat_show_up_without_a_ping(tmp_path):
+    started = timezone.now()
+    worker = start_celery_worker(
+        tmp_path,
+        extra_args=["-B", "-s", str(tmp_path / "beat-schedule")],
+        env_overrides={"LAUNCHER_SWEEP_INTERVAL_S": "1"},
+    )
+    try:
+        body = wait_for(
+            lambda: (b := health().json())["last_sweep"] and b,
+            timeout_s=60,
+            message="the sweep run by the worker to show in /api/health/",
+        )
+        assert datetime.fromisoformat(body["last_sweep"]) >= started
+        assert datetime.fromisoformat(body["last_worker_ping"]) >= started
+        assert body["worker_hostname"] == socket.gethostname()
+        first = body["last_sweep"]
+        # It keeps moving while the worker and beat run: the record follows the sweep, not a request.
+        wait_for(lambda: health().json()["last_sweep"] > first, timeout_s=30, message="a later sweep")
+    finally:
+        worker.stop()
