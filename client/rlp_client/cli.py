@@ -72,7 +72,9 @@ def _read_config(path: str) -> tuple[str, dict[str, Any] | None]:
 
 
 def cmd_login(args: argparse.Namespace, out: Output) -> int:
-    token = args.token or (getpass.getpass("API token: ") if sys.stdin.isatty() else sys.stdin.readline().strip())
+    token = args.token or (
+        getpass.getpass("API token: ") if sys.stdin.isatty() else sys.stdin.readline().strip()
+    )
     if not token:
         raise CliError("token: empty (create one under /tokens/ on the platform)", EXIT_BAD_INPUT)
     with Client(args.url, token) as client:
@@ -88,7 +90,9 @@ def cmd_presets(args: argparse.Namespace, out: Output) -> int:
         presets = client.presets()
     if args.name:
         if args.name not in presets:
-            raise CliError(f"name: no preset {args.name!r} (known: {', '.join(sorted(presets))})", EXIT_BAD_INPUT)
+            raise CliError(
+                f"name: no preset {args.name!r} (known: {', '.join(sorted(presets))})", EXIT_BAD_INPUT
+            )
         out.result(presets[args.name], yaml.safe_dump(presets[args.name], sort_keys=False).rstrip())
         return 0
     rows = [[name, str((cfg.get("trainer") or {}).get("total_steps", "")), (cfg.get("model") or {}).get("path", "")]
@@ -115,8 +119,9 @@ def cmd_experiment_create(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_experiment_export(args: argparse.Namespace, out: Output) -> int:
+    experiment_id = parse_id(args.experiment, "experiment")
     with client_from_config() as client:
-        exp = client.experiment(parse_id(args.experiment, "experiment"))
+        exp = client.experiment(experiment_id)
         text = client.experiment_yaml(exp.id)
     if args.output:
         Path(args.output).write_text(text)
@@ -141,7 +146,9 @@ def cmd_experiment_list(args: argparse.Namespace, out: Output) -> int:
 
 def build_parser() -> Parser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
     parser = Parser(prog="rlp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                     parents=[common])  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -164,7 +171,9 @@ def build_parser() -> Parser:
     p.add_argument("--name", help="default: the file's name without extension")
     p.add_argument("--description")
     p.add_argument("--tag", action="append", help="repeatable")
-    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config value; repeatable")
+    p.add_argument(
+        "--set", action="append", metavar="KEY.PATH=VALUE", help="override a config value; repeatable"
+    )
     p.set_defaults(func=cmd_experiment_create)
     p = exp.add_parser("export", parents=[common], help="the experiment's config as YAML")
     p.add_argument("experiment", help="experiment id")
@@ -174,7 +183,9 @@ def build_parser() -> Parser:
     p.add_argument("--project", help="project id or name")
     p.set_defaults(func=cmd_experiment_list)
 
-    cli_run.add_commands(sub.add_parser("run", help="launch, follow, wait for, cancel, resume runs"), common, Parser)
+    cli_run.add_commands(
+        sub.add_parser("run", help="launch, follow, wait for, cancel, resume runs"), common, Parser
+    )
     return parser
 
 
@@ -182,4 +193,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The console script. Returns the exit code (``sys.exit(main())``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     return run_cli(build_parser, argv)
-

@@ -23,7 +23,9 @@ def _run_row(info: RunInfo) -> list[str]:
 
 
 def _show(run: Run, out: Output, verb: str) -> None:
-    out.result(run.info.raw, f"run {run.id} ({run.info.experiment_name} #{run.info.number}) {verb}: {run.state}")
+    out.result(
+        run.info.raw, f"run {run.id} ({run.info.experiment_name} #{run.info.number}) {verb}: {run.state}"
+    )
 
 
 def follow(run: Run, out: Output, last_seq: int = 0) -> int:
@@ -86,8 +88,9 @@ def _event_line(event: Event) -> str:
 
 
 def cmd_launch(args: argparse.Namespace, out: Output) -> int:
+    experiment = parse_id(args.experiment, "experiment")
     with client_from_config() as client:
-        run = client.launch(parse_id(args.experiment, "experiment"), priority=args.priority)
+        run = client.launch(experiment, priority=args.priority)
         if not args.follow:
             _show(run, out, "launched")
             return 0
@@ -97,13 +100,15 @@ def cmd_launch(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_follow(args: argparse.Namespace, out: Output) -> int:
+    run_id = parse_id(args.run, "run")
     with client_from_config() as client:
-        return follow(client.run(parse_id(args.run, "run")), out, last_seq=args.after)
+        return follow(client.run(run_id), out, last_seq=args.after)
 
 
 def cmd_wait(args: argparse.Namespace, out: Output) -> int:
+    run_id = parse_id(args.run, "run")
     with client_from_config() as client:
-        run = client.run(parse_id(args.run, "run"))
+        run = client.run(run_id)
         try:
             state = run.wait(timeout_s=args.timeout, poll_s=args.poll)
         except TimeoutError as exc:
@@ -113,15 +118,17 @@ def cmd_wait(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, out: Output) -> int:
+    run_id = parse_id(args.run, "run")
     with client_from_config() as client:
-        run = client.run(parse_id(args.run, "run")).cancel()
+        run = client.run(run_id).cancel()
     _show(run, out, "cancel requested")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace, out: Output) -> int:
+    run_id = parse_id(args.run, "run")
     with client_from_config() as client:
-        new = client.run(parse_id(args.run, "run")).resume(priority=args.priority)
+        new = client.run(run_id).resume(priority=args.priority)
         if args.follow:
             if not out.json_mode:
                 out.say(f"run {new.id} launched (resumes run {args.run})")
@@ -132,8 +139,9 @@ def cmd_resume(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_metrics(args: argparse.Namespace, out: Output) -> int:
     keys = [k for k in (args.keys or "").split(",") if k] or None
+    run_id = parse_id(args.run, "run")
     with client_from_config() as client:
-        run = client.run(parse_id(args.run, "run"))
+        run = client.run(run_id)
         if args.format == "csv" and not out.json_mode:
             sys.stdout.write(run.metrics_csv(keys))
             return 0
@@ -155,18 +163,19 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
     for s in states or ():
         if s not in STATES:
             raise CliError(f"--state: unknown state {s!r} (one of {', '.join(STATES)})", EXIT_BAD_INPUT)
+    experiment = parse_id(args.experiment, "experiment") if args.experiment else None
     with client_from_config() as client:
         project = client.project(args.project).id if args.project else None
-        runs = list(client.runs(states=states, project=project,
-                                experiment=parse_id(args.experiment, "experiment") if args.experiment else None))  # fmt: skip
+        runs = list(client.runs(states=states, project=project, experiment=experiment))
     out.table([r.info.raw for r in runs], ["id", "project", "experiment", "state", "priority", "created"],
               [_run_row(r.info) for r in runs])  # fmt: skip
     return 0
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
+    run_id = parse_id(args.run, "run")
     with client_from_config() as client:
-        run = client.run(parse_id(args.run, "run"))
+        run = client.run(run_id)
     if out.json_mode:
         out.result(run.info.raw)
         return 0
@@ -177,13 +186,17 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def add_commands(run_parser: argparse.ArgumentParser, common: argparse.ArgumentParser, parser_class: type) -> None:
+def add_commands(
+    run_parser: argparse.ArgumentParser, common: argparse.ArgumentParser, parser_class: type
+) -> None:
     sub = run_parser.add_subparsers(dest="action", required=True, parser_class=parser_class)
 
     p = sub.add_parser("launch", parents=[common], help="launch a run of an experiment")
     p.add_argument("experiment", help="experiment id")
     p.add_argument("--priority", type=int, help="higher starts first (-1000..1000)")
-    p.add_argument("--follow", action="store_true", help="then follow it to its end (exit code as `run wait`)")
+    p.add_argument(
+        "--follow", action="store_true", help="then follow it to its end (exit code as `run wait`)"
+    )
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("follow", parents=[common], help="live progress, log lines, to the end")

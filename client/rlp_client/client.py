@@ -21,7 +21,9 @@ class Client:
         retry: the retry policy of idempotent calls (see :mod:`rlp_client.transport`).
     """
 
-    def __init__(self, url: str, token: str | None, *, timeout_s: float = 30.0, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, url: str, token: str | None, *, timeout_s: float = 30.0, retry: RetryPolicy | None = None
+    ) -> None:
         self.transport = Transport(url, token, timeout_s=timeout_s, retry=retry)
 
     @classmethod
@@ -65,7 +67,9 @@ class Client:
         return matches[0]
 
     def create_project(self, name: str, description: str = "") -> Project:
-        return Project.from_api(self.transport.post("/api/projects", {"name": name, "description": description}))
+        return Project.from_api(
+            self.transport.post("/api/projects", {"name": name, "description": description})
+        )
 
     def presets(self) -> dict[str, dict[str, Any]]:
         """``{name: config}``: the engine's presets as this platform accepts them."""
@@ -81,17 +85,35 @@ class Client:
         return Experiment.from_api(self.transport.get(f"/api/experiments/{experiment_id}"))
 
     def create_experiment(
-        self, project: int, name: str, config: dict[str, Any], *, description: str = "", tags: list[str] | None = None
+        self,
+        project: int,
+        name: str,
+        config: dict[str, Any],
+        *,
+        description: str = "",
+        tags: list[str] | None = None,
     ) -> Experiment:
         """Validated and stored normalised; a bad config raises BadRequest naming ``config.<path>``."""
-        body = {"project": project, "name": name, "config": config, "description": description, "tags": tags or []}
+        body = {
+            "project": project,
+            "name": name,
+            "config": config,
+            "description": description,
+            "tags": tags or [],
+        }
         return Experiment.from_api(self.transport.post("/api/experiments", body))
 
     def import_experiment(
         self, project: int, name: str, yaml_text: str, *, description: str = "", tags: list[str] | None = None
     ) -> Experiment:
         """From YAML text (e.g. an export); errors name ``yaml.<path>``."""
-        body = {"project": project, "name": name, "yaml": yaml_text, "description": description, "tags": tags or []}
+        body = {
+            "project": project,
+            "name": name,
+            "yaml": yaml_text,
+            "description": description,
+            "tags": tags or [],
+        }
         return Experiment.from_api(self.transport.post("/api/experiments/import", body))
 
     def experiment_yaml(self, experiment_id: int) -> str:

@@ -106,7 +106,9 @@ class LiveStream:
                 return
             failures += 1
             if failures > self.max_reconnects:
-                raise ConnectionFailed(f"run {self.state.run_id}: live stream lost, {failures - 1} reconnects failed")
+                raise ConnectionFailed(
+                    f"run {self.state.run_id}: live stream lost, {failures - 1} reconnects failed"
+                )
             self.state.reconnects += 1
             time.sleep(min(self.backoff_s * 2 ** (failures - 1), self.backoff_max_s))
 
@@ -176,7 +178,9 @@ class LiveStream:
     def _stored_events(self) -> list[Event]:
         out: list[Event] = []
         while True:
-            page = self.transport.get(f"/api/runs/{self.state.run_id}/events", {"after": self.state.last_seq, "limit": 500})
+            page = self.transport.get(
+                f"/api/runs/{self.state.run_id}/events", {"after": self.state.last_seq, "limit": 500}
+            )
             events = [Event.from_api(e) for e in page.get("events") or []]
             for event in events:
                 if event.seq > self.state.last_seq:
@@ -200,4 +204,3 @@ class LiveStream:
                 self.state.state = event.new_state
             yield event
         self.done = True
-

@@ -97,11 +97,16 @@ class MetricSeries:
     downsampled: bool = False
 
     def points(self) -> list[MetricPoint]:
-        return [MetricPoint(self.key, s, v, w) for s, v, w in zip(self.steps, self.values, self.wall_times, strict=True)]
+        return [
+            MetricPoint(self.key, s, v, w)
+            for s, v, w in zip(self.steps, self.values, self.wall_times, strict=True)
+        ]
 
     @classmethod
     def from_api(cls, d: dict[str, Any]) -> MetricSeries:
-        return cls(d["key"], list(d["steps"]), list(d["values"]), list(d["wall_times"]), bool(d.get("downsampled")))
+        return cls(
+            d["key"], list(d["steps"]), list(d["values"]), list(d["wall_times"]), bool(d.get("downsampled"))
+        )
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,9 @@ class Event:
 
     @classmethod
     def from_api(cls, d: dict[str, Any]) -> Event:
-        return cls(int(d["seq"]), d["kind"], d.get("message", ""), dict(d.get("data") or {}), d.get("created"))
+        return cls(
+            int(d["seq"]), d["kind"], d.get("message", ""), dict(d.get("data") or {}), d.get("created")
+        )
 
 
 @dataclass(frozen=True)

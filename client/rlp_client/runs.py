@@ -101,7 +101,10 @@ class Run:
         """Every stored point (never downsampled), in the export's order."""
         params = {"keys": ",".join(keys) if keys else None}
         body = self.client.transport.get(f"{self._path}/metrics/export/json", params)
-        return [MetricPoint(p["key"], int(p["step"]), float(p["value"]), float(p["wall_time"])) for p in body["points"]]
+        return [
+            MetricPoint(p["key"], int(p["step"]), float(p["value"]), float(p["wall_time"]))
+            for p in body["points"]
+        ]
 
     def metrics_csv(self, keys: Iterable[str] | None = None) -> str:
         """Every stored point as CSV (``key,step,value,wall_time``), as the server writes it."""
@@ -128,7 +131,9 @@ class Run:
 
     def export_checkpoint(self, step: int) -> CheckpointExport:
         """Start (or join) the export of the checkpoint at ``step`` to a Hugging Face model directory."""
-        return CheckpointExport.from_api(self.client.transport.post(f"{self._path}/checkpoints/{step}/export"))
+        return CheckpointExport.from_api(
+            self.client.transport.post(f"{self._path}/checkpoints/{step}/export")
+        )
 
     def exports(self) -> list[CheckpointExport]:
         return [CheckpointExport.from_api(e) for e in self.client.transport.get(f"{self._path}/exports")]

@@ -90,7 +90,9 @@ class Transport:
                 response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 if last:
-                    raise ConnectionFailed(f"{method} {self.base_url}{path}: {exc or type(exc).__name__}") from exc
+                    raise ConnectionFailed(
+                        f"{method} {self.base_url}{path}: {exc or type(exc).__name__}"
+                    ) from exc
                 time.sleep(self.retry.delay(attempt))
                 continue
             if response.status_code in RETRY_STATUSES and not last:

@@ -53,7 +53,11 @@ def authorization_secret(scope: Scope) -> str | None:
 
 def _usable_token(secret: str) -> ApiToken | None:
     """The token if it authenticates (known, active, its user active), else None."""
-    token = ApiToken.objects.select_related("user").filter(key_hash=hash_secret(secret)).first() if secret else None
+    token = (
+        ApiToken.objects.select_related("user").filter(key_hash=hash_secret(secret)).first()
+        if secret
+        else None
+    )
     if token is None or not token.is_active:
         return None
     if token.kind == TokenKind.USER and (token.user is None or not token.user.is_active):
@@ -68,7 +72,10 @@ def _admit(secret: str, run_id: int | None) -> tuple[ApiToken | None, int | None
         return None, CLOSE_UNAUTHENTICATED
     if token.kind != TokenKind.USER:
         return None, CLOSE_FORBIDDEN  # an ingest token reports to its run; it reads nothing
-    if token.project_id is not None and not Run.objects.filter(pk=run_id, project_id=token.project_id).exists():
+    if (
+        token.project_id is not None
+        and not Run.objects.filter(pk=run_id, project_id=token.project_id).exists()
+    ):
         return None, CLOSE_FORBIDDEN
     return token, None
 

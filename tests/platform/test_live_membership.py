@@ -153,18 +153,24 @@ def tokens(world):
         "admitted": {
             "viewer": token_create(user=viewer, name="t").secret,
             "owner": token_create(user=owner, name="t").secret,
-            "viewer, limited to the run's project": token_create(user=viewer, name="t", project=project).secret,
+            "viewer, limited to the run's project": token_create(
+                user=viewer, name="t", project=project
+            ).secret,
         },
         CLOSE_UNAUTHENTICATED: {
             "unknown": "rlp_" + "x" * 40,
             "revoked": revoked.secret,
-            "expired": token_create(user=viewer, name="t", expires_at=timezone.now() - timedelta(seconds=1)).secret,
+            "expired": token_create(
+                user=viewer, name="t", expires_at=timezone.now() - timedelta(seconds=1)
+            ).secret,
             "of a deactivated user": inactive_secret,
             "malformed header": None,  # "Token" and nothing else
         },
         CLOSE_FORBIDDEN: {
             "stranger": token_create(user=stranger, name="t").secret,
-            "stranger, limited to their project": token_create(user=stranger, name="t", project=other_project).secret,
+            "stranger, limited to their project": token_create(
+                user=stranger, name="t", project=other_project
+            ).secret,
             "owner, limited to another project": token_create(
                 user=owner, name="t", project=project_create(name="gamma", user=owner)
             ).secret,
@@ -192,7 +198,9 @@ async def test_token_handshake_follows_the_membership_rule_with_close_codes(worl
     await comm.disconnect()
 
 
-async def test_a_token_wins_over_a_cookie_and_a_refused_token_is_not_saved_by_the_cookie(world, tokens, settings):
+async def test_a_token_wins_over_a_cookie_and_a_refused_token_is_not_saved_by_the_cookie(
+    world, tokens, settings
+):
     settings.LIVE_POLL_INTERVAL_S = 0
     comm = token_communicator(world["run"].pk, "Token rlp_unknown", cookie=world["cookie"])
     assert await close_code_of(comm) == CLOSE_UNAUTHENTICATED
@@ -239,11 +247,15 @@ async def test_a_token_revoked_while_streaming_is_closed_with_4401(world, tokens
     secret = tokens["admitted"]["viewer"]
     comm = token_communicator(world["run"].pk, f"Token {secret}")
     assert await close_code_of(comm) is None
-    revoke = database_sync_to_async(lambda: token_revoke(token=ApiToken.objects.get(key_hash=hash_secret(secret))))
+    revoke = database_sync_to_async(
+        lambda: token_revoke(token=ApiToken.objects.get(key_hash=hash_secret(secret)))
+    )
     await revoke()
     from tracking.services import events_append
 
     await asyncio.sleep(0.2)
-    await database_sync_to_async(events_append)(run_id=world["run"].pk, kind="log", message="after revocation")
+    await database_sync_to_async(events_append)(
+        run_id=world["run"].pk, kind="log", message="after revocation"
+    )
     assert await closed_with(comm) == CLOSE_UNAUTHENTICATED
     await comm.disconnect()
