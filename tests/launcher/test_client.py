@@ -265,14 +265,14 @@ def test_cli_bad_input_is_one_line_naming_the_field_exit_2(account, tmp_path):
         (("run", "metrics", "1", "--format", "xml"), "--format"),
     ]
     for args, field in cases:
-        code, out, err = rlp(account, *args)
+        code, _, err = rlp(account, *args)
         assert code == 2, (args, err)
         assert field in one_line(err), (args, err)
     exp = experiment_for(account, steps=2)
-    code, out, err = rlp(account, "run", "launch", str(exp.pk), "--priority", "5000")
+    code, _, err = rlp(account, "run", "launch", str(exp.pk), "--priority", "5000")
     assert code == 2 and "priority" in one_line(err)
     assert not Run.objects.filter(experiment=exp).exists()  # refused whole
-    code, out, err = rlp(account, "run", "show", "999999")
+    code, _, err = rlp(account, "run", "show", "999999")
     assert code == 4 and "(HTTP 404)" in one_line(err)
     from tests.factories import RunFactory
 
