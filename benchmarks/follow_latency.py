@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/follow_latency.py                          # embedded default, 300 steps
     .venv/bin/python benchmarks/follow_latency.py --deployments redis,embedded
-    .venv/bin/python benchmarks/follow_latency.py --quick                  # 40 steps, embedded
+    .venv/bin/python benchmarks/follow_latency.py --steps 40               # a short check
 
 A fresh stack per deployment (benchmarks/live_latency.py's ``Deployment``: daphne, a Celery worker with
 its beat, the platform's local Ray head, a scratch VAR_DIR; ``redis`` is PostgreSQL + a private Redis with
@@ -124,10 +124,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--deployments", default="embedded")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--quick", action="store_true", help="40 steps, embedded only")
     args = p.parse_args()
-    if args.quick:
-        args.deployments, args.steps = "embedded", 40
     results = []
     for kind in args.deployments.split(","):
         load_before = os.getloadavg()[0]
