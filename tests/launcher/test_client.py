@@ -208,7 +208,7 @@ def test_cli_wait_cancel_resume_and_the_exit_codes_of_each_final_state(account):
     code, out, err = rlp(account, "run", "launch", str(exp.pk), "--json")
     assert code == 0, err
     run_id = json.loads(out)["id"]
-    wait_reporting(run_id, min_points=10)
+    wait_reporting(run_id, min_points=10, timeout_s=400)  # a loaded machine starts the engine slowly
     code, out, err = rlp(account, "run", "list", "--state", "running", "--json")
     assert code == 0, err
     assert [r["id"] for r in json.loads(out)] == list(
@@ -228,7 +228,7 @@ def test_cli_wait_cancel_resume_and_the_exit_codes_of_each_final_state(account):
     assert resumed["resumed_from"] == run_id
     checkpoint = Run.objects.get(pk=run_id).checkpoints.order_by("-step").first()
     assert Run.objects.get(pk=resumed["id"]).config["trainer"]["resume_from"] == checkpoint.path
-    wait_reporting(resumed["id"])
+    wait_reporting(resumed["id"], timeout_s=400)
     assert rlp(account, "run", "cancel", str(resumed["id"]))[0] == 0
     wait_state(resumed["id"], "cancelled", timeout_s=30)
 
