@@ -116,6 +116,9 @@ def test_follow_a_run_to_its_end_through_a_server_restart_losing_and_repeating_n
 
 
 def test_the_socket_refuses_a_stranger_with_4403_and_a_bad_token_with_4401(account):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
     from accounts.services import token_create, token_revoke
     from rlp_client import Client, StreamRefused
     from rlp_client.live import LiveStream
@@ -126,11 +129,26 @@ def test_the_socket_refuses_a_stranger_with_4403_and_a_bad_token_with_4401(accou
     ).pk  # nothing to launch
     revoked = token_create(user=account["user"], name="soon revoked")
     token_revoke(token=revoked.token)
+    ws_url = account["url"].replace("http", "ws", 1) + f"/ws/runs/{run_id}/"
     for token, code in ((account["stranger_token"], 4403), (revoked.secret, 4401), ("rlp_nonsense", 4401)):
+        # What the server sends: the handshake completes, then a close frame with the code.
+        with (
+            connect(
+                ws_url, additional_headers={"Authorization": f"Token {token}"}, origin=account["url"]
+            ) as ws,
+            pytest.raises(ConnectionClosed) as closed,
+        ):
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == code, token
+        # What the client makes of it: StreamRefused with the code, no reconnect loop.
         transport = Client(account["url"], token).transport  # the socket alone, no REST call first
         with pytest.raises(StreamRefused) as info:
             next(iter(LiveStream(transport, run_id)))
         assert info.value.code == code, token
+    with connect(
+        ws_url, additional_headers={"Authorization": f"Token {account['token']}"}, origin=account["url"]
+    ) as ws:
+        assert json.loads(ws.recv(timeout=10))["kind"] == "hello"  # the member's token is admitted
 
 
 # --- the CLI -----------------------------------------------------------------------------------------

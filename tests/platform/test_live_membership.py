@@ -112,10 +112,11 @@ def token_communicator(run_id: int, header: str | None, cookie: bytes | None = N
 
 
 async def close_code_of(comm) -> int | None:
-    """Connect; the close code a refused token connection gets right after the accept (None: admitted)."""
+    """Connect; the close code a refused token connection gets right after the accept (None: admitted).
+    A token connection is always accepted first: a close before the accept would reach a real client as
+    a bare HTTP 403 without the code."""
     connected, code = await comm.connect()
-    if not connected:
-        return code
+    assert connected, f"refused at the handshake (close code {code} would be lost)"
     first = await comm.receive_output(timeout=3)
     if first["type"] == "websocket.close":
         return first.get("code")
