@@ -69,7 +69,7 @@ def measure(commit: str, workdir: Path, timeout_s: float) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commit", action="append", required=True, help="repeatable; measured in order")
-    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--timeout", type=float, default=3600, help="per commit, from the clone")
     parser.add_argument("--keep", action="store_true", help="keep the clones")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlp-fresh-clone-"))
