@@ -110,6 +110,7 @@ def measure(dep: Deployment, steps: int) -> dict[str, Any]:
     followed = {(k, s) for _, k, s, _ in cli_points}
     return {
         "cli_exit": code,
+        "cli_stderr": (cli.proc.stderr.read() if cli.proc.stderr else "")[-500:] if code else "",
         "final_state": end.get("state"),
         "cli_points_equal_database": followed == {(p["key"], p["step"]) for p in stored}
         and len(followed) == len(cli_points),
