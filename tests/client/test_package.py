@@ -6,6 +6,7 @@ any import of them by the client would fail here."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -40,7 +41,9 @@ def test_installed_into_a_fresh_environment_it_imports_and_its_cli_runs(tmp_path
     subprocess.run(
         [*pip, "install", "--quiet", "-r", str(CLIENT / "requirements.txt")], check=True, timeout=600
     )
-    subprocess.run([*pip, "install", "--quiet", "--no-deps", str(CLIENT)], check=True, timeout=600)
+    source = tmp_path / "client"  # a copy: building in place would leave build/ in the repository
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run([*pip, "install", "--quiet", "--no-deps", str(source)], check=True, timeout=600)
     installed = {
         d["name"].lower()
         for d in json.loads(
