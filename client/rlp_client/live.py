@@ -142,12 +142,12 @@ class LiveStream:
             kind = message.get("kind")
             if kind == "event":
                 for event in self._in_order(Event.from_api(message["event"])):
-                    yield event
+                    yield event  # the whole batch: a gap read from the database may go past the final state
                     if event.new_state is not None:
                         self.state.state = event.new_state
-                        if event.new_state in FINAL_STATES:
-                            yield from self._finish()
-                            return
+                if self.state.state in FINAL_STATES:
+                    yield from self._finish()
+                    return
             elif kind == "metrics":
                 for key, s in (message.get("series") or {}).items():
                     for step, value, wall in zip(s["steps"], s["values"], s["wall_times"], strict=True):
