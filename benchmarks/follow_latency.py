@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/follow_latency.py                          # embedded default, 300 steps
     .venv/bin/python benchmarks/follow_latency.py --deployments redis,embedded
     .venv/bin/python benchmarks/follow_latency.py --steps 40               # a short check
+    .venv/bin/python benchmarks/follow_latency.py --source post            # the platform's part, no engine
 
 A fresh stack per deployment (benchmarks/live_latency.py's ``Deployment``: daphne, a Celery worker with
 its beat, the platform's local Ray head, a scratch VAR_DIR; ``redis`` is PostgreSQL + a private Redis with
@@ -71,11 +72,13 @@ class CliFollower:
         return code
 
 
-def latencies(pairs: list[tuple[float, str, int, float]], since: float) -> tuple[list[float], list[float]]:
+def latencies(
+    pairs: list[tuple[float, str, int, float]], since: float, skip_steps: int = SKIP_STEPS
+) -> tuple[list[float], list[float]]:
     """(per point, per step) from (receipt, key, step, wall_time), live points only."""
     per_point, per_step = [], {}
     for t, _key, step, wall in pairs:
-        if wall < since or step <= SKIP_STEPS:
+        if wall < since or step <= skip_steps:
             continue
         per_point.append(t - wall)
         per_step.setdefault(step, t - wall)
@@ -121,10 +124,54 @@ def measure(dep: Deployment, steps: int) -> dict[str, Any]:
     }
 
 
+def measure_posted(dep: Deployment, batches: int, per_batch: int = 10) -> dict[str, Any]:
+    """``--source post``: the platform's part alone, no engine (no Ray head). Batches of points are posted
+    through the REST API to a running run every 100 ms, ``wall_time`` = the moment each is sent; both
+    clients follow that run. POST → terminal beside POST → browser."""
+    api, run_id = dep.api, dep.info["runs"][0]
+    host = PUBLIC_HOST if dep.kind == "redis" else ""
+    browser = Follower(dep.stack.url, run_id, dep.cookie, host=host, origin=f"https://{host}" if host else "")
+    cli = CliFollower(dep.stack.url, dep.info["token"], run_id)
+    api.post(f"/api/runs/{run_id}/metrics", {"points": [{"key": "warmup", "step": 0, "value": 0.0,
+                                                         "wall_time": time.time()}]})  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not cli.lines and time.monotonic() < deadline:  # the CLI is connected and caught up
+        time.sleep(0.1)
+    started = time.time()
+    for i in range(1, batches + 1):
+        sent = time.time()
+        api.post(f"/api/runs/{run_id}/metrics", {"points": [
+            {"key": f"probe/{k}", "step": i, "value": float(k), "wall_time": sent} for k in range(per_batch)]})  # fmt: skip
+        time.sleep(max(0.0, sent + 0.1 - time.time()))
+    time.sleep(3.0)
+    cli.proc.terminate()
+    cli.wait(timeout_s=30)
+    cli_points = [(t, d["key"], d["step"], d["wall_time"]) for t, d in cli.lines if d.get("type") == "metric"]
+    browser_points = [(t, key, step, wall) for t, m in list(browser.messages) if m.get("kind") == "metrics"
+                      for key, s in m["series"].items()
+                      for step, wall in zip(s["steps"], s["wall_times"], strict=True)]  # fmt: skip
+    probe = [p for p in cli_points if p[1].startswith("probe/")]
+    cli_point, cli_step = latencies(probe, started, skip_steps=0)
+    browser_point, browser_step = latencies([p for p in browser_points if p[1].startswith("probe/")], started,
+                                            skip_steps=0)  # fmt: skip
+    return {
+        "source": "post",
+        "cli_points_received": len(probe),
+        "cli_points_sent": batches * per_batch,
+        "terminal_per_point": summary(cli_point),
+        "terminal_per_step": summary(cli_step),
+        "browser_per_point": summary(browser_point),
+        "browser_per_step": summary(browser_step),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--deployments", default="embedded")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--source", choices=["engine", "post"], default="engine",
+                   help="engine: a demo run trains; post: batches posted through the API (no Ray)")  # fmt: skip
+    p.add_argument("--batches", type=int, default=150, help="--source post: 10 points each, every 100 ms")
     args = p.parse_args()
     results = []
     for kind in args.deployments.split(","):
@@ -137,7 +184,9 @@ def main() -> None:
             }
         try:
             dep.start()
-            result = measure(dep, args.steps)
+            result = (
+                measure(dep, args.steps) if args.source == "engine" else measure_posted(dep, args.batches)
+            )
         finally:
             dep.close()
         result |= {"deployment": kind, "steps": args.steps, "load_before": round(load_before, 1),
