@@ -193,7 +193,8 @@ def main() -> None:
                    "load_after": round(os.getloadavg()[0], 1)}  # fmt: skip
         print(json.dumps(result), flush=True)
         results.append(result)
-    print("\n| deployment | engine → terminal (rlp) p50 / p95 / max (points; steps p95) | engine → browser p50 / p95 "
+    src = "engine" if args.source == "engine" else "POST"
+    print(f"\n| deployment | {src} → terminal (rlp) p50 / p95 / max (points; steps p95) | {src} → browser p50 / p95 "
           "/ max (points; steps p95) | load |\n|---|---|---|---|")  # fmt: skip
     for r in results:
         t, ts, b, bs = (
