@@ -253,7 +253,7 @@ def test_cli_wait_cancel_resume_and_the_exit_codes_of_each_final_state(account):
     # failed: exit 1 (a failed run's row; how it failed does not matter to `wait`)
     from tests.factories import RunFactory
 
-    failed = RunFactory(experiment=exp, state="failed", error="test: the engine crashed")
+    failed = RunFactory(experiment=exp, number=99, state="failed", error="test: the engine crashed")
     code, out, err = rlp(account, "run", "wait", str(failed.pk), "--json")
     assert code == 1 and json.loads(out)["error"] == "test: the engine crashed", err
 
