@@ -3,20 +3,29 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
-PYTEST_ARGS ?=
+# Two install levels. `make demo` installs what running the platform needs and nothing more: the runtime
+# requirements and the client (rlp). `make test` adds the test tools: the dev requirements (pytest,
+# Playwright, ruff, the optional mirror sinks) and Debian's Chromium for the browser tests.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang base-images compose-smoke
+.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang base-images compose-smoke
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-mirrors.txt
+$(RUNTIME_STAMP): requirements.txt client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -e ./client
+	@touch $(RUNTIME_STAMP)
+
+$(STAMP): $(RUNTIME_STAMP) requirements-dev.txt requirements-mirrors.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $(STAMP)
+
+install-runtime: $(RUNTIME_STAMP)
 
 install: $(STAMP)
 	@bash scripts/system-deps.sh
 
-migrate: install
+migrate: install-runtime
 	$(PY) manage.py migrate --noinput
 
 demo: migrate

@@ -5,7 +5,9 @@ from __future__ import annotations
 from django.urls import path
 
 from tracking.consumers import RunConsumer
+from tracking.ws_auth import TokenAuthMiddleware
 
 websocket_urlpatterns = [
-    path("ws/runs/<int:run_id>/", RunConsumer.as_asgi()),
+    # An API token in the handshake's Authorization header authenticates as its user (tracking/ws_auth.py).
+    path("ws/runs/<int:run_id>/", TokenAuthMiddleware(RunConsumer.as_asgi())),
 ]

@@ -173,6 +173,30 @@ def test_platform_apps_depend_on_each_other_one_way_and_only_on_public_modules()
     assert not {m for m in experiments_imports if m.split(".")[0] == "launcher"}
 
 
+# The client package (client/rlp_client) is installed by users who have none of the platform's or the
+# engine's dependencies: it speaks HTTP and websockets only.
+CLIENT_DEPENDENCIES = {"httpx", "websockets", "rich", "yaml"}
+CLIENT_FORBIDDEN = PLATFORM_APPS | {"rl_engine", "django", "rest_framework", "channels", "celery", *HEAVY}
+
+
+def test_the_client_imports_neither_the_platform_nor_django_torch_or_ray():
+    stdlib = set(sys.stdlib_module_names)
+    offenders = {}
+    for f in python_files("client/rlp_client"):
+        mods = imported_top_modules(f) - {"rlp_client", "__future__"}
+        if bad := (mods & CLIENT_FORBIDDEN) | (mods - stdlib - CLIENT_DEPENDENCIES):
+            offenders[str(f.relative_to(REPO_ROOT))] = sorted(bad)
+    assert offenders == {}
+    # What importing it (and its CLI) loads, transitively, in a fresh interpreter.
+    code = (
+        "import json, sys\nimport rlp_client, rlp_client.cli\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(CLIENT_FORBIDDEN)!r}))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT / "client", capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    assert json.loads(out.stdout) == []
+
+
 def test_the_checkers_detect_what_they_forbid(tmp_path):
     # The checks above must be able to fail: feed them files that break each rule.
     bad = tmp_path / "bad.py"

@@ -1,0 +1,195 @@
+"""``rlp`` (also ``python -m rlp_client``): the platform from a shell, a script or CI.
+
+Exit codes (every command):
+  0  done (``run wait``/``run follow``/``run launch --follow``: the run succeeded)
+  1  the run failed (wait/follow), or an unexpected error
+  2  bad input: a usage error, a field the API refused (the line names it), an unreadable file;
+     and for wait/follow: the run was cancelled
+  3  credentials refused (unknown, revoked or expired token; not logged in)
+  4  refused by the platform: not found, not allowed, conflicts with the run's state
+  5  the platform is unreachable or failed (5xx)
+Errors are one line on stderr, ``error: <field.path>: <message>``; ``--json`` prints machine-readable
+output on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from rlp_client import cli_run
+from rlp_client.cli_common import EXIT_BAD_INPUT, CliError, Output, client_from_config, parse_id, run_cli
+from rlp_client.client import Client
+from rlp_client.config import save_credentials
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the argument, exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{self.prog.split(' ', 1)[-1]}: {message}", EXIT_BAD_INPUT)
+
+
+def _set_path(config: dict[str, Any], assignment: str) -> None:
+    """``a.b.c=value``: the value parsed as YAML (``3`` an int, ``true`` a bool, ``x`` a string)."""
+    path, sep, raw = assignment.partition("=")
+    if not sep or not path or any(not part for part in path.split(".")):
+        raise CliError(f"--set: expected KEY.PATH=VALUE, got {assignment!r}", EXIT_BAD_INPUT)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    node = config
+    parts = path.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise CliError(f"--set {path}: {'.'.join(parts[: i + 1])} is not a mapping", EXIT_BAD_INPUT)
+        node = child
+    node[parts[-1]] = value
+
+
+def _read_config(path: str) -> tuple[str, dict[str, Any] | None]:
+    """The file's text, and its mapping when it parses (the server reports what does not)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"-f: cannot read {path}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text, None
+    return text, data if isinstance(data, dict) else None
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+
+def cmd_login(args: argparse.Namespace, out: Output) -> int:
+    token = args.token or (
+        getpass.getpass("API token: ") if sys.stdin.isatty() else sys.stdin.readline().strip()
+    )
+    if not token:
+        raise CliError("token: empty (create one under /tokens/ on the platform)", EXIT_BAD_INPUT)
+    with Client(args.url, token) as client:
+        me = client.me()  # AuthenticationFailed: exit 3, nothing stored
+    path = save_credentials(args.url, token)
+    out.result({"url": args.url.rstrip("/"), "username": me["username"], "stored": str(path)},
+               f"logged in to {args.url.rstrip('/')} as {me['username']} (token stored in {path})")  # fmt: skip
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace, out: Output) -> int:
+    with client_from_config() as client:
+        presets = client.presets()
+    if args.name:
+        if args.name not in presets:
+            raise CliError(
+                f"name: no preset {args.name!r} (known: {', '.join(sorted(presets))})", EXIT_BAD_INPUT
+            )
+        out.result(presets[args.name], yaml.safe_dump(presets[args.name], sort_keys=False).rstrip())
+        return 0
+    rows = [[name, str((cfg.get("trainer") or {}).get("total_steps", "")), (cfg.get("model") or {}).get("path", "")]
+            for name, cfg in sorted(presets.items())]  # fmt: skip
+    out.table(presets, ["preset", "steps", "model"], rows)
+    return 0
+
+
+def cmd_experiment_create(args: argparse.Namespace, out: Output) -> int:
+    text, data = _read_config(args.file)
+    if args.set:
+        if data is None:
+            raise CliError(f"-f: {args.file} is not a YAML mapping, cannot apply --set", EXIT_BAD_INPUT)
+        for assignment in args.set:
+            _set_path(data, assignment)
+        text = yaml.safe_dump(data, sort_keys=False)
+    name = args.name or (Path(args.file).stem if args.file != "-" else "experiment")
+    with client_from_config() as client:
+        project = client.project(args.project)
+        exp = client.import_experiment(project.id, name, text, description=args.description or "",
+                                       tags=args.tag or [])  # fmt: skip
+    out.result(exp.raw, f"experiment {exp.id} {exp.name!r} created in project {project.name!r}")
+    return 0
+
+
+def cmd_experiment_export(args: argparse.Namespace, out: Output) -> int:
+    experiment_id = parse_id(args.experiment, "experiment")
+    with client_from_config() as client:
+        exp = client.experiment(experiment_id)
+        text = client.experiment_yaml(exp.id)
+    if args.output:
+        Path(args.output).write_text(text)
+    if out.json_mode:
+        out.result({"id": exp.id, "name": exp.name, "project": exp.project, "config": exp.config,
+                    "output": args.output})  # fmt: skip
+    elif args.output:
+        out.say(f"experiment {exp.id} written to {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_experiment_list(args: argparse.Namespace, out: Output) -> int:
+    with client_from_config() as client:
+        project = client.project(args.project).id if args.project else None
+        exps = list(client.experiments(project=project))
+    rows = [[str(e.id), str(e.project), e.name, ",".join(e.tags)] for e in exps]
+    out.table([e.raw for e in exps], ["id", "project", "name", "tags"], rows)
+    return 0
+
+
+def build_parser() -> Parser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    parser = Parser(prog="rlp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    parents=[common])  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("login", parents=[common], help="store the platform's URL and your API token")
+    p.add_argument("url")
+    p.add_argument("--token", help="the token (default: prompted, or read from stdin)")
+    p.set_defaults(func=cmd_login)
+
+    p = sub.add_parser("presets", parents=[common], help="the engine's presets (or one, as YAML)")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=cmd_presets)
+
+    exp = sub.add_parser("experiment", help="create, export, list experiments").add_subparsers(
+        dest="action", required=True, parser_class=Parser
+    )
+    p = exp.add_parser("create", parents=[common], help="from a YAML config file")
+    p.add_argument("-f", "--file", required=True, help="the config as YAML (- for stdin)")
+    p.add_argument("--project", required=True, help="project id or name")
+    p.add_argument("--name", help="default: the file's name without extension")
+    p.add_argument("--description")
+    p.add_argument("--tag", action="append", help="repeatable")
+    p.add_argument(
+        "--set", action="append", metavar="KEY.PATH=VALUE", help="override a config value; repeatable"
+    )
+    p.set_defaults(func=cmd_experiment_create)
+    p = exp.add_parser("export", parents=[common], help="the experiment's config as YAML")
+    p.add_argument("experiment", help="experiment id")
+    p.add_argument("-o", "--output", help="write to this file (default: stdout)")
+    p.set_defaults(func=cmd_experiment_export)
+    p = exp.add_parser("list", parents=[common])
+    p.add_argument("--project", help="project id or name")
+    p.set_defaults(func=cmd_experiment_list)
+
+    cli_run.add_commands(
+        sub.add_parser("run", help="launch, follow, wait for, cancel, resume runs"), common, Parser
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script. Returns the exit code (``sys.exit(main())``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_cli(build_parser, argv)
