@@ -88,15 +88,17 @@ class HFRolloutWorker(RolloutWorker):
         self.cfg = rollout_cfg
         torch.set_num_threads(rollout_cfg.num_threads)
         device = device or resolve_device(rollout_cfg.device, gpus, "rollout")
-        self.model = load_model(model_cfg, device=device).eval()
+        # Loaded on the CPU, then moved parameter by parameter into one contiguous buffer on ``device``:
+        # a weight sync from the trainer lands bucket by bucket in slices of it (rl_engine.models.buckets),
+        # and the device never holds the model twice. None for mixed dtypes (then piece by piece).
+        self.model = load_model(model_cfg, device="cpu").eval()
+        self._flat = FlatParams.of(self.model, device)
+        self.model.to(device)  # buffers (and the parameters when there is no flat buffer)
         self.tokenizer = load_tokenizer(model_cfg)
         self.special = special_token_ids(model_cfg, self.tokenizer)
         self.device = torch.device(device)
         self._eos = torch.tensor(self.special.eos_ids, dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        # Parameters in one contiguous buffer: a weight sync from the trainer lands bucket by bucket
-        # in slices of it (rl_engine.models.buckets); None for mixed dtypes/devices (then piece by piece).
-        self._flat = FlatParams.of(self.model)
         self._params = dict(self.model.named_parameters())
         # transformers 5.2x names the KV cache ``cache``; earlier releases ``past_key_values``
         self._cache_kwarg = (
