@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang
+.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang gpu-wheels
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-mirrors.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,3 +45,15 @@ check-vllm check-sglang: check-%:
 	  "then: make check-$* VENV=DIR"; exit 1; }
 	@$(VENV)/bin/python -m pytest --version >/dev/null 2>&1 || $(VENV)/bin/python -m pip install --quiet pytest
 	$(VENV)/bin/python -m pytest tests/contracts -k $* -p no:cacheprovider -q -W ignore
+
+# Wheels for scripts/gpu_check.sh on a bare, offline GPU machine (Python 3.12, manylinux x86_64, with
+# torch, transformers, numpy and pyyaml): pydantic and its dependencies into $(GPU_WHEELS) (ignored,
+# ~3 MB; it travels with the tree), installed there by the check with pip --no-index.
+GPU_WHEELS ?= .gpu-wheels
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+	  --python-version $(GPU_PYTHON_VERSION) --implementation cp \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	  --dest $(GPU_WHEELS) -r scripts/gpu-requirements.txt
+	@ls $(GPU_WHEELS); du -sh $(GPU_WHEELS)
