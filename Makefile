@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang base-images compose-smoke
+.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang base-images compose-smoke gpu-wheels
 
 $(RUNTIME_STAMP): requirements.txt client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,3 +63,15 @@ base-images:
 
 compose-smoke:
 	bash scripts/compose_smoke.sh
+
+# Wheels for scripts/gpu_check.sh on a bare, offline GPU machine (Python 3.12, manylinux x86_64, with
+# torch, transformers, numpy and pyyaml): pydantic and its dependencies into $(GPU_WHEELS) (ignored,
+# ~3 MB; it travels with the tree), installed there by the check with pip --no-index.
+GPU_WHEELS ?= .gpu-wheels
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+	  --python-version $(GPU_PYTHON_VERSION) --implementation cp \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	  --dest $(GPU_WHEELS) -r scripts/gpu-requirements.txt
+	@ls $(GPU_WHEELS); du -sh $(GPU_WHEELS)

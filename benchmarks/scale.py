@@ -278,16 +278,79 @@ def child_bf16(model_dir: str) -> dict[str, Any]:
     return out
 
 
-CHILDREN = {"logprobs": child_logprobs, "sync": child_sync, "bf16": child_bf16}
+class _PlainSampler:
+    """The decode loop's sampling before ``DecodeSampler``: every step allocates its [B, V] tensors."""
+
+    def __init__(self, top_p: float) -> None:
+        self.top_p = top_p
+
+    def step(self, logits: Any, temperature: float, generator: Any) -> Any:
+        import torch
+
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        probs = logp.exp()
+        if self.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = (sorted_p.cumsum(-1) - sorted_p) >= self.top_p
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def _run_child(name: str, **kwargs: Any) -> dict[str, Any]:
+def child_rollout(model_dir: str, path: str, seqs: int, new_tokens: int, top_p: float) -> dict[str, Any]:
+    """The HF rollout worker decoding ``seqs`` x ``new_tokens`` in a non-main thread (as in a Ray
+    actor), glibc's allocator left at its defaults: peak RSS over the weights it holds."""
+    import threading
+
+    from rl_engine.rollout.hf import HFRolloutWorker
+    from rl_engine.types import Prompt
+
+    cfg = _cfg(
+        model_dir,
+        f"rollout.max_new_tokens={new_tokens}",
+        f"rollout.micro_batch_size={seqs}",
+        f"rollout.top_p={top_p}",
+        "rollout.num_threads=2",
+        "model.generation_config.eos_token_id=151935",  # random weights: practically never drawn
+    )
+    worker = HFRolloutWorker(cfg.rollout, cfg.model)
+    if path == "plain":
+        worker._sampler_for = lambda rows, vocab: _PlainSampler(top_p)
+    weights_mb = sum(p.numel() * p.element_size() for p in worker.model.parameters()) / 2**20
+    prompts = [Prompt(uid=f"p{i}", token_ids=[5 + i] * 16, text="", answer="", index=i) for i in range(seqs)]
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        out["samples"] = worker.generate(prompts, 1)
+
+    with PeakRSS() as peak:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    tokens = sum(len(s.response_ids) for s in out["samples"])
+    return {
+        "weights_mb": weights_mb,
+        "peak_extra_mb": peak.extra_mb,
+        "peak_over_weights": peak.extra_mb / weights_mb,
+        "rss_after_mb": _status_mb("VmRSS"),
+        "tokens": tokens,
+        "seconds": peak.seconds,
+    }
+
+
+CHILDREN = {"logprobs": child_logprobs, "sync": child_sync, "bf16": child_bf16, "rollout": child_rollout}
+
+
+def _run_child(name: str, *, malloc_defaults: bool = False, **kwargs: Any) -> dict[str, Any]:
     """Run ``CHILDREN[name](**kwargs)`` in a fresh interpreter (its own peak RSS); returns its JSON."""
     cmd = [sys.executable, __file__, "--child", name, "--child-args", json.dumps(kwargs)]
     # A fixed mmap threshold: every buffer over 128 KB is mapped and unmapped, so RSS follows live
     # memory (glibc's dynamic threshold would keep freed chunks of up to 32 MB in the heap, and a later
     # allocation would reuse them without raising RSS: the peak would depend on what ran before).
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    # ``malloc_defaults``: glibc as a Ray actor has it (what the rollout part measures).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    if not malloc_defaults:
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False, env=env)
     if proc.returncode:
         raise RuntimeError(f"child {name} failed:\n{proc.stderr[-3000:]}")
@@ -297,7 +360,7 @@ def _run_child(name: str, **kwargs: Any) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller shapes: under a minute")
-    ap.add_argument("--parts", default="logprobs,sync,bf16")
+    ap.add_argument("--parts", default="logprobs,sync,bf16,rollout")
     ap.add_argument("--repeats", type=int, default=3, help="sync vs bare load_state_dict pairs")
     ap.add_argument("--json", type=Path, help="also write the JSON here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -345,6 +408,23 @@ def main() -> None:
             out["bf16"] = _run_child(
                 "bf16", model_dir=str(save_tiny_model(TinyModelSpec(), Path(tmp) / "tiny"))
             )
+        if "rollout" in parts:
+            d = str(save_shaped_model(Path(tmp) / "h64r", dtype="float32", **HIDDEN_64))
+            new_tokens = 64 if args.quick else 256
+            res = {}
+            for top_p in (1.0, 0.9):
+                for p in ("plain", "new"):
+                    res[f"{p}_top_p_{top_p}"] = _run_child(
+                        "rollout",
+                        malloc_defaults=True,
+                        model_dir=d,
+                        path=p,
+                        seqs=16,
+                        new_tokens=new_tokens,
+                        top_p=top_p,
+                    )
+            res["sequences"], res["new_tokens"], res["vocab"] = 16, new_tokens, 151936
+            out["rollout"] = res
     out["load_avg_end"], out["seconds"] = os.getloadavg()[0], time.time() - t0
     text = json.dumps(out, default=float)
     if args.json:

@@ -4,16 +4,38 @@
 #   scripts/gpu_check.sh                     # on CUDA (a few minutes on one GPU)
 #   scripts/gpu_check.sh --device cpu --quick   # the same code paths on a small shape, on CPU
 # Needs only torch, transformers, pydantic, numpy and pyyaml. PYTHON picks the interpreter.
+# On a bare, offline machine (torch, transformers, numpy, pyyaml but no pydantic): run `make gpu-wheels`
+# where there is a network, bring .gpu-wheels/ with the tree, and this installs pydantic from it with
+# pip --no-index into .gpu-wheels/site (put first on PYTHONPATH; the interpreter's packages untouched).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-missing=$("$PYTHON" - <<'PY'
+WHEELS="${GPU_WHEELS:-.gpu-wheels}"
+case "$WHEELS" in /*) SITE="$WHEELS/site" ;; *) SITE="$PWD/$WHEELS/site" ;; esac
+[ -d "$SITE" ] && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+missing() {
+  "$PYTHON" - <<'PY'
 import importlib.util
 print(" ".join(m for m in ("torch", "transformers", "pydantic", "numpy", "yaml") if importlib.util.find_spec(m) is None))
 PY
-)
+}
+missing=$(missing)
+if [ "$missing" = "pydantic" ] && compgen -G "$WHEELS/pydantic-*.whl" > /dev/null; then
+  echo "gpu_check: installing pydantic from $WHEELS (offline) into $SITE" >&2
+  if "$PYTHON" -m pip --version > /dev/null 2>&1; then
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-index --find-links "$WHEELS" \
+      --target "$SITE" -r scripts/gpu-requirements.txt
+  else  # no pip: these wheels need no build step, a wheel is a zip of the installed files
+    "$PYTHON" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+      "$SITE" "$WHEELS"/*.whl
+  fi
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  missing=$(missing)
+fi
 if [ -n "$missing" ]; then
-  echo "gpu_check: missing Python packages: $missing (pip install torch transformers pydantic numpy pyyaml)" >&2
+  hint="pip install torch transformers pydantic numpy pyyaml"
+  [ "$missing" = "pydantic" ] && hint="offline: run 'make gpu-wheels' on a machine with a network and bring $WHEELS/ along"
+  echo "gpu_check: missing Python packages: $missing ($hint)" >&2
   exit 1
 fi
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" scripts/gpu_check.py "$@"

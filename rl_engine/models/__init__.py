@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ log = logging.getLogger(__name__)
 # Class names a plain `tokenizers`-backed tokenizer is saved under (transformers 4.x / 5.x).
 _PLAIN_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+# Config keys of the randomness a model applies in training mode only: dropout probabilities
+# (``attention_dropout``, ``hidden_dropout_prob``, GPT-2's ``resid_pdrop``, OPT's ``layerdrop``) and
+# the MoE router's jitter noise.
+_TRAINING_NOISE_KEY = re.compile(r"dropout|pdrop|layerdrop|jitter_noise")
 
 
 @dataclass(frozen=True)
@@ -150,13 +155,60 @@ def resolve_device(setting: str, gpus: int, what: str = "trainer") -> str:
     return device
 
 
+def disable_dropout(config: Any) -> list[str]:
+    """Set every training-mode noise setting of an HF ``config`` (and of its sub-configs, e.g. a
+    multimodal model's ``text_config``) to 0: dropout probabilities and router jitter. Returns the
+    dotted names of the keys it changed (those that were non-zero)."""
+    changed: list[str] = []
+
+    def walk(cfg: Any, prefix: str, seen: set[int]) -> None:
+        if id(cfg) in seen:
+            return
+        seen.add(id(cfg))
+        for key, value in list(vars(cfg).items()):
+            if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+                walk(value, f"{prefix}{key}.", seen)
+            elif (
+                _TRAINING_NOISE_KEY.search(key)
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and value != 0
+            ):
+                setattr(cfg, key, 0.0)
+                changed.append(prefix + key)
+
+    walk(config, "", set())
+    return changed
+
+
+def zero_dropout_modules(model: Any) -> int:
+    """``p = 0`` on every dropout module of ``model`` (what TRL's ``disable_dropout_in_model`` does);
+    returns how many had a non-zero ``p``."""
+    import torch
+
+    kinds = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d)
+    kinds += (torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)
+    count = 0
+    for module in model.modules():
+        if isinstance(module, kinds) and module.p:
+            module.p, count = 0.0, count + 1
+    return count
+
+
 def load_model(
     model_cfg: ModelConfig, *, device: str = "cpu", dtype: Any = None, training: bool = False
 ):  # -> transformers.PreTrainedModel
-    """``AutoModelForCausalLM.from_pretrained`` with ``override_config`` merged.
+    """``AutoModelForCausalLM.from_pretrained`` with ``override_config`` merged and dropout disabled.
 
     ``dtype`` overrides ``model.dtype`` (the trainer keeps float32 master weights whatever the rollout
     serves). ``training``: the trainer's copy, where ``model.gradient_checkpointing`` applies.
+
+    Dropout is off in every model the engine trains or scores, as in TRL and OpenRLHF: the trainer runs
+    its model in training mode (gradient checkpointing needs it), where dropout would make the
+    recomputed old / proximal log-probs random (importance ratios != 1 on on-policy data). The
+    config's dropout probabilities (``disable_dropout``) are 0 before the model is built (models that
+    read them at each forward included) and every dropout module's ``p`` is 0 after; so a checkpoint's
+    and an export's config.json say 0 too: the model was trained without dropout.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -166,6 +218,9 @@ def load_model(
     config = AutoConfig.from_pretrained(str(path), trust_remote_code=model_cfg.trust_remote_code)
     for key, value in model_cfg.override_config.items():
         setattr(config, key, value)
+    zeroed = disable_dropout(config)
+    if zeroed:
+        log.info("dropout disabled for RL: %s set to 0", ", ".join(zeroed))
     model = AutoModelForCausalLM.from_pretrained(
         str(path),
         config=config,
@@ -173,6 +228,7 @@ def load_model(
         trust_remote_code=model_cfg.trust_remote_code,
         attn_implementation="sdpa",
     )
+    zero_dropout_modules(model)  # a module that took its probability from elsewhere than the config
     if training and model_cfg.gradient_checkpointing:
         # Non-reentrant checkpointing of every decoder layer: recomputed in the backward pass.
         # transformers 5.2x renamed the method (the old name warns); older releases only have the old one.
@@ -186,6 +242,7 @@ def load_model(
 
 __all__ = [
     "SpecialTokens",
+    "disable_dropout",
     "ensure_model",
     "load_model",
     "load_processor",
@@ -193,4 +250,5 @@ __all__ = [
     "resolve_device",
     "special_token_ids",
     "torch_dtype",
+    "zero_dropout_modules",
 ]

@@ -324,9 +324,14 @@ class LocalWeightStream(WeightStream):
 class FlatParams:
     """A module's parameters re-homed into one contiguous buffer, in ``named_parameters`` order.
 
-    Built once by a receiver (memory-neutral: each parameter moves, its old storage is freed). Every
-    bucket of a sender with the same parameter order is then one slice of the buffer (``region``).
-    Needs one dtype and one device for all parameters (``of`` returns None otherwise).
+    Built once by a receiver without a second copy of the model: the buffer is allocated once, then
+    each parameter is copied into its slice and its old storage released before the next (file-mapped
+    pages of a model just loaded with ``from_pretrained`` included: ``rl_engine.models.pages``). The
+    peak is the model plus its largest tensor. ``device``: where the buffer lives (default: where the
+    parameters are); a GPU buffer built from a model loaded on the CPU never holds the model twice on
+    the GPU (one built from parameters already on the GPU would, for a moment). Every bucket of a
+    sender with the same parameter order is then one slice of the buffer (``region``). Needs one
+    dtype for all parameters, and one device unless ``device`` is given (``of`` returns None otherwise).
     """
 
     def __init__(self, flat: torch.Tensor, offsets: dict[str, int]) -> None:
@@ -334,18 +339,23 @@ class FlatParams:
 
     @classmethod
     @torch.no_grad()
-    def of(cls, module: torch.nn.Module) -> FlatParams | None:
+    def of(cls, module: torch.nn.Module, device: torch.device | str | None = None) -> FlatParams | None:
+        from rl_engine.models.pages import FileMappedPages
+
         params = list(module.named_parameters())
-        if not params or len({(p.dtype, p.device) for _, p in params}) != 1:
+        devices = {p.device for _, p in params}
+        if not params or len({p.dtype for _, p in params}) != 1 or (device is None and len(devices) != 1):
             return None
-        flat = torch.empty(
-            sum(p.numel() for _, p in params), dtype=params[0][1].dtype, device=params[0][1].device
-        )
+        target = torch.device(device) if device is not None else params[0][1].device
+        pages = FileMappedPages([*module.parameters(), *module.buffers()])
+        flat = torch.empty(sum(p.numel() for _, p in params), dtype=params[0][1].dtype, device=target)
         offsets, at = {}, 0
         for name, p in params:
             view = flat[at : at + p.numel()].view(p.shape)
             view.copy_(p.detach())
-            p.data = view  # the module keeps its Parameter objects; their storage is the flat buffer now
+            old, p.data = p.data, view  # the module keeps its Parameter objects; their storage is the buffer
+            pages.release(old)
+            del old
             offsets[name], at = at, at + p.numel()
         return cls(flat, offsets)
 

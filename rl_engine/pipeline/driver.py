@@ -28,13 +28,13 @@ from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.eval_schedule import EvalSchedule
 from rl_engine.pipeline.knobs import Knobs, knobs_from_config
 from rl_engine.pipeline.metrics import step_metrics, sum_counters
+from rl_engine.pipeline.pauses import RolloutPauses
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.sync import PendingSync, build_sync
 from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
 from rl_engine.types import (
-    PauseState,
     QueueSnapshot,
     QueueStats,
     RolloutHealth,
@@ -216,6 +216,7 @@ class _Run:
         self._pending_sync: PendingSync | None = None
         self.synced_version = 0  # the weights the rollouters hold (or are loading) after the last sync
         self.evals = EvalSchedule(cfg, self.rollouters[0], self.sink, self.waiter)
+        self.pauses = RolloutPauses(self.rollouters, self.waiter)
 
     # --- main loop ----------------------------------------------------------------------------------------
     def execute(self) -> RunSummary:
@@ -367,19 +368,16 @@ class _Run:
             return
         try:
             self._finish_sync()
-            states: list[PauseState] = self.waiter.wait_all(
-                [r.pause.remote() for r in self.rollouters], "checkpoint pause"
-            )
+            with self.pauses.held("checkpoint pause") as states:
+                qsnap: QueueSnapshot = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
+                extra = ckpt.pipeline_extra(step, qsnap, states)
+                path = ckpt.checkpoint_path(directory, step)
+                size = self.waiter.wait_one(
+                    self.trainer.save_checkpoint.remote(str(path), extra), "checkpoint"
+                )
         except StopWaitAbandoned as exc:
             self.sink.log_event("alert", f"checkpoint at step {step} skipped: {exc}", {"step": step})
             return
-        try:
-            qsnap: QueueSnapshot = self.waiter.wait_one(self.queue.snapshot.remote(), "checkpoint")
-            extra = ckpt.pipeline_extra(step, qsnap, states)
-            path = ckpt.checkpoint_path(directory, step)
-            size = self.waiter.wait_one(self.trainer.save_checkpoint.remote(str(path), extra), "checkpoint")
-        finally:
-            ray.get([r.unpause.remote() for r in self.rollouters])
         self.last_ckpt, self.last_ckpt_step = str(path), step
         ckpt.prune(directory, self.cfg.trainer.keep_checkpoints)
         self.sink.log_event(

@@ -26,6 +26,7 @@ from rl_engine.models.batching import left_pad, position_ids_from_mask
 from rl_engine.models.buckets import FlatParams, WeightManifest, WeightStream, load_stream
 from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
+from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.types import FinishReason, Prompt, Sample
 
 
@@ -42,21 +43,6 @@ class _Request:
     finish: FinishReason = "abort"
     elapsed_s: float = 0.0
     version: int | None = None  # policy version of the weights that decoded it (None: never started)
-
-
-def sample_top_p(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row from softmax restricted to the nucleus of mass ``top_p``.
-
-    logp: [B, V] log-probs (already temperature-scaled) -> [B] token ids.
-    """
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # Drop a token when the mass before it already reaches top_p (the top token always stays).
-        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 def _cache_of(out: Any) -> Any:
@@ -88,15 +74,17 @@ class HFRolloutWorker(RolloutWorker):
         self.cfg = rollout_cfg
         torch.set_num_threads(rollout_cfg.num_threads)
         device = device or resolve_device(rollout_cfg.device, gpus, "rollout")
-        self.model = load_model(model_cfg, device=device).eval()
+        # Loaded on the CPU, then moved parameter by parameter into one contiguous buffer on ``device``:
+        # a weight sync from the trainer lands bucket by bucket in slices of it (rl_engine.models.buckets),
+        # and the device never holds the model twice. None for mixed dtypes (then piece by piece).
+        self.model = load_model(model_cfg, device="cpu").eval()
+        self._flat = FlatParams.of(self.model, device)
+        self.model.to(device)  # buffers (and the parameters when there is no flat buffer)
         self.tokenizer = load_tokenizer(model_cfg)
         self.special = special_token_ids(model_cfg, self.tokenizer)
         self.device = torch.device(device)
         self._eos = torch.tensor(self.special.eos_ids, dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        # Parameters in one contiguous buffer: a weight sync from the trainer lands bucket by bucket
-        # in slices of it (rl_engine.models.buckets); None for mixed dtypes/devices (then piece by piece).
-        self._flat = FlatParams.of(self.model)
         self._params = dict(self.model.named_parameters())
         # transformers 5.2x names the KV cache ``cache``; earlier releases ``past_key_values``
         self._cache_kwarg = (
@@ -105,6 +93,7 @@ class HFRolloutWorker(RolloutWorker):
         self._weights_lock = threading.Lock()
         self._group: Any = None  # the broadcast weight group (init_weight_transfer), if any
         self._group_device = self.device
+        self._sampler: DecodeSampler | None = None  # per-step sampling buffers (rl_engine.rollout.sampling)
 
     # --- public API -------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
@@ -247,13 +236,13 @@ class HFRolloutWorker(RolloutWorker):
         budgets = torch.tensor([r.budget for r in reqs], device=dev)
         done = torch.zeros(len(reqs), dtype=torch.bool, device=dev)
         toks, lps = [], []
-        chunk, temp, top_p = self.cfg.chunk_tokens, self.cfg.temperature, self.cfg.top_p
+        chunk, temp = self.cfg.chunk_tokens, self.cfg.temperature
+        sampler = self._sampler_for(*logits.shape)
         for step in range(int(budgets.max())):
-            logp_all = torch.log_softmax(logits.float() / temp, dim=-1)
-            tok = sample_top_p(logp_all, top_p, self.generator)
+            tok, lp = sampler.step(logits, temp, self.generator)
             tok = torch.where(done, pad, tok)
             toks.append(tok)
-            lps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
+            lps.append(lp)
             done = done | torch.isin(tok, self._eos) | (budgets <= step + 1)
             if bool(done.all()) or ((step + 1) % chunk == 0 and self.interrupted):
                 break
@@ -268,6 +257,13 @@ class HFRolloutWorker(RolloutWorker):
             past, logits = _cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
         self._collect(reqs, torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist())
+
+    def _sampler_for(self, rows: int, vocab: int) -> DecodeSampler:
+        """The sampling buffers of a [rows, vocab] micro-batch, kept for the next one of that shape."""
+        if self._sampler is None or not self._sampler.fits(rows, vocab, self.device, self.cfg.top_p):
+            self._sampler = None  # the old buffers go before the new ones are allocated
+            self._sampler = DecodeSampler(rows, vocab, self.device, self.cfg.top_p)
+        return self._sampler
 
     def _collect(self, reqs: list[_Request], toks: list[list[int]], lps: list[list[float]]) -> None:
         eos = set(self.special.eos_ids)
@@ -284,4 +280,4 @@ class HFRolloutWorker(RolloutWorker):
                     break
 
 
-__all__ = ["HFRolloutWorker", "sample_top_p"]
+__all__ = ["HFRolloutWorker"]

@@ -9,7 +9,7 @@ import torch
 
 from rl_engine.data import PromptStream
 from rl_engine.rollout import build_rollout_worker
-from rl_engine.rollout.hf import sample_top_p
+from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.trainer import PolicyTrainer
 
 # Rollout (incremental KV-cache decode, its own padding) and trainer (one full forward, batch padding)
@@ -143,13 +143,81 @@ def test_update_weights_changes_the_policy_and_rejects_bad_names(make_cfg):
     assert worker.version == 7
 
 
+def _plain_step(logits: torch.Tensor, temperature: float, top_p: float, g: torch.Generator):
+    """The decode loop's sampling written plainly (the allocating version the sampler replaced):
+    log-softmax of logits / T, exp, the nucleus by sort + cumsum, ``torch.multinomial``."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    tok = torch.multinomial(probs, 1, generator=g).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+class _PlainSampler:
+    def __init__(self, top_p: float) -> None:
+        self.top_p = top_p
+
+    def step(self, logits, temperature, generator):
+        return _plain_step(logits, temperature, self.top_p, generator)
+
+
 def test_top_p_keeps_only_the_nucleus():
-    logp = torch.log_softmax(torch.tensor([[3.0, 2.0, 0.0, -1.0]] * 200), dim=-1)
+    logits = torch.tensor([[3.0, 2.0, 0.0, -1.0]] * 200)
     g = torch.Generator().manual_seed(0)
+
+    def draws(top_p: float) -> set[int]:
+        return set(DecodeSampler(200, 4, torch.device("cpu"), top_p).step(logits, 1.0, g)[0].tolist())
+
     # p = .66, .24, .03, .01: top_p=0.5 leaves only the first token; 0.8 the first two.
-    assert set(sample_top_p(logp, 0.5, g).tolist()) == {0}
-    assert set(sample_top_p(logp, 0.8, g).tolist()) == {0, 1}
-    assert len(set(sample_top_p(logp, 1.0, g).tolist())) > 2
+    assert draws(0.5) == {0}
+    assert draws(0.8) == {0, 1}
+    assert len(draws(1.0)) > 2
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampler_in_place_draws_exactly_what_the_plain_loop_draws(top_p, dtype):
+    rows, vocab, temperature = 5, 3000, 0.7
+    sampler = DecodeSampler(rows, vocab, torch.device("cpu"), top_p)
+    g_new, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    data = torch.Generator().manual_seed(4)
+    for _ in range(20):  # the buffers are reused across steps: each step must start from scratch
+        logits = (torch.randn(rows, vocab, generator=data) * 4).to(dtype)
+        tok, lp = sampler.step(logits, temperature, g_new)
+        ref_tok, ref_lp = _plain_step(logits, temperature, top_p, g_ref)
+        assert torch.equal(tok, ref_tok) and torch.equal(lp, ref_lp)
+    assert torch.equal(g_new.get_state(), g_ref.get_state())  # the same generator calls, too
+
+
+def test_sampler_step_allocates_no_vocabulary_sized_tensor():
+    from torch.profiler import ProfilerActivity, profile
+
+    rows, vocab = 4, 50_000
+    sampler = DecodeSampler(rows, vocab, torch.device("cpu"), 1.0)
+    g, logits = torch.Generator().manual_seed(0), torch.randn(rows, vocab)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(3):
+            sampler.step(logits, 0.8, g)
+    big = [(e.name, e.cpu_memory_usage) for e in prof.events() if e.cpu_memory_usage >= rows * vocab]
+    assert not big, big
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _plain_step(logits, 0.8, 1.0, g)  # the check sees the allocations of the plain version
+    assert [e for e in prof.events() if e.cpu_memory_usage >= rows * vocab]
+
+
+def test_generate_samples_and_logprobs_match_the_plain_sampling_loop(make_cfg):
+    """The whole worker, one seed: the in-place sampler against the plain one, same tokens and log-probs."""
+    overrides = ("rollout.max_new_tokens=12", "rollout.temperature=0.8", "rollout.top_p=0.95")
+    cfg, worker, prompts = _worker_and_prompts(make_cfg, *overrides, "rollout.micro_batch_size=3")
+    ref = build_rollout_worker(cfg)  # the same seed, weights and micro-batches
+    ref._sampler_for = lambda rows, vocab: _PlainSampler(cfg.rollout.top_p)
+    got, want = worker.generate(prompts, 2), ref.generate(prompts, 2)
+    assert [s.response_ids for s in got] == [s.response_ids for s in want]
+    assert [s.logprobs for s in got] == [s.logprobs for s in want]
+    assert len({tuple(s.response_ids) for s in got}) > 1  # really sampled
 
 
 def test_generation_builds_no_autograd_graph(make_cfg):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +141,71 @@ def test_object_store_publishes_bucket_by_bucket_and_another_process_loads_them(
         got = ray.get(Receiver.remote().load.remote([outer], dict(SHAPES)))
         for n, t in src.items():
             assert np.array_equal(got[n], t.to(torch.bfloat16).float().numpy()), n
+
+
+_PEAK_PROBE = """
+import gc, json, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file
+from rl_engine.config import ModelConfig
+from rl_engine.models import load_model
+from rl_engine.models.buckets import FlatParams
+
+def status_mb(key):
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+
+model = load_model(ModelConfig(path=sys.argv[1]))  # from_pretrained maps the safetensors file
+gc.collect()
+Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+base = status_mb("VmRSS")
+flat = FlatParams.of(model)
+peak = status_mb("VmHWM") - base
+expected = load_file(str(Path(sys.argv[1]) / "model.safetensors"))
+same = all(torch.equal(p, expected[n]) for n, p in model.named_parameters())
+inside = all(
+    flat.flat.data_ptr() <= p.data_ptr() < flat.flat.data_ptr() + flat.flat.numel() * 4
+    for p in model.parameters()
+)
+print(json.dumps({"peak_extra_mb": peak, "same": same, "inside": inside}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
+def test_flat_params_of_a_loaded_model_never_hold_it_twice(tmp_path: Path):
+    """A model just loaded maps its safetensors file: building the flat buffer must let each tensor's
+    file pages go as it is copied, so the peak stays near one model (it was two)."""
+    import subprocess
+    import sys
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=512,
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    model_mb = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+    largest_mb = max(p.numel() * 4 for p in model.parameters()) / 2**20
+    model.save_pretrained(tmp_path / "m")
+    del model
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_PROBE, str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+        # RSS follows live memory: freed buffers are unmapped, not kept by the C allocator
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["same"] and out["inside"]
+    # one model (the buffer) plus the tensor in flight, with slack for the interpreter's own growth
+    assert out["peak_extra_mb"] <= model_mb + largest_mb + 0.1 * model_mb, (out, model_mb)
