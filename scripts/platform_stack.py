@@ -179,6 +179,30 @@ class PlatformStack:
                 ticks += int(fields[11]) + int(fields[12])
         return ticks / os.sysconf("SC_CLK_TCK")
 
+    def web_client_ports(self) -> dict[int, set[int]]:
+        """For each web process (``web_pids``), the client ports of the loopback TCP connections it holds:
+        which process serves which client (a client knows its own port)."""
+        inode_port: dict[str, int] = {}
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    cols = line.split()
+                    local_port = int(cols[1].rsplit(":", 1)[1], 16)
+                    if local_port == self.port:  # server side: the remote end is the client
+                        inode_port[cols[9]] = int(cols[2].rsplit(":", 1)[1], 16)
+        out: dict[int, set[int]] = {}
+        for pid in self.web_pids():
+            ports = out.setdefault(pid, set())
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:[") and target[8:-1] in inode_port:
+                    ports.add(inode_port[target[8:-1]])
+        return out
+
     def web_pids(self) -> list[int]:
         """The processes serving requests: gunicorn's workers (children of the master), or daphne."""
         master = self.procs["web"].pid
@@ -263,6 +287,7 @@ class Follower:
             self.headers["Host"] = host
         self.messages: list[tuple[float, dict[str, Any]]] = []
         self.closed: str | None = None
+        self.local_port = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._connected = threading.Event()
@@ -282,6 +307,9 @@ class Follower:
             async with aiohttp.ClientSession() as session, session.ws_connect(self.url, headers=self.headers,
                                                                               heartbeat=None) as ws:  # fmt: skip
                 self._ws = ws
+                self.local_port = ws.get_extra_info("sockname")[
+                    1
+                ]  # which web process serves it: PlatformStack
                 self._connected.set()
                 async for frame in ws:
                     now = time.time()
