@@ -94,6 +94,9 @@ class PlatformStack:
             ]
             if workers is not None:
                 self.env["WEB_CONCURRENCY"] = str(workers)
+        elif server == "uvicorn":  # uvicorn's own process manager (compared in benchmarks/live_load.py)
+            args = ["uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--workers", str(workers or 1), "--lifespan", "off", "--no-access-log", "--no-proxy-headers"]  # fmt: skip
         elif server == "daphne" and workers in (None, 1):
             args = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"]
         else:
