@@ -81,6 +81,13 @@ class Config:
 
     def __enter__(self) -> Config:
         if self.ref:
+            known = subprocess.run(
+                ["git", "cat-file", "-e", f"{self.ref}^{{commit}}"], cwd=ROOT, capture_output=True
+            )
+            if known.returncode != 0:
+                raise SystemExit(
+                    f"error: commit {self.ref} is not in this clone (a shallow one?): leave it out of --configs"
+                )
             self._scratch = tempfile.mkdtemp(prefix="rlp-load-src-", dir="/tmp")
             archive = subprocess.run(["git", "archive", self.ref], cwd=ROOT, check=True, capture_output=True)
             subprocess.run(["tar", "-x", "-C", self._scratch], input=archive.stdout, check=True)
