@@ -33,8 +33,9 @@ def _drive(sink_cls: type, url: str, token: str, run_id: int, spool: str, stop_a
             counts[endpoint] = counts.get(endpoint, 0) + 1
             try:
                 return super()._post_once(*args)
-            except Exception:
-                failed[endpoint] = failed.get(endpoint, 0) + 1
+            except Exception as exc:
+                kind = f"{endpoint}: {type(exc).__name__} {str(exc)[:80]}"
+                failed[kind] = failed.get(kind, 0) + 1
                 raise
 
     sink = TimedSink(url, token, run_id, spool_dir=spool)

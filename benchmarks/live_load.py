@@ -181,6 +181,7 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
     return {
         "requests": requests,
         "failed_requests": sum(sum(e["failed"].values()) for e in engine.values()),
+        "failures": _merged(e["failed"] for e in engine.values()),
         "undelivered_bytes": sum(e["undelivered_bytes"] for e in engine.values()),
         "points_per_request": round(
             sum(e["steps"] for e in engine.values())
@@ -198,6 +199,14 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, requests), 2),
         "seconds": round(elapsed, 1),
     }
+
+
+def _merged(counts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:5])
 
 
 # --- saturate mode -------------------------------------------------------------------------------------
