@@ -44,21 +44,23 @@ PASSWORD = "bench-password-" + secrets.token_hex(4)
 PUBLIC_HOST = "rl.example.com"
 SETUP = """
 import json, django
+from datetime import UTC, datetime, timedelta
 django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
 from django.contrib.auth import get_user_model
-from accounts.services import project_create, token_create
+from accounts.services import ingest_token_issue, project_create, token_create
 from experiments.models import Run
 from experiments.services import experiment_create
 from experiments.config_policy import platform_preset
 user = get_user_model().objects.create_user("bench", password=%r)
 project = project_create(name="bench", user=user)
 exp = experiment_create(project=project, user=user, name="probe", config=platform_preset("demo-cpu"))
+far = datetime.now(UTC) + timedelta(hours=6)  # benchmarks without heartbeats outlive the token's renewal window
 runs = [Run.objects.create(experiment=exp, project=project, number=i + 1, config=exp.config, state="running")
         for i in range(%d)]
 print(json.dumps({"token": token_create(user=user, name="bench").secret, "project": project.pk,
-                  "runs": [r.pk for r in runs]}))
+                  "runs": [r.pk for r in runs], "ingest": [ingest_token_issue(run=r, expires_at=far).secret for r in runs]}))
 """
 
 
@@ -92,12 +94,13 @@ def drop_postgres(name: str) -> None:
 
 
 class Deployment:
-    """A stack in a scratch VAR_DIR; ``redis``: PostgreSQL + a private redis-server, DEBUG off."""
+    """A stack in a scratch VAR_DIR; ``redis``: PostgreSQL + a private redis-server, DEBUG off. ``root``:
+    the source tree it runs (default: this one; benchmarks/live_load.py runs an older commit's as well)."""
 
-    def __init__(self, kind: str, flush_s: float, probe_runs: int = 1) -> None:
+    def __init__(self, kind: str, flush_s: float, probe_runs: int = 1, root: Path = ROOT) -> None:
         from tests.private_redis import PrivateRedis
 
-        self.kind = kind
+        self.kind, self.root = kind, root
         self.var_dir = Path(tempfile.mkdtemp(prefix="rlp-live-", dir="/tmp"))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_",
                                                                        "CELERY_", "RAY_LOCAL", "LIVE_"))}  # fmt: skip
@@ -112,17 +115,20 @@ class Deployment:
             env |= {"DATABASE_URL": scratch_postgres(self.db_name), "REDIS_URL": self.redis.url, "DJANGO_DEBUG": "0",
                     "DJANGO_SECRET_KEY": secrets.token_urlsafe(50), "DJANGO_ALLOWED_HOSTS": PUBLIC_HOST,
                     "DJANGO_SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto"}  # fmt: skip
-        self.stack = PlatformStack(self.var_dir, env)
+        self.stack = PlatformStack(self.var_dir, env, root=root)
         env["PLATFORM_URL"] = self.stack.url
-        out = subprocess.run([sys.executable, "-c", SETUP % (PASSWORD, probe_runs)], cwd=ROOT, check=True,
-                             env=env | {"PYTHONPATH": f"{ROOT / 'platform'}:{ROOT}"}, capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", SETUP % (PASSWORD, probe_runs)], cwd=root, check=True,
+                             env=env | {"PYTHONPATH": f"{root / 'platform'}:{root}"}, capture_output=True, text=True)  # fmt: skip
         self.info = json.loads(out.stdout.strip().splitlines()[-1])
         production = kind == "redis"
         self.api = Api(self.stack.url, self.info["token"], host=PUBLIC_HOST if production else "",
                        https_proxy=production)  # fmt: skip
 
-    def start(self, *, beat_separately: bool = False) -> None:
-        self.stack.start_web()
+    def start(
+        self, *, beat_separately: bool = False, server: str = "gunicorn", workers: int | None = None
+    ) -> None:
+        """The web tier as production runs it (gunicorn, WEB_CONCURRENCY or the CPUs), or ``server``."""
+        self.stack.start_web(server=server, workers=workers)
         self.stack.start_worker(self.stack.env["CELERY_QUEUE"], beat=not beat_separately)
         if beat_separately:
             self.stack.start_beat()

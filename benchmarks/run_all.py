@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -48,6 +49,11 @@ def missing_server(script: Path) -> str | None:
         url = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/rlp_bench")
         if not _answers(url, 5432):
             return f"no PostgreSQL answers at {urlsplit(url).netloc} (set BENCH_DATABASE_URL)"
+    if script.name == "live_load.py":  # a whole production stack: PostgreSQL and a private redis-server
+        if not _answers("postgres://127.0.0.1:5432", 5432):
+            return "no PostgreSQL answers at 127.0.0.1:5432"
+        if shutil.which("redis-server") is None:
+            return "no redis-server on PATH"
     return None
 
 

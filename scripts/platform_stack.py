@@ -1,7 +1,8 @@
 """The platform's processes started the way a deployment runs them, for end-to-end tests and benchmarks.
 
-``PlatformStack`` starts a daphne web server, a Celery worker and (optionally) a separate Celery beat as
-subprocesses of their own (each in its own session, so a kill takes its children with it) with the
+``PlatformStack`` starts the web tier (as production runs it: gunicorn managing uvicorn workers, see
+platform/config/gunicorn.py; or one daphne process, the server before it), a Celery worker and
+(optionally) a separate Celery beat as subprocesses of their own (each in its own session, so a kill takes its children with it) with the
 environment given, and can pause, kill and restart them. ``Api`` is a REST client that talks to it the
 way a browser behind a TLS-terminating proxy does (public host name, ``X-Forwarded-Proto: https``), and
 ``Follower`` follows a run's websocket in a background thread, recording each message with its receipt
@@ -49,11 +50,13 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interv
 
 @dataclass
 class PlatformStack:
-    """web (daphne), worker (celery, threads pool) and beat, on ``env`` (settings come from it)."""
+    """web (gunicorn + uvicorn workers, or daphne), worker (celery, threads pool) and beat, on ``env``
+    (settings come from it)."""
 
     var_dir: Path
     env: dict[str, str]
     port: int = field(default_factory=free_port)
+    root: Path = REPO_ROOT  # the source tree the processes run (benchmarks compare an older commit's)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -68,17 +71,39 @@ class PlatformStack:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        env = {**self.env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "platform"), str(REPO_ROOT)])}
+        env = {**self.env, "PYTHONPATH": os.pathsep.join([str(self.root / "platform"), str(self.root)])}
         with open(self.log_path(name), "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO_ROOT, env=env, stdout=log,
+            proc = subprocess.Popen([sys.executable, "-m", *args], cwd=self.root, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         self.procs[name] = proc
         return proc
 
-    def start_web(self, timeout_s: float = 90.0) -> None:
-        proc = self._start(
-            "web", ["daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"]
-        )
+    def start_web(
+        self, timeout_s: float = 90.0, *, server: str = "gunicorn", workers: int | None = None
+    ) -> None:
+        """``server``: ``gunicorn`` (production: ``workers`` uvicorn processes, default WEB_CONCURRENCY from
+        the environment, else the CPUs) or ``daphne`` (one process)."""
+        if server == "gunicorn":
+            args = [
+                "gunicorn",
+                "-c",
+                "python:config.gunicorn",
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "config.asgi:application",
+            ]
+            if workers is not None:
+                self.env["WEB_CONCURRENCY"] = str(workers)
+        elif server == "uvicorn":  # uvicorn's own process manager (compared in benchmarks/live_load.py)
+            args = ["uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--workers", str(workers or 1), "--lifespan", "off", "--no-access-log", "--no-proxy-headers"]  # fmt: skip
+        elif server == "daphne" and workers in (None, 1):
+            args = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"]
+        else:
+            raise ValueError(
+                f"unknown web server {server!r} with {workers} workers (gunicorn, or daphne alone)"
+            )
+        proc = self._start("web", args)
 
         def answers() -> bool:
             if proc.poll() is not None:
@@ -145,9 +170,48 @@ class PlatformStack:
                 proc.wait(timeout=10)
 
     def cpu_seconds(self, name: str) -> float:
-        """User + system CPU seconds of the process (its threads included)."""
-        fields = Path(f"/proc/{self.procs[name].pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds of the process and every live process of its session (gunicorn's
+        workers), threads included."""
+        session, ticks = self.procs[name].pid, 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[3]) == session:
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def web_client_ports(self) -> dict[int, set[int]]:
+        """For each web process (``web_pids``), the client ports of the loopback TCP connections it holds:
+        which process serves which client (a client knows its own port)."""
+        inode_port: dict[str, int] = {}
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    cols = line.split()
+                    local_port = int(cols[1].rsplit(":", 1)[1], 16)
+                    if local_port == self.port:  # server side: the remote end is the client
+                        inode_port[cols[9]] = int(cols[2].rsplit(":", 1)[1], 16)
+        out: dict[int, set[int]] = {}
+        for pid in self.web_pids():
+            ports = out.setdefault(pid, set())
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:[") and target[8:-1] in inode_port:
+                    ports.add(inode_port[target[8:-1]])
+        return out
+
+    def web_pids(self) -> list[int]:
+        """The processes serving requests: gunicorn's workers (children of the master), or daphne."""
+        master = self.procs["web"].pid
+        children = Path(f"/proc/{master}/task/{master}/children")
+        pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+        return pids or [master]
 
 
 @dataclass
@@ -226,6 +290,7 @@ class Follower:
             self.headers["Host"] = host
         self.messages: list[tuple[float, dict[str, Any]]] = []
         self.closed: str | None = None
+        self.local_port = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._connected = threading.Event()
@@ -245,6 +310,9 @@ class Follower:
             async with aiohttp.ClientSession() as session, session.ws_connect(self.url, headers=self.headers,
                                                                               heartbeat=None) as ws:  # fmt: skip
                 self._ws = ws
+                self.local_port = ws.get_extra_info("sockname")[
+                    1
+                ]  # which web process serves it: PlatformStack
                 self._connected.set()
                 async for frame in ws:
                     now = time.time()

@@ -33,9 +33,10 @@ class TokenAuthentication(authentication.BaseAuthentication):
             secret = header[1].decode("ascii")
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("Invalid token.") from None
-        token = ApiToken.objects.select_related("user", "run").filter(key_hash=hash_secret(secret)).first()
-        if token is None:
-            raise exceptions.AuthenticationFailed("Invalid token.")
+        try:  # key_hash is unique: get(), not first() (no ORDER BY to build and run on every request)
+            token = ApiToken.objects.select_related("user", "run").get(key_hash=hash_secret(secret))
+        except ApiToken.DoesNotExist:
+            raise exceptions.AuthenticationFailed("Invalid token.") from None
         if not token.is_active:
             raise exceptions.AuthenticationFailed("Token revoked or expired.")
         now = timezone.now()

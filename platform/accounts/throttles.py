@@ -2,9 +2,9 @@
 beyond them.
 
 Rates are ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` (settings ``THROTTLE_*``), read on every request.
-Counting is a fixed window per key in the cache (one atomic increment: O(1) per request, unlike DRF's
-default sliding log, which stores one timestamp per request and would cost a large cache value on every
-ingestion call at the ingest rate). A window allows at most ``n`` requests; up to ``2n`` can pass around
+Counting is a fixed window per key in the cache (one atomic increment, one round trip to Redis: O(1) per
+request, unlike DRF's default sliding log, which stores one timestamp per request and would cost a large
+cache value on every ingestion call at the ingest rate). A window allows at most ``n`` requests; up to ``2n`` can pass around
 a window boundary, which is fine for abuse limits.
 """
 
@@ -13,11 +13,38 @@ from __future__ import annotations
 import hashlib
 import math
 import unicodedata
+from typing import Any
 
+import redis
+from django.core.cache.backends.redis import RedisCache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
 from accounts.access import ingest_token_run_id
+
+_redis_clients: dict[str, Any] = {}
+
+
+def count_in_window(cache: Any, key: str, ttl_s: int) -> int:
+    """Count one more request under ``key`` (created with a ``ttl_s`` expiry) and return the count. On
+    Redis one round trip (SET NX EX and INCR, pipelined; every ingestion request pays it); elsewhere the
+    cache API's add and incr."""
+    if isinstance(cache, RedisCache):
+        location = cache._servers[0]
+        client = _redis_clients.get(location)
+        if client is None:  # one thread-safe client (and connection pool) per process and server
+            client = _redis_clients.setdefault(location, redis.Redis.from_url(location))
+        full = cache.make_and_validate_key(key)
+        pipe = client.pipeline(transaction=False)
+        pipe.set(full, 0, ex=ttl_s, nx=True)
+        pipe.incr(full)
+        return int(pipe.execute()[1])
+    cache.add(key, 0, ttl_s)
+    try:
+        return cache.incr(key)
+    except ValueError:  # the entry expired between add and incr
+        cache.set(key, 1, ttl_s)
+        return 1
 
 
 class FixedWindowThrottle(SimpleRateThrottle):
@@ -34,13 +61,7 @@ class FixedWindowThrottle(SimpleRateThrottle):
             return True
         now = self.timer()
         window = math.floor(now / self.duration)
-        key = f"{self.key}:{window}"
-        self.cache.add(key, 0, self.duration + 1)
-        try:
-            count = self.cache.incr(key)
-        except ValueError:  # the entry expired between add and incr
-            self.cache.set(key, 1, self.duration + 1)
-            count = 1
+        count = count_in_window(self.cache, f"{self.key}:{window}", self.duration + 1)
         self._wait = (window + 1) * self.duration - now
         return count <= self.num_requests
 

@@ -3,17 +3,28 @@
 The database is the source of truth; this is a best-effort notification sent after commit. A channel
 layer that is down must never fail the request that stored the data, so errors are logged, not raised.
 Message: ``{"type": "run.update", "payload": {"kind": "metrics" | "event", ...}}`` (see docs/api.md).
+
+Off the request's critical path: in the web server (a sync view running in asgiref's thread, with the
+server's event loop running beside it) a publish is handed to that loop and the request goes on at
+once; one task per process sends the messages in the order they were published (so a run's events
+leave in seq order). Elsewhere (Celery workers, management commands, the sync test client) it is sent
+before ``publish`` returns. Either way a consumer that misses a message (a crash, the layer away) reads
+it from the database on its next poll.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
 log = logging.getLogger(__name__)
+
+QUEUE_MAX = 10_000  # messages waiting for the layer before new ones are dropped (the poll recovers them)
 
 
 def group_name(run_id: int) -> str:
@@ -21,13 +32,59 @@ def group_name(run_id: int) -> str:
 
 
 def publish(run_id: int, payload: dict[str, Any]) -> bool:
-    """Send ``payload`` to everyone listening on the run; returns False (and logs) when that failed."""
+    """Send ``payload`` to everyone listening on the run; returns False (and logs) when that failed, or
+    when it could not even be queued for the server's loop."""
     try:
         layer = get_channel_layer()
         if layer is None:
             return False
-        async_to_sync(layer.group_send)(group_name(run_id), {"type": "run.update", "payload": payload})
+        message = {"type": "run.update", "payload": payload}
+        loop = _server_loop()
+        if loop is not None:
+            loop.call_soon_threadsafe(_enqueue, loop, layer, group_name(run_id), message)
+            return True
+        async_to_sync(layer.group_send)(group_name(run_id), message)
         return True
     except Exception:  # a broken channel layer (e.g. Redis down) must not break ingestion
         log.warning("live publish to run_%s failed", run_id, exc_info=True)
         return False
+
+
+def _server_loop() -> asyncio.AbstractEventLoop | None:
+    """The ASGI server's running event loop when called from a sync view's thread (asgiref records it
+    there), else None."""
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    if loop is None or getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
+        return None
+    if not loop.is_running() or loop.is_closed():
+        return None
+    try:
+        asyncio.get_running_loop()
+        return None  # this thread runs a loop itself: not a sync view's thread
+    except RuntimeError:
+        return loop
+
+
+# One queue and one sender task per event loop (a process has one server loop).
+_queues: dict[asyncio.AbstractEventLoop, asyncio.Queue[tuple[Any, str, dict[str, Any]]]] = {}
+
+
+def _enqueue(loop: asyncio.AbstractEventLoop, layer: Any, group: str, message: dict[str, Any]) -> None:
+    """On the server's loop: queue the message, starting the sender task on first use."""
+    queue = _queues.get(loop)
+    if queue is None:
+        queue = _queues[loop] = asyncio.Queue(QUEUE_MAX)
+        loop.create_task(_send_forever(queue), name="live-publish")
+    try:
+        queue.put_nowait((layer, group, message))
+    except asyncio.QueueFull:
+        log.warning("live publish queue full (%d): dropping a message to %s", QUEUE_MAX, group)
+
+
+async def _send_forever(queue: asyncio.Queue[tuple[Any, str, dict[str, Any]]]) -> None:
+    while True:
+        layer, group, message = await queue.get()
+        try:
+            await layer.group_send(group, message)
+        except Exception:
+            log.warning("live publish to %s failed", group, exc_info=True)

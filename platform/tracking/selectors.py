@@ -56,9 +56,12 @@ def _range_filter(step_min: int | None, step_max: int | None) -> tuple[str, list
 
 def bucket_width(lo: int, hi: int, max_points: int) -> tuple[int, int]:
     """(W, w): output buckets are [b*W, (b+1)*W) — aligned to absolute steps so they are unions of
-    rollup buckets of width ``w`` (w = 1: no usable rollup). At most max_points // 2 buckets."""
-    buckets = max(max_points // 2 - 1, 1)  # one spare: aligned buckets may straddle both ends
-    target = -(-(hi - lo + 1) // buckets)
+    rollup buckets of width ``w`` (w = 1: no usable rollup). At most max_points // 2 buckets touch
+    [lo, hi], so at most max_points points come back (each bucket gives its min and its max)."""
+    buckets = max_points // 2 - 1  # one spare: aligned buckets may straddle both ends
+    # Room for one bucket only (max_points 2 or 3): it must hold [lo, hi] whole, i.e. start at 0 and be
+    # wider than hi (a narrower aligned bucket could split the range in two and return 3 or 4 points).
+    target = hi + 1 if buckets < 1 else -(-(hi - lo + 1) // buckets)
     usable = [w for w in ROLLUP_WIDTHS if w <= target]
     w = usable[-1] if usable else 1
     return -(-target // w) * w, w

@@ -70,11 +70,16 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
             raise ValueError(f"{p.key}@{p.step}: value and wall_time must be finite numbers")
         if p.step < 0:  # buckets are step // width: steps count from 0
             raise ValueError(f"{p.key}@{p.step}: steps must be >= 0")
-    with transaction.atomic(), connection.cursor() as cur:
-        if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":
+        # One statement stores the points, folds them into the rollups and records the progress: atomic
+        # on its own, one round trip (no BEGIN/COMMIT around it).
+        with connection.cursor() as cur:
             stored = _insert_postgres(cur, run_id, points)
-        else:
-            stored = _insert_sqlite(cur, run_id, points)
+        if stored:
+            _on_commit_publish(run_id, _metrics_payload(stored))  # now, unless an outer transaction is open
+        return IngestResult(received=len(points), inserted=len(stored))
+    with transaction.atomic(), connection.cursor() as cur:
+        stored = _insert_sqlite(cur, run_id, points)
         if stored:
             progress_record(run_id=run_id, step=max(r[2] for r in stored))
             _on_commit_publish(run_id, _metrics_payload(stored))
@@ -119,8 +124,9 @@ def _insert_sqlite(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoin
 
 
 # One statement: insert the batch from arrays (ON CONFLICT keeps the first value), then fold exactly the
-# rows that were inserted into the rollups. Rollup rows are upserted in (key, width, bucket) order so
-# that concurrent batches lock them in the same order (no deadlocks).
+# rows that were inserted into the rollups, and record the run's progress (as progress_record does) when
+# any row was new. Rollup rows are upserted in (key, width, bucket) order, the progress row after them,
+# so that concurrent batches lock them in the same order (no deadlocks).
 _PG_INGEST = """
 WITH ins AS (
     INSERT INTO {points} (run_id, key, step, value, wall_time)
@@ -149,6 +155,11 @@ WITH ins AS (
                              ELSE r.max_wall_time END,
         max_value = GREATEST(r.max_value, EXCLUDED.max_value)
     RETURNING 1
+), prog AS (
+    INSERT INTO {progress} AS p (run_id, step, at)
+    SELECT %(run)s, max(step), %(now)s FROM ins HAVING count(*) > 0
+    ON CONFLICT (run_id) DO UPDATE SET at = EXCLUDED.at, step = GREATEST(p.step, EXCLUDED.step)
+    RETURNING 1
 )
 SELECT id, key, step, value, wall_time FROM ins
 """
@@ -157,9 +168,14 @@ SELECT id, key, step, value, wall_time FROM ins
 def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoint]:
     """One statement (the rollups CTE runs to completion whether or not its output is read)."""
     cur.execute(
-        _PG_INGEST.format(points=MetricPoint._meta.db_table, rollups=MetricRollup._meta.db_table),
+        _PG_INGEST.format(
+            points=MetricPoint._meta.db_table,
+            rollups=MetricRollup._meta.db_table,
+            progress=RunProgress._meta.db_table,
+        ),
         {
             "run": run_id,
+            "now": timezone.now(),
             "keys": [p.key for p in points],
             "steps": [p.step for p in points],
             "values": [p.value for p in points],

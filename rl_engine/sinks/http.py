@@ -7,6 +7,13 @@ reaches the platform within about 100 ms, and a fast engine still makes at most 
 endpoint per interval. Samples (prompts and responses, larger and only browsed) wait up to
 ``samples_interval_s`` (1 s) and go in one request, so they do not delay the metrics behind them.
 
+The sender keeps one keep-alive HTTP connection to the platform (urllib3; the heartbeat thread has its
+own) and has at most one request in flight: what is logged while a request is answered waits and goes
+in the next one (up to ``MAX_POINTS_PER_REQUEST`` items a request). So its request rate follows the
+platform's answer time instead of piling up requests on a busy server, and no request pays for a new
+TCP connection. A connection the server closed while idle is noticed before it is reused; one that
+fails mid-request is tried once more on a new connection (every POST is idempotent, see below).
+
 Every batch is first appended to a JSONL spool file on disk, and a cursor file records how many bytes
 of it were delivered, after each delivered batch: while the platform is unreachable the backlog grows
 there and is delivered, in order, once it answers again — so a web-server restart mid-run loses
@@ -42,11 +49,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
+
+import urllib3
 
 from rl_engine import wire
 from rl_engine.jobspec import IngestSpec
@@ -69,6 +76,12 @@ except ImportError:  # pragma: no cover - only while the engine's sinks package 
 MAX_POINTS_PER_REQUEST = 1000  # the server accepts up to 5000; smaller batches retry cheaply
 
 __all__ = ["AccessRefused", "DeliveryRejected", "HttpSink", "Throttled", "read_token_file"]
+
+
+def _connection_pool(url: str, timeout_s: float) -> urllib3.HTTPConnectionPool:
+    """One keep-alive connection to ``url``'s host: a second request waits for it, never opens another."""
+    timeout = urllib3.Timeout(total=timeout_s)
+    return urllib3.connection_from_url(url, maxsize=1, block=True, timeout=timeout, retries=False)
 
 
 def read_token_file(path: str | Path) -> str:
@@ -113,6 +126,10 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         if not url or not token or not str(run_id):
             raise ValueError("HttpSink needs the platform URL, an ingest token and the run id")
         self.base = f"{url.rstrip('/')}/api/runs/{run_id}"
+        self._path = f"{urllib3.util.parse_url(url).path or ''}".rstrip("/") + f"/api/runs/{run_id}"
+        # One keep-alive connection for the data (the flusher's one request in flight), one for heartbeats.
+        self._data_pool = _connection_pool(url, request_timeout_s)
+        self._heartbeat_pool = _connection_pool(url, request_timeout_s)
         self._token = token
         self._token_lock = threading.Lock()
         self.flush_interval_s = flush_interval_s
@@ -203,6 +220,8 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         self._flusher.join(timeout=self.close_timeout_s + self.request_timeout_s + 5)
         self._stop_heartbeat.set()
         self._heartbeat.join(timeout=self.request_timeout_s + 1)
+        self._data_pool.close()
+        self._heartbeat_pool.close()
         if self._spool_backlog() > 0 and self.refused is None:  # a refusal was reported when it came
             print(
                 f"http sink: the platform was unreachable; undelivered data is in {self.spool_path}",
@@ -312,7 +331,7 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             self._schedule_retry(exc, retry_after_s=exc.retry_after_s)
             self._throttled = True
             return
-        except (OSError, urllib.error.URLError) as exc:
+        except OSError as exc:  # no answer, a 5xx: try again later
             self._schedule_retry(exc)
             return
         if offset >= self.spool_path.stat().st_size:
@@ -369,29 +388,42 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         self._retry_at = time.monotonic() + (self._backoff_s if retry_after_s is None else retry_after_s)
         self._last_error = str(exc)
 
-    def _post(self, endpoint: str, body: dict[str, Any]) -> Any:
-        """POST with the current token; a 401 re-reads the token file once and tries again with a new
-        token. Raises what ``http_replies.classify`` makes of an error answer."""
+    def _post(
+        self, endpoint: str, body: dict[str, Any], pool: urllib3.HTTPConnectionPool | None = None
+    ) -> bytes:
+        """POST on ``pool`` (default: the data connection) with the current token; a 401 re-reads the
+        token file once and tries again with a new token. Raises what ``http_replies.classify`` makes of
+        an error answer, and OSError when no answer came."""
+        pool = self._data_pool if pool is None else pool
         token = self._token
         try:
-            return self._post_once(endpoint, body, token)
+            return self._post_once(pool, endpoint, body, token)
         except AccessRefused as exc:
             if exc.status != 401 or not self._token_renewed(token):
                 raise
-        return self._post_once(endpoint, body, self._token)
+        return self._post_once(pool, endpoint, body, self._token)
 
-    def _post_once(self, endpoint: str, body: dict[str, Any], token: str) -> Any:
+    def _post_once(
+        self, pool: urllib3.HTTPConnectionPool, endpoint: str, body: dict[str, Any], token: str
+    ) -> bytes:
         headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
-        req = urllib.request.Request(
-            f"{self.base}/{endpoint}", data=json.dumps(body).encode(), headers=headers, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.request_timeout_s) as resp:
-                return resp.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code == 429:
-                self.throttled_responses += 1
-            raise classify(exc) from exc
+        data = json.dumps(body).encode()
+        for attempt in (1, 2):
+            try:
+                resp = pool.urlopen("POST", f"{self._path}/{endpoint}", body=data, headers=headers)
+                break
+            except urllib3.exceptions.ProtocolError as exc:
+                # The connection broke under the request: most often a keep-alive connection the server
+                # closed just as it was reused. Once more on a new one (every POST here is idempotent).
+                if attempt == 2:
+                    raise OSError(f"{endpoint}: {exc}") from exc
+            except urllib3.exceptions.HTTPError as exc:  # no answer (refused, timed out)
+                raise OSError(f"{endpoint}: {exc}") from exc
+        if resp.status < 300:
+            return resp.data
+        if resp.status == 429:
+            self.throttled_responses += 1
+        raise classify(resp.status, resp.headers, resp.data)
 
     def _token_renewed(self, refused_token: str) -> bool:
         """After a 401: is there a newer token (in the file, or already re-read by the other thread)?"""
@@ -425,8 +457,8 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
             file=sys.stderr,
         )
 
-    def _send_heartbeat(self) -> None:
-        self._post(wire.HEARTBEAT, {})
+    def _send_heartbeat(self, pool: urllib3.HTTPConnectionPool | None = None) -> None:
+        self._post(wire.HEARTBEAT, {}, pool)
         self._last_heartbeat_ok = time.monotonic()
 
     def _send_due_heartbeat(self) -> None:
@@ -444,13 +476,13 @@ class HttpSink(_Base):  # type: ignore[misc,valid-type]
         while True:
             wait = self.heartbeat_interval_s
             try:
-                self._send_heartbeat()
+                self._send_heartbeat(self._heartbeat_pool)
             except AccessRefused as exc:
                 self._refuse(exc)
                 return
             except Throttled as exc:
                 wait = min(wait, exc.retry_after_s or wait)
-            except (OSError, urllib.error.URLError, DeliveryRejected):
+            except (OSError, DeliveryRejected):
                 pass
             if self._stop_heartbeat.wait(wait):
                 return

@@ -16,7 +16,7 @@ import email.utils
 import json
 import math
 import time
-import urllib.error
+from collections.abc import Mapping
 from datetime import UTC
 from typing import Any
 
@@ -67,25 +67,20 @@ def retry_after_s(value: str | None, *, now: float | None = None) -> float | Non
     return min(MAX_RETRY_AFTER_S, max(1.0, seconds))
 
 
-def classify(exc: urllib.error.HTTPError) -> Exception:
+def classify(status: int, headers: Mapping[str, str], body: bytes) -> Exception:
     """The exception the sink acts on for an HTTP error answer (see the table above)."""
-    status = exc.code
     if status == 429:
-        return Throttled(retry_after_s(exc.headers.get("Retry-After") if exc.headers else None))
+        return Throttled(retry_after_s(headers.get("Retry-After")))
     if status >= 500 or status in (408, 425):
         return OSError(f"HTTP {status}")
-    response = _read_body(exc)
+    response = _read_body(body)
     if status in (401, 403, 404):
         return AccessRefused(status, response)
     return DeliveryRejected(status, response)
 
 
-def _read_body(exc: urllib.error.HTTPError) -> Any:
+def _read_body(raw: bytes) -> Any:
     """The answer's JSON (the platform's ``{"detail", "errors"}``), or its first 2000 characters."""
-    try:
-        raw = exc.read()
-    except OSError:
-        return ""
     try:
         return json.loads(raw)
     except ValueError:

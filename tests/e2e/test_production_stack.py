@@ -1,5 +1,5 @@
-"""The production stack end to end, as deployed: PostgreSQL, Redis, daphne, a Celery worker and a separate
-Celery beat as processes of their own, with DEBUG off, a secret key, the allowed hosts of
+"""The production stack end to end, as deployed: PostgreSQL, Redis, the web tier (gunicorn managing two
+uvicorn worker processes on one port), a Celery worker and a separate Celery beat as processes of their own, with DEBUG off, a secret key, the allowed hosts of
 docker/env.example and a TLS proxy's X-Forwarded-Proto; runs launched through the REST API and followed
 over the run websocket (a real login, a real websocket client), the engine on the platform's Ray head.
 
@@ -72,7 +72,7 @@ def production(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
     stack = PlatformStack(tmp, env)
     env["PLATFORM_URL"] = stack.url  # the engine's internal URL (allowed, never redirected)
     try:
-        stack.start_web()
+        stack.start_web(workers=2)  # several web processes, as production runs (WEB_CONCURRENCY)
         stack.start_worker(queue)
         stack.start_beat()
         yield Production(stack=stack, redis=redis, tmp=tmp)
@@ -192,3 +192,34 @@ def test_a_redis_restart_under_the_live_stack_loses_nothing_and_new_runs_start(p
     wait_for(lambda: Run.objects.get(pk=later).state == "succeeded", timeout_s=30, message="the later run")
     ws.close()
     ws_later.close()
+
+
+def test_a_websocket_on_either_web_process_sees_points_posted_to_the_other(production):
+    """Two web processes share the port; the kernel hands each connection to one of them. Followers are
+    opened until both processes hold some, then points are posted (each POST on a connection of its own,
+    so on either process): every follower receives every point, whichever process stored it."""
+    from experiments.models import RunState
+    from tests.factories import ExperimentFactory, RunFactory
+
+    api, cookie, project = client(production)
+    # A finished run: the launcher leaves it alone, and members may still post to it.
+    run = RunFactory(experiment=ExperimentFactory(project_id=project), state=RunState.SUCCEEDED)
+    followers: list[Follower] = []
+    served: dict[int, set[int]] = {}
+    for _ in range(24):
+        followers.append(follow(production, run.pk, cookie))
+        followers[-1].wait_for(lambda f: f.of_kind("hello"), 10, "hello")
+        by_process = production.stack.web_client_ports()
+        served = {pid: {f.local_port for f in followers} & ports for pid, ports in by_process.items()}
+        if len(served) == 2 and all(served.values()):
+            break
+    assert len(served) == 2 and all(served.values()), f"followers did not land on both processes: {served}"
+    sent = set()
+    for step in range(10):
+        body = {"points": [{"key": "cross/x", "step": step, "value": step / 2, "wall_time": time.time()}]}
+        assert api.post(f"/api/runs/{run.pk}/metrics", body)["inserted"] == 1
+        sent.add(("cross/x", step, step / 2))
+    for f in followers:
+        f.wait_for(lambda f: set(f.points()) >= sent, 20, "every posted point at every follower")
+        assert [m.get("source", "live") for m in f.of_kind("metrics")] == ["live"] * 10  # not the poll
+        f.close()

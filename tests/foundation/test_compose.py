@@ -92,7 +92,7 @@ def test_every_call_into_the_web_server_is_allowed_and_not_redirected(tmp_path):
     for name in PLATFORM_SERVICES:
         assert service_env(services[name])["PLATFORM_URL"] == engine_base, name
     assert urlparse(engine_base).hostname == "web" and urlparse(engine_base).port == 8000
-    assert "8000" in services["web"]["command"]  # daphne listens where the engine posts
+    assert "0.0.0.0:8000" in services["web"]["command"]  # the web tier listens where the engine posts
     calls = [engine_base + path for path in ENGINE_PATHS] + healthcheck_urls(services["web"])
     assert len(calls) == len(ENGINE_PATHS) + 1, "the web service has an HTTP health check"
     user_call = f"http://{web_env['DJANGO_ALLOWED_HOSTS'].split(',')[0]}/api/runs"

@@ -134,6 +134,39 @@ async def test_resume_message_replays_from_the_given_seq(setup, no_poll):
     await comm.disconnect()
 
 
+async def test_a_reconnect_several_catch_up_batches_behind_gets_every_missed_event_in_order(setup, no_poll):
+    """A browser that was away for more than one catch-up batch (CATCH_UP_BATCH events) reconnects with
+    its last_seq: every event after it arrives, in order, once, across several database reads, with no
+    live message to trigger more reads; the events stored after that follow without a gap."""
+    from tracking.consumers import CATCH_UP_BATCH
+    from tracking.services import NewEvent, events_append_many
+
+    run = setup["run"]  # seq 1..3 exist
+    missed = 3 * CATCH_UP_BATCH + 7
+    await database_sync_to_async(events_append_many)(
+        run_id=run.pk, events=[NewEvent(kind="log", message=f"missed {i}") for i in range(missed)]
+    )
+    comm = communicator(run.pk, setup["cookie"]["viewer"], last_seq=2)
+    connected, _ = await comm.connect()
+    assert connected
+    assert (await comm.receive_json_from(timeout=5))["kind"] == "hello"
+    caught_up = await receive_events(comm, 1 + missed, timeout=20)  # nothing else happens meanwhile
+    assert await comm.receive_nothing(timeout=0.5)  # (a catch-up that stopped early stops here)
+    for i in range(3):
+        await database_sync_to_async(events_append)(run_id=run.pk, kind="log", message=f"live {i}")
+    live = await receive_events(comm, 3, timeout=10)
+    seqs = [e["seq"] for e in caught_up + live]
+    assert seqs == list(range(3, 3 + missed + 1 + 3))  # 3, the missed ones, the live ones: no gap, no repeat
+    stored = await database_sync_to_async(
+        lambda: list(
+            RunEvent.objects.filter(run=run, seq__gte=3).order_by("seq").values_list("message", flat=True)
+        )
+    )()
+    assert [e["message"] for e in caught_up + live] == stored
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
 async def test_published_event_and_metrics_are_forwarded_live(setup, no_poll):
     run = setup["run"]
     comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)

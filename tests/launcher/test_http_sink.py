@@ -243,3 +243,91 @@ def test_after_a_429_a_due_heartbeat_goes_before_the_backlog(tmp_path):
         sink.close()
         httpd.shutdown()
     assert seen[:4] == [("heartbeat", 200), ("metrics", 429), ("heartbeat", 200), ("metrics", 200)]
+
+
+class SlowKeepAlive:
+    """A stand-in platform speaking HTTP/1.1 with keep-alive that takes ``answer_s`` to answer each data
+    POST; it records which client connection (address, port) sent what, and the most data requests it
+    ever had in flight at once."""
+
+    def __init__(self, answer_s: float):
+        self.connections: list[tuple[tuple[str, int], str, int]] = []  # (client, endpoint, items)
+        self.in_flight = self.max_in_flight = 0
+        lock = threading.Lock()
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint = self.path.rsplit("/", 1)[1]
+                items = len(body.get("points") or body.get("events") or body.get("samples") or [])
+                data = endpoint != "heartbeat"
+                with lock:
+                    stand_in.connections.append((self.client_address, endpoint, items))
+                    if data:
+                        stand_in.in_flight += 1
+                        stand_in.max_in_flight = max(stand_in.max_in_flight, stand_in.in_flight)
+                if data:
+                    time.sleep(answer_s)
+                    with lock:
+                        stand_in.in_flight -= 1
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_one_keep_alive_connection_carries_every_batch(tmp_path):
+    """urllib opened a TCP connection per POST; the sink now reuses one for its data (and one for its
+    heartbeats) however many batches it sends."""
+    platform = SlowKeepAlive(answer_s=0.0)
+    sink = HttpSink(platform.url, "t", 7, spool_dir=tmp_path, flush_interval_s=0.0, heartbeat_interval_s=0.1)
+    try:
+        for step in range(40):
+            sink.log_metrics(step, {"x": float(step)})
+            time.sleep(0.01)
+        sink.log_event("log", "done")
+        sink.close()
+    finally:
+        platform.close()
+    data = [c for c, endpoint, _ in platform.connections if endpoint != "heartbeat"]
+    heartbeats = [c for c, endpoint, _ in platform.connections if endpoint == "heartbeat"]
+    assert len(data) >= 10 and len(set(data)) == 1  # many batches, one connection
+    assert len(heartbeats) >= 2 and len(set(heartbeats)) == 1 and set(heartbeats) != set(data)
+    assert sum(n for _, endpoint, n in platform.connections if endpoint == "metrics") == 40
+
+
+def test_a_slow_platform_gets_one_request_at_a_time_each_carrying_what_accumulated(tmp_path):
+    """The engine logs a step every 10 ms; the platform takes 200 ms per answer. The sink never has two
+    data requests in flight, and its requests grow instead of queueing: about one per answer time, all
+    points delivered once."""
+    platform = SlowKeepAlive(answer_s=0.2)
+    sink = HttpSink(platform.url, "t", 7, spool_dir=tmp_path, flush_interval_s=0.01, heartbeat_interval_s=600)
+    try:
+        t0 = time.monotonic()
+        for step in range(150):
+            sink.log_metrics(step, {"a": 1.0, "b": 2.0})
+            time.sleep(max(0.0, t0 + (step + 1) * 0.01 - time.monotonic()))
+        logging_s = time.monotonic() - t0
+        sink.close()
+    finally:
+        platform.close()
+    sizes = [n for _, endpoint, n in platform.connections if endpoint == "metrics"]
+    assert platform.max_in_flight == 1
+    assert sum(sizes) == 300  # every point, once
+    # One request per 200 ms answer (plus the first and the drain), not one per 10 ms step.
+    assert len(sizes) <= logging_s / 0.2 + 3, sizes
+    assert max(sizes) >= 20  # later requests carry what accumulated while the previous one was answered

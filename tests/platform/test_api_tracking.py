@@ -169,6 +169,46 @@ def test_downsampling_returns_exactly_each_buckets_min_and_max(run, step_min, st
     assert series.wall_times == [float(s) for s in series.steps]
 
 
+def test_no_max_points_the_api_accepts_ever_returns_more_points_than_that(team, run):
+    """Small budgets over short and long, dense and sparse series, whole and in ranges: the answer never
+    holds more than max_points points of a series (max_points=2 over steps 1..5 returned three), and
+    every point it holds is a stored one (brute-force count and membership)."""
+    series = {
+        "five": {s: float(s % 3) for s in range(1, 6)},
+        "dense": {s: float((s * 37) % 101) for s in range(0, 3000)},
+        "sparse": {s: float((s * 13) % 17) for s in range(5, 40_000, 97)},
+    }
+    for key, values in series.items():
+        metrics_ingest(run_id=run.pk, points=[Point(key, s, v, 0.0) for s, v in values.items()])
+    viewer = client_for(team["viewer"])
+    for key, values in series.items():
+        steps = sorted(values)
+        for step_min, step_max in [(None, None), (steps[1], steps[-2]), (steps[len(steps) // 3], None)]:
+            inside = [
+                s
+                for s in steps
+                if (step_min is None or s >= step_min) and (step_max is None or s <= step_max)
+            ]
+            for max_points in [2, 3, 4, 5, 6, 7, 9, 16, 33, 100]:
+                query = f"keys={key}&max_points={max_points}"
+                query += "".join(
+                    f"&{n}={v}" for n, v in (("step_min", step_min), ("step_max", step_max)) if v is not None
+                )
+                got = viewer.get(f"/api/runs/{run.pk}/metrics?{query}").json()["series"][0]
+                where = f"{key} {query}"
+                assert len(got["steps"]) <= max_points, where
+                assert len(got["steps"]) == min(len(inside), len(got["steps"])) and got["steps"] == sorted(
+                    got["steps"]
+                )
+                assert all(values[s] == v for s, v in zip(got["steps"], got["values"], strict=True)), where
+                assert set(got["steps"]) <= set(inside), where
+                if len(inside) <= max_points:
+                    assert got["steps"] == inside and not got["downsampled"], where
+                else:  # each bucket keeps its extremes: the range's own min and max survive
+                    assert min(values[s] for s in inside) in got["values"], where
+                    assert max(values[s] for s in inside) in got["values"], where
+
+
 def test_events_are_numbered_and_readable_since_a_sequence_number(team, run, engine):
     resp = engine.post(
         f"/api/runs/{run.pk}/events",

@@ -118,6 +118,39 @@ def test_publish_with_a_broken_channel_layer_logs_instead_of_raising(settings, c
     assert "live publish to run_1 failed" in caplog.text
 
 
+def test_in_the_web_server_a_publish_leaves_the_request_at_once_and_messages_keep_their_order(monkeypatch):
+    """A sync view runs in asgiref's thread beside the server's event loop: publish hands the message to
+    that loop and returns before it is sent; one sender keeps the publish order. (Called synchronously,
+    the three sends would be recorded before "returned".)"""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    log: list[object] = []
+
+    class Layer:
+        async def group_send(self, group: str, message: dict) -> None:
+            await asyncio.sleep(0.01 * (3 - message["payload"]["n"]))  # later ones are quicker to send
+            log.append((group, message["payload"]["n"]))
+
+    monkeypatch.setattr(live, "get_channel_layer", Layer)
+
+    def view() -> None:
+        for n in range(3):
+            assert live.publish(7, {"n": n}) is True
+        log.append("returned")
+
+    async def server() -> None:
+        await sync_to_async(view)()
+        for _ in range(200):
+            if len(log) == 4:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(server())
+    assert log == ["returned", ("run_7", 0), ("run_7", 1), ("run_7", 2)]
+
+
 def test_unknown_event_kind_is_refused(run):
     with pytest.raises(ValueError, match="unknown event kind"):
         events_append(run_id=run.pk, kind="gossip", message="x")

@@ -1,0 +1,74 @@
+"""The engine side of benchmarks/live_load.py's ``sinks`` mode: runs in a process of its own (spawned
+with the source tree under test first on its path, so an older commit brings its own sink).
+
+Each of ``len(tokens)`` threads drives one real ``HttpSink`` the way the demo run logs: a step every
+``step_s`` (30 keys), four samples every second, heartbeats as configured. Every request the sink
+sends is timed (the sink's own method, wrapped): the first time a request carrying a step was sent is
+that step's POST time. Returns, per run: the steps logged, their POST times, requests and failed
+requests by endpoint, and the spool left undelivered after ``close``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+KEYS = 30
+
+
+def _drive(sink_cls: type, url: str, token: str, run_id: int, spool: str, stop_at: float, step_s: float,
+           out: dict[str, Any]) -> None:  # fmt: skip
+    sent: dict[int, float] = {}
+    counts: dict[str, int] = {}
+    failed: dict[str, int] = {}
+
+    class TimedSink(sink_cls):  # type: ignore[misc,valid-type]
+        def _post_once(self, *args: Any) -> Any:  # (endpoint, body, token), after it (pool, ...)
+            endpoint, body = args[-3], args[-2]
+            now = time.time()
+            for p in body.get("points", ()):
+                sent.setdefault(p["step"], now)
+            counts[endpoint] = counts.get(endpoint, 0) + 1
+            try:
+                return super()._post_once(*args)
+            except Exception as exc:
+                kind = f"{endpoint}: {type(exc).__name__} {str(exc)[:80]}"
+                failed[kind] = failed.get(kind, 0) + 1
+                raise
+
+    sink = TimedSink(url, token, run_id, spool_dir=spool)
+    step, t0 = 0, time.monotonic()
+    while time.monotonic() < stop_at:
+        sink.log_metrics(step, {f"load/k{k:02d}": float((step * 31 + k) % 97) for k in range(KEYS)})
+        if step % max(1, round(1 / step_s)) == 0:
+            sink.log_samples(step, [{"prompt": f"q{step}.{i}", "response": "r" * 200, "reward": 1.0}
+                                    for i in range(4)])  # fmt: skip
+        step += 1
+        time.sleep(max(0.0, t0 + step * step_s - time.monotonic()))
+    sink.close()
+    out[str(run_id)] = {
+        "steps": step,
+        "sent": sent,
+        "requests": counts,
+        "failed": failed,
+        "undelivered_bytes": sink._spool_backlog(),
+    }
+
+
+def run_sinks(root: str, url: str, runs: list[int], tokens: list[str], seconds: float, step_s: float,
+              spool: str) -> dict[str, Any]:  # fmt: skip
+    """Drive one sink per run for ``seconds``; everything closed (drained) before it returns."""
+    sys.path.insert(0, root)
+    from rl_engine.sinks.http import HttpSink
+
+    out: dict[str, Any] = {}
+    stop_at = time.monotonic() + seconds
+    threads = [threading.Thread(target=_drive, args=(HttpSink, url, tok, run, spool, stop_at, step_s, out))
+               for run, tok in zip(runs, tokens, strict=True)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
