@@ -70,7 +70,9 @@ def spawn_group(
                 rank, ok, value = out.get(timeout=timeout_s + 60)
             except queue_mod.Empty:
                 missing = sorted(set(range(world)) - set(results))
-                raise RuntimeError(f"trainer ranks {missing} did not finish within {timeout_s + 60:.0f} s") from None
+                raise RuntimeError(
+                    f"trainer ranks {missing} did not finish within {timeout_s + 60:.0f} s"
+                ) from None
             if not ok:
                 raise RuntimeError(f"trainer rank {rank} failed: {value}")
             results[rank] = value
@@ -107,7 +109,13 @@ def train_on(ranks: Ranks, jobs: list[TrainJob]) -> list[dict[str, Any]]:
 
 
 def synthetic_samples(
-    n: int, group_size: int, vocab: int, *, seed: int, prompt_len: tuple[int, int], response_len: tuple[int, int]
+    n: int,
+    group_size: int,
+    vocab: int,
+    *,
+    seed: int,
+    prompt_len: tuple[int, int],
+    response_len: tuple[int, int],
 ) -> list[Sample]:
     """``n`` scored samples in groups of ``group_size`` with lengths drawn from the given ranges
     (uneven lengths make an uneven token split), random tokens, rewards and behaviour log-probs."""

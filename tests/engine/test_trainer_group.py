@@ -30,7 +30,7 @@ def _cfg(make_cfg, agg: str, off_policy: str, kl: float, ent: float):
         "trainer.batch_size=12",
         "trainer.mini_batch_size=6",  # two optimizer steps per trainer step
         "trainer.max_tokens_per_micro_batch=48",  # several micro-batches per rank
-        "trainer.grad_clip=0.05",  # the global norm is far above it: clipping is active
+        "trainer.grad_clip=0.01",  # the global norm is far above it: clipping is active
         f"trainer.lr={LR}",
         "trainer.precision=fp32",
         "rollout.n=3",
@@ -98,7 +98,7 @@ def test_group_reaches_the_single_rank_parameters(world, jobs, single):
         assert diff <= 1e-2 * LR, (case, world, diff / LR)
         for a, b in zip(ref["metrics"], got["metrics"], strict=True):
             # the clip was active and the global norm is the same one
-            assert a["actor/grad_norm"] > 0.05
+            assert a["actor/grad_norm"] > 0.01
             assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4)
             assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], rel=1e-4, abs=1e-6)
             assert b["actor/entropy"] == pytest.approx(a["actor/entropy"], rel=1e-4)
