@@ -403,12 +403,23 @@ class PolicyTrainer:
 
     # --- checkpoint ------------------------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        """Write model, optimizer, scheduler, version, RNG and ``extra`` atomically (see checkpoint.py)."""
+        """Write model, optimizer, scheduler, version, RNG and ``extra`` atomically (see checkpoint.py).
+        A group: every rank calls it, each writes its shards; rank 0 writes the rest."""
+        rank, world = self.ranks.rank, self.ranks.world
 
         def write(tmp: Path) -> None:
-            self.model.save_pretrained(tmp / "model", safe_serialization=True)
+            if self.ranks.sharded:
+                with self.ranks.op("checkpoint save"):
+                    ckpt.save_sharded(tmp / ckpt.SHARDED_DIR, self.model, self.optimizer)
+                if rank:
+                    return
+                self.model.config.save_pretrained(tmp / "model")
+                if getattr(self.model, "generation_config", None) is not None:
+                    self.model.generation_config.save_pretrained(tmp / "model")
+            else:
+                self.model.save_pretrained(tmp / "model", safe_serialization=True)
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             self.tokenizer.save_pretrained(tmp / "model")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(ckpt.rng_state(self.generator), tmp / "rng.pt")
             torch.save(extra, tmp / "extra.pt")
@@ -417,13 +428,15 @@ class PolicyTrainer:
                 "version": self.version,
                 "optimizer_steps": self.optimizer_steps,
                 "total_optimizer_steps": self.total_optimizer_steps,
+                "world_size": world,
             }
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
-        ckpt.write_atomically(Path(path), write)
+        ckpt.write_atomically_group(Path(path), write, rank, world)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict.
+        """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict. A sharded
+        checkpoint loads on any number of ranks (resharded); one rank's only on one rank.
 
         A ``proximal.safetensors`` written by earlier versions (decoupled mode kept a proximal copy) is
         ignored: the proximal log-probs now come from the current weights.
@@ -435,10 +448,19 @@ class PolicyTrainer:
         state = json.loads(state_file.read_text())
         if state.get("format_version") != ckpt.FORMAT_VERSION:
             raise ValueError(f"{path}: checkpoint format {state.get('format_version')} is not supported")
-        ckpt.copy_named_params(self.model, ckpt.load_safetensors_dir(path / "model"), f"{path}/model")
-        self.optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
-        )
+        if ckpt.is_sharded(path):
+            with self.ranks.op("checkpoint load"):
+                ckpt.load_sharded(path / ckpt.SHARDED_DIR, self.model, self.optimizer)
+        elif self.ranks.sharded:
+            raise ValueError(
+                f"{path} was written by one trainer rank: resume it with trainer.world_size 1 "
+                f"(a checkpoint of a trainer group resumes on any number of ranks)"
+            )
+        else:
+            ckpt.copy_named_params(self.model, ckpt.load_safetensors_dir(path / "model"), f"{path}/model")
+            self.optimizer.load_state_dict(
+                torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+            )
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
         ckpt.set_rng_state(torch.load(path / "rng.pt", weights_only=False), self.generator)
         self.version = int(state["version"])
