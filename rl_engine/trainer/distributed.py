@@ -57,7 +57,11 @@ class Ranks:
 
     @contextmanager
     def op(self, what: str) -> Iterator[None]:
-        """Turn a failed or timed-out collective into a ``CollectiveError`` naming this rank and ``what``."""
+        """Turn a failed or timed-out collective into a ``CollectiveError`` naming this rank and ``what``
+        (one rank: nothing to name, errors pass through)."""
+        if not self.sharded:
+            yield
+            return
         try:
             yield
         except CollectiveError:

@@ -64,6 +64,15 @@ def spawn_group(
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
+    reported: set[int] = set()
+
+    def died() -> str | None:  # a rank whose process exited without reporting is the cause
+        for r, p in enumerate(procs):
+            p.join(timeout=2.0 if r not in reported else 0)
+            if r not in reported and p.exitcode is not None:
+                return f"trainer rank {r} died (its process exited with code {p.exitcode})"
+        return None
+
     try:
         while len(results) < world:
             try:
@@ -71,10 +80,11 @@ def spawn_group(
             except queue_mod.Empty:
                 missing = sorted(set(range(world)) - set(results))
                 raise RuntimeError(
-                    f"trainer ranks {missing} did not finish within {timeout_s + 60:.0f} s"
+                    died() or f"trainer ranks {missing} did not finish within {timeout_s + 60:.0f} s"
                 ) from None
+            reported.add(rank)
             if not ok:
-                raise RuntimeError(f"trainer rank {rank} failed: {value}")
+                raise RuntimeError(died() or f"trainer rank {rank} failed: {value}")
             results[rank] = value
     finally:
         for p in procs:

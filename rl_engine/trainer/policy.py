@@ -220,10 +220,12 @@ class PolicyTrainer:
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
         for part in self._micro_batches(batch, torch.arange(batch.input_ids.shape[0], device=self.device)):
             if part is None:
-                self._forward(fwd, self._filler(batch), with_entropy=False)
+                with self.ranks.op("log-probs forward (FSDP all-gather)"):
+                    self._forward(fwd, self._filler(batch), with_entropy=False)
                 continue
             mb = select(batch, part, self.pad_id)
-            out[part, : mb.width] = self._forward(fwd, mb, with_entropy=False)[0]
+            with self.ranks.op("log-probs forward (FSDP all-gather)"):
+                out[part, : mb.width] = self._forward(fwd, mb, with_entropy=False)[0]
         return self.ranks.all_reduce(out, what="log-probs")
 
     def pack_samples(self, samples: list[Sample]) -> PackedBatch:
@@ -328,7 +330,8 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, torch.Tensor] = {}
         for part in self._micro_batches(data.batch, idx):
-            self._micro_loss(data, part, norm, acc)
+            with self.ranks.op("forward/backward (FSDP all-gather, reduce-scatter)"):
+                self._micro_loss(data, part, norm, acc)
         max_norm = tc.grad_clip if tc.grad_clip is not None else float("inf")
         with self.ranks.op("gradient norm"):  # sharded gradients: the norm is a collective
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))

@@ -150,9 +150,12 @@ def test_sharded_checkpoint_resumes_on_three_ranks_and_on_one_and_exports(jobs, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "hang"])
-def test_a_rank_that_dies_or_hangs_fails_the_step_naming_a_rank(jobs, how):
-    job = jobs[2].model_copy() if hasattr(jobs[2], "model_copy") else jobs[2]
-    with pytest.raises(RuntimeError, match=r"trainer rank [01]") as err:
-        spawn_group(2, "tests.engine.group_jobs:stall_rank", (job, 1, how), timeout_s=20)
-    if how == "hang":  # rank 0's collective timed out: the error names it and the operation
-        assert "collective" in str(err.value) or "did not finish" in str(err.value)
+def test_a_rank_that_dies_or_hangs_fails_the_step_naming_it(jobs, how):
+    """Rank 1 exits (or sleeps) instead of training: the step fails with an error naming the dead rank,
+    or, for the hang, rank 0's collective times out naming rank 0 and the operation it waited in."""
+    with pytest.raises(RuntimeError) as err:
+        spawn_group(2, "tests.engine.group_jobs:stall_rank", (jobs[2], 1, how), timeout_s=15)
+    if how == "exit":
+        assert "trainer rank 1 died" in str(err.value)
+    else:
+        assert "trainer rank 0/2: collective 'forward/backward" in str(err.value)
