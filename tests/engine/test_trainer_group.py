@@ -159,3 +159,25 @@ def test_a_rank_that_dies_or_hangs_fails_the_step_naming_it(jobs, how):
         assert "trainer rank 1 died" in str(err.value)
     else:
         assert "trainer rank 0/2: collective 'forward/backward" in str(err.value)
+
+
+@pytest.mark.slow
+def test_weight_stream_from_shards_equals_the_whole_models_stream_one_parameter_at_a_time(jobs):
+    """Two ranks stream their weights (buckets of 4 KiB in the rollout dtype): rank 0's buckets are byte for byte the
+    buckets of the same weights held whole, and it never held more than its largest parameter plus one
+    bucket beyond its shards."""
+    import torch
+
+    from rl_engine.models.buckets import LocalWeightStream
+
+    job = jobs[2]
+    got = spawn_group(2, "tests.engine.group_jobs:stream_weights", (job, 4096), timeout_s=240)[0]
+    whole = {k: torch.from_numpy(v) for k, v in got["weights"].items()}
+    want = LocalWeightStream.of(whole.items(), got["manifest"].torch_dtype, 4096)
+    assert got["manifest"] == want.manifest and len(got["manifest"].buckets) > 10
+    expected = [b.to_bytes().copy() for b in want]
+    assert len(got["buckets"]) == len(expected)
+    for a, b in zip(got["buckets"], expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    largest = max(v.numel() * 4 for v in whole.values())
+    assert 0 < got["held"] <= largest + 4096
