@@ -57,6 +57,9 @@ class TrainerActor:
         self.trainer: Any = components.trainer.build(cfg) if world == 1 else None
         self._followers = Followers(timeout_s=cfg.trainer.collective_timeout_s)
         self._op: tuple[str, float] | None = None  # what this rank is doing, since when (watchdog)
+        self._built = threading.Event()  # the trainer exists (a rank of a group: after ``join``)
+        if self.trainer is not None:
+            self._built.set()
         self._cancel = threading.Event()
         self._published: list[Any] = []  # the last sync's object refs, kept alive until the next one
         self._whole = whole_tensor_buckets(cfg.rollout.backend)  # the GPU engines load whole tensors
@@ -88,6 +91,7 @@ class TrainerActor:
             init_group(ranks, f"tcp://{address}:{port}", backend_for(device), tc.collective_timeout_s)
         with self._doing("building the trainer"):
             self.trainer = self.components.trainer.build(self.cfg, ranks=ranks)
+        self._built.set()
 
     @contextlib.contextmanager
     def _doing(self, op: str) -> Iterator[None]:
@@ -118,6 +122,7 @@ class TrainerActor:
 
     @property
     def version(self) -> int:
+        self._built.wait()  # a call on the second thread may come before ``join`` finished
         return int(self.trainer.version)
 
     def get_version(self) -> int:
