@@ -87,7 +87,7 @@ def make_cfg(tiny_model_dir):  # module scope for the module-scoped fixtures abo
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_group_reaches_the_single_rank_parameters(world, jobs, single):
-    group = spawn_group(world, "rl_engine.trainer.local_group:train_on", jobs, timeout_s=240)
+    group = spawn_group(world, "rl_engine.trainer.local_group:train_on", jobs, timeout_s=900)
     for case, ref, got in zip(CASES, single, group[0], strict=True):
         ref_w, got_w = ref["weights"], got["weights"]
         assert ref_w.keys() == got_w.keys()
@@ -128,11 +128,11 @@ def test_sharded_checkpoint_resumes_on_three_ranks_and_on_one_and_exports(jobs, 
     from rl_engine.export import export_checkpoint
 
     job, path = jobs[0], str(tmp_path / "step_00000002")
-    saved = spawn_group(2, "tests.engine.group_jobs:train_save_train", (job, path, 2), timeout_s=240)[0]
+    saved = spawn_group(2, "tests.engine.group_jobs:train_save_train", (job, path, 2), timeout_s=900)[0]
     assert sorted(p.name for p in (tmp_path / "step_00000002").iterdir()) == [
         "dcp", "extra.pt", "model", "rng.pt", "scheduler.pt", "trainer_state.json",
     ]  # fmt: skip
-    three = spawn_group(3, "tests.engine.group_jobs:resume_train", (job, path, 2), timeout_s=240)[0]
+    three = spawn_group(3, "tests.engine.group_jobs:resume_train", (job, path, 2), timeout_s=900)[0]
     one = PolicyTrainer(job.cfg)
     extra = one.load_checkpoint(tmp_path / "step_00000002")
     one.train_step(job.steps[2])
@@ -171,7 +171,7 @@ def test_weight_stream_from_shards_equals_the_whole_models_stream_one_parameter_
     from rl_engine.models.buckets import LocalWeightStream
 
     job = jobs[2]
-    got = spawn_group(2, "tests.engine.group_jobs:stream_weights", (job, 4096), timeout_s=240)[0]
+    got = spawn_group(2, "tests.engine.group_jobs:stream_weights", (job, 4096), timeout_s=900)[0]
     whole = {k: torch.from_numpy(v) for k, v in got["weights"].items()}
     want = LocalWeightStream.of(whole.items(), got["manifest"].torch_dtype, 4096)
     assert got["manifest"] == want.manifest and len(got["manifest"].buckets) > 10
