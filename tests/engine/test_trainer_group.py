@@ -7,6 +7,8 @@ Real processes, a real process group and FSDP2 (``fully_shard``); the reference 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -181,3 +183,14 @@ def test_weight_stream_from_shards_equals_the_whole_models_stream_one_parameter_
         np.testing.assert_array_equal(a, b)
     largest = max(v.numel() * 4 for v in whole.values())
     assert 0 < got["held"] <= largest + 4096
+
+
+def test_world_size_comes_from_the_gpus_on_gpu_and_a_mismatch_is_refused(make_cfg):
+    from rl_engine.config import ConfigError
+
+    cfg = make_cfg("trainer.world_size=3")
+    assert cfg.resources.trainer_world_size(cfg.trainer.world_size) == 3
+    gpu = make_cfg("resources.trainer_gpus=2", "resources.rollout_gpus=1")
+    assert gpu.resources.trainer_world_size(gpu.trainer.world_size) == 2
+    with pytest.raises(ConfigError, match=re.escape("trainer.world_size (3) and resources.trainer_gpus (2)")):
+        make_cfg("trainer.world_size=3", "resources.trainer_gpus=2")
