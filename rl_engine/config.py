@@ -210,6 +210,23 @@ class TrainerConfig(_Strict):
             "tokens than this). None: derived from the vocabulary (32 MiB of float32 logits)."
         ),
     )
+    world_size: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description=(
+            "Trainer ranks (an FSDP2 group, one Ray actor each) when the trainer runs on CPU; on GPU "
+            "resources.trainer_gpus decides (one rank per GPU). 1: one rank, the same code."
+        ),
+    )
+    collective_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description=(
+            "A collective of the trainer group (gradient reduce, parameter gather, checkpoint) that does "
+            "not complete within this many seconds fails the step, naming the rank and the operation."
+        ),
+    )
     weight_sync_bucket_mb: int = Field(
         256,
         ge=1,
@@ -437,8 +454,25 @@ class RewardConfig(_Strict):
 
 class ResourcesConfig(_Strict):
     rollout_gpus: int = Field(0, ge=0, description="GPUs per rollouter.")
-    trainer_gpus: int = Field(0, ge=0)
+    trainer_gpus: int = Field(
+        0, ge=0, description="GPUs of the trainer group: one trainer rank per GPU (FSDP2, NCCL)."
+    )
     cpus_per_actor: float = Field(1.0, gt=0.0)
+    trainer_node_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description=(
+            'Custom Ray resources each trainer rank asks for, e.g. {"trainer_node": 1}: ranks go only to '
+            "nodes started with them (`ray start --resources`)."
+        ),
+    )
+    rollout_node_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description='Custom Ray resources each rollouter asks for, e.g. {"rollout_node": 1}.',
+    )
+
+    def trainer_world_size(self, cpu_world_size: int) -> int:
+        """Trainer ranks: one per GPU when the trainer has GPUs, else ``trainer.world_size``."""
+        return self.trainer_gpus if self.trainer_gpus else cpu_world_size
 
 
 class MlflowConfig(_Strict):
@@ -564,6 +598,7 @@ class ExperimentConfig(_Strict):
                 "set rollout.n >= 2"
             )
         self._devices_have_gpus()
+        self._trainer_ranks_fit()
         self._sync_backend_fits()
         if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
             raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
@@ -583,6 +618,14 @@ class ExperimentConfig(_Strict):
         if getattr(self.rollout, "device", None) == "cuda" and self.resources.rollout_gpus < 1:
             raise ValueError(
                 "rollout.device 'cuda' needs a GPU for each rollouter: set resources.rollout_gpus >= 1"
+            )
+
+    def _trainer_ranks_fit(self) -> None:
+        world, gpus = self.trainer.world_size, self.resources.trainer_gpus
+        if gpus and world > 1 and world != gpus:
+            raise ValueError(
+                f"trainer.world_size ({world}) and resources.trainer_gpus ({gpus}) disagree: on GPU the "
+                "trainer runs one rank per GPU; set trainer.world_size to 1 or to resources.trainer_gpus"
             )
 
     def _sync_backend_fits(self) -> None:

@@ -3,7 +3,8 @@
 The result holds only what ``from_pretrained`` needs (weights as safetensors, config.json, the tokenizer
 files with its chat template, generation_config.json) plus ``rl_engine_export.json`` saying where it came
 from; no optimizer state, RNG or pipeline state. Loaded with ``AutoModelForCausalLM`` it gives the
-checkpoint's log-probs (bit-identical in the checkpoint's dtype). Written into a temporary sibling and
+checkpoint's log-probs (bit-identical in the checkpoint's dtype). A trainer group's sharded checkpoint
+(``dcp/``) is gathered into one model here, from its shards, by parameter name. Written into a temporary sibling and
 renamed into place, so an interrupted export never leaves a half directory under the final name.
 """
 
@@ -18,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+SHARDED_DIR = "dcp"  # rl_engine.trainer.checkpoint.SHARDED_DIR (this module loads no torch at import)
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Files of a save_pretrained directory that are not the tokenizer's: written anew by the export.
 _MODEL_FILES = re.compile(r"^(config\.json|generation_config\.json|.*\.safetensors|.*\.bin|.*\.index\.json)$")
@@ -68,8 +70,21 @@ def _write(ckpt: Path, tmp: Path, dtype: str | None, trust_remote_code: bool) ->
 
     hf_logging.disable_progress_bar()
     src = ckpt / "model"
-    kwargs = {"dtype": getattr(torch, dtype)} if dtype else {"dtype": "auto"}
-    model = AutoModelForCausalLM.from_pretrained(str(src), trust_remote_code=trust_remote_code, **kwargs)
+    if (ckpt / SHARDED_DIR).is_dir():  # a trainer group's checkpoint: the weights are shards, by name
+        from transformers import AutoConfig
+
+        from rl_engine.trainer.checkpoint import load_sharded
+
+        config = AutoConfig.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_config(
+            config, trust_remote_code=trust_remote_code, dtype=torch.float32
+        )
+        load_sharded(ckpt / SHARDED_DIR, model, None)
+        if dtype:
+            model = model.to(getattr(torch, dtype))
+    else:
+        kwargs = {"dtype": getattr(torch, dtype)} if dtype else {"dtype": "auto"}
+        model = AutoModelForCausalLM.from_pretrained(str(src), trust_remote_code=trust_remote_code, **kwargs)
     if not (src / "generation_config.json").exists():
         # eos/pad/bos from the model config: what generate() needs to stop where training stopped
         model.generation_config = GenerationConfig.from_model_config(model.config)

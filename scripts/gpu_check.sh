@@ -38,4 +38,11 @@ if [ -n "$missing" ]; then
   echo "gpu_check: missing Python packages: $missing ($hint)" >&2
   exit 1
 fi
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" scripts/gpu_check.py "$@"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/gpu_check.py "$@"
+# The trainer group (FSDP2 over NCCL) on every GPU of this machine against one rank; one GPU: world size
+# 1 through the group's code. One more JSON line. GPU_CHECK_GROUP=0 skips it.
+if [ "${GPU_CHECK_GROUP:-1}" = 1 ]; then
+  group_args=()
+  for a in "$@"; do case "$a" in --quick) group_args+=(--quick);; cpu) group_args+=(--device cpu);; esac; done
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/gpu_check_group.py "${group_args[@]}"
+fi

@@ -64,7 +64,8 @@ def real_reward(cfg: ExperimentConfig, index: int = 0) -> Any:
     return build_reward(cfg.reward)
 
 
-def real_trainer(cfg: ExperimentConfig) -> Any:
+def real_trainer(cfg: ExperimentConfig, ranks: Any = None) -> Any:
+    """One rank's trainer (``ranks``: its place in the trainer group; None: the only rank)."""
     from rl_engine.trainer import PolicyTrainer
 
-    return PolicyTrainer(cfg)
+    return PolicyTrainer(cfg, ranks=ranks)

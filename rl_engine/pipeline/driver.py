@@ -32,7 +32,7 @@ from rl_engine.pipeline.pauses import RolloutPauses
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.sync import PendingSync, build_sync
-from rl_engine.pipeline.trainer_actor import TrainerActor
+from rl_engine.pipeline.trainer_group import build_trainer_group
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
 from rl_engine.types import (
     QueueSnapshot,
@@ -148,7 +148,7 @@ def _ray_session(cfg: ExperimentConfig) -> Iterator[None]:
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         tmp = tempfile.mkdtemp(prefix="rle_", dir="/tmp")  # short: Ray's socket paths have a length limit
-        need = cfg.pipeline.num_rollouters + 1
+        need = cfg.pipeline.num_rollouters + cfg.resources.trainer_world_size(cfg.trainer.world_size)
         ray.init(
             num_cpus=max(os.cpu_count() or 1, int(need * cfg.resources.cpus_per_actor + 0.999)),
             include_dashboard=False,
@@ -189,25 +189,28 @@ class _Run:
         self.queue = (
             ray.remote(MessageQueue).options(num_cpus=0).remote(self.knobs, cfg.pipeline.queue_max_size)
         )
-        self.trainer = (
-            ray.remote(TrainerActor)
-            .options(num_cpus=res.cpus_per_actor, num_gpus=res.trainer_gpus, max_concurrency=2)
-            .remote(cfg, self.knobs, self.queue, self.components)
-        )
+        self.trainer_group = build_trainer_group(cfg, self.knobs, self.queue, self.components)
+        self.trainer = self.trainer_group.leader  # the driver talks to rank 0 only
         count = cfg.pipeline.num_rollouters
         # control threads: health, update_weights/pause, unpause, stop, and on rollouter 0 a long
         # evaluate plus its cancel_evaluation
         self.rollouters = [
             ray.remote(Rollouter)
-            .options(num_cpus=res.cpus_per_actor, num_gpus=res.rollout_gpus, max_concurrency=6)
+            .options(
+                num_cpus=res.cpus_per_actor,
+                num_gpus=res.rollout_gpus,
+                resources=dict(res.rollout_node_resources) or None,
+                max_concurrency=6,
+            )
             .remote(cfg, self.knobs, i, count, self.queue, self.components)
             for i in range(count)
         ]
-        self.actors = [self.queue, self.trainer, *self.rollouters]
+        self.actors = [self.queue, *self.trainer_group.ranks, *self.rollouters]
         self.waiter = Waiter(self)
         # constructors run asynchronously: surface their errors (model load, bad data) now
         self.waiter.wait_all(
-            [self.trainer.get_version.remote()] + [r.in_flight.remote() for r in self.rollouters],
+            [*self.trainer_group.joined, self.trainer.get_version.remote()]
+            + [r.in_flight.remote() for r in self.rollouters],
             "build",
             check_health=False,
         )
@@ -422,6 +425,7 @@ class _Run:
         for a in self.actors:
             with contextlib.suppress(Exception):
                 ray.kill(a)
+        self.trainer_group.release()  # and its placement group
         self.actors = []
 
     def _summary(self) -> RunSummary:

@@ -7,13 +7,20 @@ are too stale for the current version on the way. The driver decides when to syn
 Ray object store bucket by bucket, in the rollout dtype (``rl_engine.pipeline.sync.publish_stream``),
 and rollouters load them bucket by bucket, zero-copy. Broadcast (gloo / nccl): ``open_weight_sender``
 joins the weight group as rank 0 once, ``broadcast_weights`` sends the buckets of ``bucket_plan``.
+
+A trainer group (``rl_engine.pipeline.trainer_group``) is several of these actors, one per rank: rank 0
+(the leader) does all of the above and runs every collective call on the other ranks at the same time
+(``Followers``); the others only ever run their part of a collective (``train_on``, ``drain_weights``,
+the checkpoint calls). One rank is the same actor with no followers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ from rl_engine.models.buckets import LocalWeightStream, WeightManifest
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
 from rl_engine.pipeline.sync import free_endpoint, publish_stream, whole_tensor_buckets
+from rl_engine.pipeline.trainer_group import Followers, RankStatus
 from rl_engine.pipeline.transport import BucketSender, GroupInit, open_sender
 from rl_engine.types import ExampleSample, QueueBatch, Sample, SendStats, StepCancelled, StepResult
 
@@ -34,9 +42,24 @@ _PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is not
 class TrainerActor:
     """Wraps the policy trainer; one instance per run (threaded actor, ``max_concurrency=2``)."""
 
-    def __init__(self, cfg: ExperimentConfig, knobs: Knobs, queue: Any, components: Components) -> None:
-        self.cfg, self.knobs, self.queue = cfg, knobs, queue
-        self.trainer = components.trainer.build(cfg)
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        knobs: Knobs,
+        queue: Any,
+        components: Components,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.cfg, self.knobs, self.queue, self.components = cfg, knobs, queue, components
+        self.rank, self.world = rank, world
+        # one rank builds its trainer now; ranks of a group once the process group is up (``join``)
+        self.trainer: Any = components.trainer.build(cfg) if world == 1 else None
+        self._followers = Followers(timeout_s=cfg.trainer.collective_timeout_s)
+        self._op: tuple[str, float] | None = None  # what this rank is doing, since when (watchdog)
+        self._built = threading.Event()  # the trainer exists (a rank of a group: after ``join``)
+        if self.trainer is not None:
+            self._built.set()
         self._cancel = threading.Event()
         self._published: list[Any] = []  # the last sync's object refs, kept alive until the next one
         self._whole = whole_tensor_buckets(cfg.rollout.backend)  # the GPU engines load whole tensors
@@ -44,8 +67,62 @@ class TrainerActor:
         self._sender: BucketSender | None = None  # rank 0 of a broadcast sync (gloo / nccl)
         self._rng = random.Random(cfg.seed)  # picks example samples for the sink
 
+    # --- the group -------------------------------------------------------------------------------------
+    def group_endpoint(self) -> tuple[str, int]:
+        """Rank 0: where the trainer group's process group meets (this node, a free port)."""
+        return free_endpoint()
+
+    def join(self, endpoint: tuple[str, int], followers: list[Any]) -> None:
+        """Join the trainer group's process group and build this rank's shard of the trainer; rank 0 also
+        gets the other ranks' handles. Every rank must be called (they wait for each other)."""
+        self._followers.handles = list(followers)
+        if self.world == 1:
+            return
+        import torch
+
+        from rl_engine.models import resolve_device
+        from rl_engine.trainer.distributed import Ranks, backend_for, init_group
+
+        ranks = Ranks(self.rank, self.world)
+        tc, res = self.cfg.trainer, self.cfg.resources
+        device = torch.device(resolve_device(tc.device, res.trainer_gpus, "trainer"))
+        with self._doing("joining the process group"):
+            address, port = endpoint
+            init_group(ranks, f"tcp://{address}:{port}", backend_for(device), tc.collective_timeout_s)
+        with self._doing("building the trainer"):
+            self.trainer = self.components.trainer.build(self.cfg, ranks=ranks)
+        self._built.set()
+
+    @contextlib.contextmanager
+    def _doing(self, op: str) -> Iterator[None]:
+        self._op = (op, time.monotonic())
+        try:
+            yield
+        finally:
+            self._op = None
+
+    def rank_status(self) -> RankStatus:
+        op = self._op
+        return RankStatus(self.rank, op[0] if op else None, time.monotonic() - op[1] if op else 0.0)
+
+    def group_status(self) -> list[RankStatus | str]:
+        """Every rank's status (the leader's first), for the watchdog's alert."""
+        return [self.rank_status(), *self._followers.statuses()]
+
+    def train_on(self, batch: list[Sample]) -> dict[str, float]:
+        """A follower's part of a trainer step (the leader gathered ``batch``)."""
+        with self._doing("train step"):
+            return dict(self.trainer.train_step(batch))
+
+    def drain_weights(self, split: bool) -> None:
+        """A follower's part of a weight sync: the same gathers as the leader's stream, nothing sent."""
+        with self._doing("weight gather"):
+            for _ in self.trainer.weight_stream(split=split):
+                pass
+
     @property
     def version(self) -> int:
+        self._built.wait()  # a call on the second thread may come before ``join`` finished
         return int(self.trainer.version)
 
     def get_version(self) -> int:
@@ -71,7 +148,8 @@ class TrainerActor:
         # before training: a batch the queue should not have let through is never trained on
         stal = self.knobs.batch_staleness(self.version, batch)
         t1 = time.monotonic()
-        metrics = dict(self.trainer.train_step(batch))
+        with self._doing("train step"):
+            metrics = self._followers.run("train_on", (batch,), lambda: dict(self.trainer.train_step(batch)))
         t_train = time.monotonic() - t1
         box, publish_s = None, 0.0
         if publish:
@@ -143,7 +221,10 @@ class TrainerActor:
         if getattr(self.trainer, "weight_stream", None) is None:
             self._published = [ray.put(self.trainer.weights_numpy())]
         else:
-            outer, buckets = publish_stream(self._stream())
+            with self._doing("weight sync (object store)"):
+                outer, buckets = self._followers.run(
+                    "drain_weights", (not self._whole,), lambda: publish_stream(self._stream())
+                )
             self._published = [outer, *buckets]
         return self._published[:1]
 
@@ -169,7 +250,9 @@ class TrainerActor:
         stream = self._stream()
         if stream.manifest != self.bucket_plan():  # the receivers were given that plan
             raise RuntimeError("the trainer's weights no longer match the weight-sync plan")
-        stats = self._sender.send(stream)
+        sender = self._sender
+        with self._doing("weight sync (broadcast)"):
+            stats = self._followers.run("drain_weights", (not self._whole,), lambda: sender.send(stream))
         self.trainer.mark_synced()
         return stats
 
@@ -177,13 +260,25 @@ class TrainerActor:
         self.trainer.mark_synced()
 
     def weights_numpy(self) -> dict[str, np.ndarray]:
-        return self.trainer.weights_numpy()
+        """The whole model's float32 weights (every rank gathers; the leader returns them)."""
+        return self._followers.run("weights_numpy", (), self.trainer.weights_numpy)
 
     # --- checkpoint --------------------------------------------------------------------------------------
     def save_checkpoint(self, path: str, extra: dict[str, Any]) -> int:
-        """Save model/optimizer/RNG plus the pipeline's ``extra``; returns the size in bytes."""
-        self.trainer.save_checkpoint(Path(path), extra)
+        """Save model/optimizer/RNG plus the pipeline's ``extra``; returns the size in bytes. A group:
+        every rank writes its shards into the same directory (``PolicyTrainer.save_checkpoint``)."""
+        with self._doing("checkpoint save"):
+            self._followers.run(
+                "save_checkpoint", (path, extra), lambda: self.trainer.save_checkpoint(Path(path), extra)
+            )
+        if self.rank:
+            return 0
         return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        return dict(self.trainer.load_checkpoint(Path(path)))
+        with self._doing("checkpoint load"):
+            return dict(
+                self._followers.run(
+                    "load_checkpoint", (path,), lambda: self.trainer.load_checkpoint(Path(path))
+                )
+            )

@@ -6,7 +6,10 @@ evaluation, ``Rollouter.cancel_evaluation``), (2) pings rollouters — a
 rollouter whose loop died re-raises its error from ``health`` and the run fails with it within about
 a second, and (3) raises a sink ``alert`` event once per episode when a stage makes no progress for
 ``pipeline.watchdog_timeout_s``: a weight sync still running, a rollout call still running, a trainer
-step (waiting or training) still running, or a rollouter not answering.
+step (waiting or training) still running, or a rollouter not answering. A stalled stage's alert says what
+every trainer rank is doing and for how long (``TrainerActor.group_status``): the rank stuck in a
+collective and the operation; the collective's own timeout (``trainer.collective_timeout_s``) then
+fails the step and the run.
 """
 
 from __future__ import annotations
@@ -103,9 +106,25 @@ class Waiter:
             self._cancel_sent = True
         if check_health:
             self._check_rollouters()
-        if elapsed > self.timeout and stage != "build":  # actor start-up is not a stall
+        if elapsed > self.timeout and stage != "build" and stage not in self._alerted:  # start-up: no stall
             what = "a trainer step (waiting for samples or training)" if stage == "train" else stage
-            self._alert(stage, f"watchdog: {what} made no progress for {elapsed:.1f} s")
+            self._alert(
+                stage, f"watchdog: {what} made no progress for {elapsed:.1f} s{self._trainer_ranks()}"
+            )
+
+    def _trainer_ranks(self) -> str:
+        """What each trainer rank is doing (the leader answers on its second thread), for an alert."""
+        try:
+            statuses = ray.get(self.run.trainer.group_status.remote(), timeout=5.0)
+        except Exception as exc:  # the leader itself is stuck or gone: say so
+            return f"; trainer rank 0 did not report its state ({type(exc).__name__})"
+        parts = [
+            s
+            if isinstance(s, str)
+            else f"rank {s.rank}: {s.op or 'idle'}" + (f" for {s.running_s:.1f} s" if s.op else "")
+            for s in statuses
+        ]
+        return "; trainer " + ", ".join(parts)
 
     def _check_rollouters(self) -> None:
         now = time.monotonic()

@@ -11,6 +11,14 @@ A checkpoint is a directory::
     proximal.safetensors   (decoupled off-policy only) the proximal policy's weights
     extra.pt               the caller's dict (data position, queued / in-flight samples, ...)
 
+A trainer group (more than one rank) writes a *sharded* checkpoint instead of ``model/*.safetensors``
+and ``optimizer.pt``: ``dcp/`` holds the model and AdamW state written by every rank with
+``torch.distributed.checkpoint`` (each rank its shards, keyed by parameter name), and ``model/`` only the
+config and tokenizer files. ``torch.distributed.checkpoint`` reshards on load, so a sharded checkpoint
+resumes on any number of ranks (one included), and ``rl_engine export`` turns it into a model directory.
+``trainer_state.json`` records ``world_size``. The group's directory must be on storage every rank can
+reach (one machine, or a shared filesystem across nodes).
+
 It is written into a temporary sibling directory and renamed into place, so a crash mid-write never
 leaves a half checkpoint under the final name.
 """
@@ -29,6 +37,7 @@ import numpy as np
 import torch
 
 FORMAT_VERSION = 1
+SHARDED_DIR = "dcp"
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -89,3 +98,67 @@ def copy_named_params(model: torch.nn.Module, tensors: dict[str, torch.Tensor], 
         raise ValueError(f"{what}: missing parameters {missing[:5]}")
     for name, p in params.items():
         p.copy_(tensors[name].to(dtype=p.dtype, device=p.device))
+
+
+def is_sharded(path: Path) -> bool:
+    return (Path(path) / SHARDED_DIR).is_dir()
+
+
+def write_atomically_group(path: Path, write: Callable[[Path], None], rank: int, world: int) -> None:
+    """``write_atomically`` for a trainer group: every rank calls ``write`` on the same temporary
+    directory (named by rank 0), rank 0 renames it once all have written."""
+    if world == 1:
+        write_atomically(path, write)
+        return
+    import torch.distributed as dist
+
+    path = Path(path)
+    name = [f".{path.name}.tmp-{uuid.uuid4().hex[:8]}" if rank == 0 else None]
+    dist.broadcast_object_list(name, src=0)
+    tmp = path.parent / str(name[0])
+    if rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    dist.barrier()
+    try:
+        write(tmp)
+        dist.barrier()  # every rank's shards are on disk
+        if rank == 0:
+            old = None
+            if path.exists():
+                old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+                os.rename(path, old)
+            os.rename(tmp, path)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    dist.barrier()  # no rank returns before the checkpoint is in place
+
+
+def save_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Every rank writes its shards of the model and AdamW state (by parameter name) to ``directory``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+
+
+def load_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Read a sharded checkpoint into ``model`` (and ``optimizer``), resharded to this process group (or
+    whole, with no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if optimizer is None:
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(directory))
+        model.load_state_dict(state["model"])
+        return
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -40,10 +40,19 @@ from rl_engine.algos import aggregate, get_advantage_fn, group_indices, kl_k3, p
 from rl_engine.algos.losses import filtered_is_weights, truncated_is_weights
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
-from rl_engine.models.batching import PackedBatch, pack, right_pad, token_logprobs_and_entropy
-from rl_engine.models.buckets import LocalWeightStream, StagingBuffer
-from rl_engine.models.logprobs import chunked_logprobs_and_entropy, default_chunk_tokens, linear_head_of
+from rl_engine.models.batching import PackedBatch, pack, right_pad
+from rl_engine.models.buckets import LocalWeightStream, StagingBuffer, plan_buckets
+from rl_engine.models.logprobs import default_chunk_tokens
 from rl_engine.trainer import checkpoint as ckpt
+from rl_engine.trainer.distributed import (
+    GatheredParams,
+    Ranks,
+    full_tensor,
+    pad_plans,
+    shard,
+    split_by_tokens,
+)
+from rl_engine.trainer.forward import PolicyForward
 from rl_engine.trainer.microbatch import (
     MicroBatch,
     default_token_budget,
@@ -80,8 +89,11 @@ class StepData:
 class PolicyTrainer:
     """The policy and its optimizer; see the module docstring for the update and the contract."""
 
-    def __init__(self, cfg: ExperimentConfig, *, device: str | None = None):
+    def __init__(self, cfg: ExperimentConfig, *, device: str | None = None, ranks: Ranks | None = None):
         self.cfg = cfg
+        # this process's rank in the trainer group; more than one rank needs the process group joined
+        # first (rl_engine.trainer.distributed.init_group)
+        self.ranks = ranks or Ranks()
         tc, ac = cfg.trainer, cfg.algorithm
         torch.set_num_threads(tc.num_threads)
         self.device = torch.device(device or resolve_device(tc.device, cfg.resources.trainer_gpus, "trainer"))
@@ -98,6 +110,7 @@ class PolicyTrainer:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         self.chunk_tokens = tc.logits_chunk_tokens or default_chunk_tokens(vocab)
         self.max_tokens = tc.max_tokens_per_micro_batch or default_token_budget(vocab)
+        self.policy = self._wrap(self.model)  # sharded per decoder layer and at the root when world > 1
         self.version = 0
         self.optimizer_steps = 0
         self.optimizer = torch.optim.AdamW(
@@ -116,21 +129,26 @@ class PolicyTrainer:
         # a weight-sync staging buffer (one bucket), kept between syncs; allocated only when a receiver
         # does not lend its own memory (the object store does not; an in-process HF worker does)
         self._staging = StagingBuffer()
-        self._parts: dict[int, tuple[Any, torch.nn.Module]] = {}  # id(model) -> (output layer, body)
 
-    def _reference(self) -> torch.nn.Module:
+    def _wrap(self, model: torch.nn.Module) -> PolicyForward:
+        fwd = PolicyForward(model, self.temperature, self.chunk_tokens)
+        if self.ranks.sharded:
+            shard(fwd, model, self.device)
+        return fwd
+
+    def _reference(self) -> PolicyForward:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         m = load_model(self.cfg.model, device=str(self.device), dtype=dtype).eval()
         for p in m.parameters():
             p.requires_grad_(False)
-        return m
+        return self._wrap(m)
 
     # --- contract: weights ---------------------------------------------------------------------------
     def weights_numpy(self) -> dict[str, np.ndarray]:
         """Contiguous float32 CPU copies by parameter name: a whole-model copy, for tests and tools;
         weight syncs use ``weight_stream``."""
         return {
-            n: np.ascontiguousarray(p.detach().float().cpu().numpy()).copy()
+            n: np.ascontiguousarray(full_tensor(p.detach()).float().cpu().numpy()).copy()
             for n, p in self.model.named_parameters()
         }
 
@@ -139,12 +157,18 @@ class PolicyTrainer:
     ) -> LocalWeightStream:
         """The policy's parameters as buckets cast to the rollout dtype (``model.dtype``), one bucket of
         ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.models.buckets``; ``split=False``:
-        whole tensors per bucket, for the GPU engines)."""
+        whole tensors per bucket, for the GPU engines).
+
+        Sharded (world > 1): each parameter is gathered whole when the stream first reads it and dropped
+        when it reads the next (``GatheredParams``): every rank must iterate the stream, in step (the
+        gathers are collectives); only the sending rank's buckets go anywhere.
+        """
         size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
-        named = self.model.named_parameters()
-        return LocalWeightStream.of(
-            named, dtype or self.rollout_dtype, size, split=split, staging=self._staging
-        )
+        named = dict(self.model.named_parameters())
+        shapes = ((n, tuple(p.shape)) for n, p in named.items())  # a DTensor's shape is the whole one
+        manifest = plan_buckets(shapes, dtype or self.rollout_dtype, size, split=split)
+        tensors = GatheredParams(named, self.ranks) if self.ranks.sharded else named
+        return LocalWeightStream(manifest, tensors, self._staging)
 
     def mark_synced(self) -> None:
         """The rollout now has the current weights. Nothing to do: decoupled mode recomputes its proximal
@@ -155,53 +179,54 @@ class PolicyTrainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _forward(
-        self, model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool, entropy_grad: bool = False
+        self, fwd: PolicyForward, mb: MicroBatch, *, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Response-token log-probs and entropy [b, width] of ``model`` on ``mb`` (0 at padding)."""
-        inputs = {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "use_cache": False}
-        if id(model) not in self._parts:  # looked up once per model: HF walks its modules to find them
-            self._parts[id(model)] = (linear_head_of(model), model.get_decoder())
-        head, body = self._parts[id(model)]
+        """Response-token log-probs and entropy [b, width] of ``fwd`` on ``mb`` (0 at padding)."""
         with self._autocast():
-            if head is None:  # not a plain projection (soft-capped logits): this micro-batch's full logits
-                logits = model(**inputs).logits[mb.rows, mb.cols]
-                lp, ent = token_logprobs_and_entropy(
-                    logits, mb.targets, self.temperature, entropy_grad=entropy_grad
-                )
-            else:  # only the positions that predict real response tokens go through the output layer
-                hidden = body(**inputs).last_hidden_state
-                lp, ent = chunked_logprobs_and_entropy(
-                    hidden[mb.rows, mb.cols],
-                    head,
-                    mb.targets,
-                    self.temperature,
-                    chunk_tokens=self.chunk_tokens,
-                    with_entropy=with_entropy,
-                    entropy_grad=entropy_grad,
-                )
+            lp, ent = fwd(
+                mb.input_ids, mb.position_ids, mb.rows, mb.cols, mb.targets, with_entropy, entropy_grad
+            )
         zeros = torch.zeros(mb.shape, dtype=torch.float32, device=lp.device)
         where = (mb.rows, mb.tcols)
         return zeros.index_put(where, lp), zeros.index_put(where, ent.float())
 
-    def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor]:
-        """``idx`` (rows of ``batch``) split into micro-batches by rows and token budget."""
+    def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor | None]:
+        """This rank's share of rows ``idx`` of ``batch`` (split across ranks by token count), in
+        micro-batches by rows and token budget; ``None`` entries pad this rank to the micro-batch count of
+        the busiest rank (FSDP's collectives need every rank to run as many forwards and backwards)."""
         prompt, response = row_lengths(batch)
-        groups = plan_micro_batches(
-            prompt[idx].tolist(),
-            response[idx].tolist(),
-            self.cfg.trainer.micro_batch_size or len(idx),
-            self.max_tokens,
-        )
-        return [idx[g] for g in groups]
+        p_len, r_len = prompt[idx].tolist(), response[idx].tolist()
+        shares = split_by_tokens([a + b for a, b in zip(p_len, r_len, strict=True)], self.ranks.world)
+        rows = self.cfg.trainer.micro_batch_size or len(idx)
+        plans = [
+            [
+                [share[i] for i in g]
+                for g in plan_micro_batches(
+                    [p_len[i] for i in share], [r_len[i] for i in share], rows, self.max_tokens
+                )
+            ]
+            for share in shares
+        ]
+        mine: list[torch.Tensor | None] = [idx[g] for g in plans[self.ranks.rank]]
+        return mine + [None] * (pad_plans(plans) - len(mine))
+
+    def _filler(self, batch: PackedBatch) -> MicroBatch:
+        """A one-row micro-batch whose results are thrown away (see ``_micro_batches``)."""
+        return select(batch, torch.zeros(1, dtype=torch.long, device=self.device), self.pad_id)
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-        """[B, R] float32 log-probs on the trainer's device."""
+    def _logprobs_no_grad(self, fwd: PolicyForward, batch: PackedBatch) -> torch.Tensor:
+        """[B, R] float32 log-probs on the trainer's device (each rank computes its share, then a sum)."""
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
         for part in self._micro_batches(batch, torch.arange(batch.input_ids.shape[0], device=self.device)):
+            if part is None:
+                with self.ranks.op("log-probs forward (FSDP all-gather)"):
+                    self._forward(fwd, self._filler(batch), with_entropy=False)
+                continue
             mb = select(batch, part, self.pad_id)
-            out[part, : mb.width] = self._forward(model, mb, with_entropy=False)[0]
-        return out
+            with self.ranks.op("log-probs forward (FSDP all-gather)"):
+                out[part, : mb.width] = self._forward(fwd, mb, with_entropy=False)[0]
+        return self.ranks.all_reduce(out, what="log-probs")
 
     def pack_samples(self, samples: list[Sample]) -> PackedBatch:
         return pack([s.prompt_ids for s in samples], [s.response_ids for s in samples], self.pad_id)
@@ -211,7 +236,7 @@ class PolicyTrainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            lp = self._logprobs_no_grad(self.model, self.pack_samples(samples).to(self.device)).cpu()
+            lp = self._logprobs_no_grad(self.policy, self.pack_samples(samples).to(self.device)).cpu()
         finally:
             self.model.train(was_training)
         return [lp[i, : len(s.response_ids)].tolist() for i, s in enumerate(samples)]
@@ -234,7 +259,7 @@ class PolicyTrainer:
         mask = mask * (~rejected).float()[:, None]
         old, is_w, is_flag = behaviour, None, None
         if ac.off_policy != "none":
-            old = self._logprobs_no_grad(self.model, batch)  # current weights, before this step's update
+            old = self._logprobs_no_grad(self.policy, batch)  # current weights, before this step's update
             weigh = filtered_is_weights if ac.off_policy == "decoupled" else truncated_is_weights
             is_w, is_flag = weigh(old, behaviour, ac.tis_threshold)
         return StepData(
@@ -305,17 +330,21 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, torch.Tensor] = {}
         for part in self._micro_batches(data.batch, idx):
-            self._micro_loss(data, part, norm, acc)
+            with self.ranks.op("forward/backward (FSDP all-gather, reduce-scatter)"):
+                self._micro_loss(data, part, norm, acc)
         max_norm = tc.grad_clip if tc.grad_clip is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        with self.ranks.op("gradient norm"):  # sharded gradients: the norm is a collective
+            grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
         # One device->host transfer for every metric of the step (each float() would synchronise a GPU).
-        names = [*acc, "actor/grad_norm"]
+        ratio_max = self.ranks.all_reduce(acc.pop("actor/ratio_max").reshape(1), "max", "metrics")
+        sums = self.ranks.all_reduce(torch.stack(list(acc.values())), what="metrics")  # shares add up
+        names = [*acc, "actor/ratio_max", "actor/grad_norm"]
         values = dict(
-            zip(names, torch.stack([*acc.values(), grad_norm.float().reshape(())]).tolist(), strict=True)
+            zip(names, torch.cat([sums, ratio_max, grad_norm.float().reshape(1)]).tolist(), strict=True)
         )
         tokens = max(values.pop("tokens"), 1.0)
         stats = {k: v / tokens if k.endswith("_sum") else v for k, v in values.items()}
@@ -326,16 +355,19 @@ class PolicyTrainer:
         return stats
 
     def _micro_loss(
-        self, data: StepData, part: torch.Tensor, norm: dict[str, Any], acc: dict[str, torch.Tensor]
+        self, data: StepData, part: torch.Tensor | None, norm: dict[str, Any], acc: dict[str, torch.Tensor]
     ) -> None:
         """Forward + backward of one micro-batch (the loss is already normalised to the mini-batch);
-        adds its metric sums to ``acc``."""
+        adds its metric sums to ``acc``. ``part`` None: a filler micro-batch of weight 0."""
         ac = self.cfg.algorithm
+        weight = float(self.ranks.world)  # FSDP averages the ranks' gradients: their sum is wanted
+        if part is None:
+            part, weight = torch.zeros(1, dtype=torch.long, device=self.device), 0.0
         mb = select(data.batch, part, self.pad_id)
         w = mb.width
-        mask = data.mask[part, :w]
+        mask = data.mask[part, :w] * (1.0 if weight else 0.0)
         # Entropy is always reported, but only differentiated when it is part of the loss.
-        logp, entropy = self._forward(self.model, mb, with_entropy=True, entropy_grad=ac.entropy_coef > 0)
+        logp, entropy = self._forward(self.policy, mb, with_entropy=True, entropy_grad=ac.entropy_coef > 0)
         old = data.old[part, :w]
         out = ppo_clip_loss(
             logp,
@@ -355,7 +387,7 @@ class PolicyTrainer:
             parts["actor/kl_ref"] = kl.detach()
         if ac.entropy_coef > 0:
             loss = loss - ac.entropy_coef * aggregate(entropy, mask, ac.loss_agg, **norm)
-        loss.backward()
+        (loss * weight).backward()
         with torch.no_grad():
             diff = logp.detach() - old
             parts.update(
@@ -374,12 +406,23 @@ class PolicyTrainer:
 
     # --- checkpoint ------------------------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        """Write model, optimizer, scheduler, version, RNG and ``extra`` atomically (see checkpoint.py)."""
+        """Write model, optimizer, scheduler, version, RNG and ``extra`` atomically (see checkpoint.py).
+        A group: every rank calls it, each writes its shards; rank 0 writes the rest."""
+        rank, world = self.ranks.rank, self.ranks.world
 
         def write(tmp: Path) -> None:
-            self.model.save_pretrained(tmp / "model", safe_serialization=True)
+            if self.ranks.sharded:
+                with self.ranks.op("checkpoint save"):
+                    ckpt.save_sharded(tmp / ckpt.SHARDED_DIR, self.model, self.optimizer)
+                if rank:
+                    return
+                self.model.config.save_pretrained(tmp / "model")
+                if getattr(self.model, "generation_config", None) is not None:
+                    self.model.generation_config.save_pretrained(tmp / "model")
+            else:
+                self.model.save_pretrained(tmp / "model", safe_serialization=True)
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             self.tokenizer.save_pretrained(tmp / "model")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(ckpt.rng_state(self.generator), tmp / "rng.pt")
             torch.save(extra, tmp / "extra.pt")
@@ -388,13 +431,15 @@ class PolicyTrainer:
                 "version": self.version,
                 "optimizer_steps": self.optimizer_steps,
                 "total_optimizer_steps": self.total_optimizer_steps,
+                "world_size": world,
             }
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
-        ckpt.write_atomically(Path(path), write)
+        ckpt.write_atomically_group(Path(path), write, rank, world)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict.
+        """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict. A sharded
+        checkpoint loads on any number of ranks (resharded); one rank's only on one rank.
 
         A ``proximal.safetensors`` written by earlier versions (decoupled mode kept a proximal copy) is
         ignored: the proximal log-probs now come from the current weights.
@@ -406,10 +451,19 @@ class PolicyTrainer:
         state = json.loads(state_file.read_text())
         if state.get("format_version") != ckpt.FORMAT_VERSION:
             raise ValueError(f"{path}: checkpoint format {state.get('format_version')} is not supported")
-        ckpt.copy_named_params(self.model, ckpt.load_safetensors_dir(path / "model"), f"{path}/model")
-        self.optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
-        )
+        if ckpt.is_sharded(path):
+            with self.ranks.op("checkpoint load"):
+                ckpt.load_sharded(path / ckpt.SHARDED_DIR, self.model, self.optimizer)
+        elif self.ranks.sharded:
+            raise ValueError(
+                f"{path} was written by one trainer rank: resume it with trainer.world_size 1 "
+                f"(a checkpoint of a trainer group resumes on any number of ranks)"
+            )
+        else:
+            ckpt.copy_named_params(self.model, ckpt.load_safetensors_dir(path / "model"), f"{path}/model")
+            self.optimizer.load_state_dict(
+                torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+            )
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
         ckpt.set_rng_state(torch.load(path / "rng.pt", weights_only=False), self.generator)
         self.version = int(state["version"])

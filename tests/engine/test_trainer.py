@@ -154,7 +154,9 @@ def test_tis_and_decoupled_report_importance_ratios(make_cfg):
 
     dec = PolicyTrainer(make_cfg(*base, "algorithm.off_policy=decoupled", "algorithm.tis_threshold=2.0"))
     # Decoupled PPO keeps no second model: the proximal log-probs come from the current weights.
-    assert [k for k, v in vars(dec).items() if isinstance(v, torch.nn.Module)] == ["model"]
+    # (``policy`` is the forward wrapped around that same model, not a copy)
+    assert [k for k, v in vars(dec).items() if isinstance(v, torch.nn.Module)] == ["model", "policy"]
+    assert dec.policy.lm is dec.model
     fresh = _scored_batch(make_cfg(*base))
     assert dec.train_step(fresh)["off_policy/is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
     # The proximal policy is the weights before this step's update, not the initial ones: after the

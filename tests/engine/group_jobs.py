@@ -1,0 +1,66 @@
+"""Targets for ``spawn_group`` used by the trainer-group tests (run in each rank's process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rl_engine.trainer import PolicyTrainer
+from rl_engine.trainer.distributed import Ranks
+from rl_engine.trainer.local_group import TrainJob
+
+
+def train_save_train(ranks: Ranks, payload: tuple[TrainJob, str, int]) -> dict[str, Any]:
+    """Train ``k`` steps, save a checkpoint (with a pipeline-like ``extra``), train the rest."""
+    job, path, k = payload
+    trainer = PolicyTrainer(job.cfg, ranks=ranks)
+    for samples in job.steps[:k]:
+        trainer.train_step(samples)
+    at_save = trainer.weights_numpy()
+    trainer.save_checkpoint(Path(path), {"data_cursor": 7, "queued": ["a", "b"]} if ranks.rank == 0 else {})
+    for samples in job.steps[k:]:
+        trainer.train_step(samples)
+    return {"at_save": at_save, "final": trainer.weights_numpy(), "version": trainer.version}
+
+
+def resume_train(ranks: Ranks, payload: tuple[TrainJob, str, int]) -> dict[str, Any]:
+    """Resume from the checkpoint and train the steps after ``k``."""
+    job, path, k = payload
+    trainer = PolicyTrainer(job.cfg, ranks=ranks)
+    extra = trainer.load_checkpoint(Path(path))
+    resumed_at = trainer.version
+    for samples in job.steps[k:]:
+        trainer.train_step(samples)
+    return {"final": trainer.weights_numpy(), "extra": extra, "resumed_at": resumed_at}
+
+
+def stall_rank(ranks: Ranks, payload: tuple[TrainJob, int, str]) -> None:
+    """Rank ``who`` never joins the step (it sleeps, or its process exits) while the others train."""
+    import os
+    import time
+
+    job, who, how = payload
+    trainer = PolicyTrainer(job.cfg, ranks=ranks)
+    if ranks.rank == who:
+        if how == "exit":
+            os._exit(3)
+        time.sleep(600)
+    trainer.train_step(job.steps[0])
+
+
+def stream_weights(ranks: Ranks, payload: tuple[TrainJob, int]) -> dict[str, Any]:
+    """Train one step, then stream the weights from the shards in small buckets: rank 0 keeps every
+    bucket's bytes and the most it held at once beyond its shards (the gathered parameter + the bucket)."""
+    job, bucket_bytes = payload
+    trainer = PolicyTrainer(job.cfg, ranks=ranks)
+    trainer.train_step(job.steps[0])
+    stream = trainer.weight_stream(bucket_bytes=bucket_bytes)
+    chunks, held = [], 0
+    for bucket in stream:
+        whole = getattr(stream.tensors, "_whole", None)
+        extra = (
+            whole.numel() * whole.element_size() if whole is not None else 0
+        ) + bucket.flat.numel() * bucket.flat.element_size()
+        held = max(held, extra)
+        chunks.append(bucket.to_bytes().copy())  # a view of the reused staging buffer
+    return {"buckets": chunks, "held": held, "weights": trainer.weights_numpy(), "manifest": stream.manifest}
