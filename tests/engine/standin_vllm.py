@@ -78,6 +78,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     logprobs: int | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     skip_special_tokens: bool = True
     seed: int | None = None
 
