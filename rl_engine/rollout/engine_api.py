@@ -34,7 +34,8 @@ def _model() -> ModelConfig:
 def vllm_api() -> list[ApiUse]:
     from rl_engine.rollout.vllm import engine_kwargs, sampling_kwargs
 
-    engine = (*engine_kwargs(VLLMRolloutConfig(), _model(), "/m", 0), "weight_transfer_config")
+    gpu, cpu = (engine_kwargs(VLLMRolloutConfig(device=d), _model(), "/m", 0) for d in ("cuda", "cpu"))
+    engine = (*dict.fromkeys([*gpu, *cpu]), "weight_transfer_config")  # both devices' keywords
     llm = "vllm.v1.engine.async_llm:AsyncLLM."
     return [
         ApiUse("vllm:AsyncEngineArgs", keywords=engine, kind="class"),
@@ -93,6 +94,9 @@ def vllm_api() -> list[ApiUse]:
             method=True,
         ),
         ApiUse("vllm.config.model:ModelConfig", kind="class", values={"logprobs_mode": "processed_logprobs"}),
+        # the device check before the engine starts (rollout.device cpu needs the CPU build)
+        ApiUse("vllm.platforms.interface:Platform.is_cpu", method=True),
+        ApiUse("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_head_sizes"),
         # the trainer's side of a broadcast sync (rl_engine/pipeline/engine_senders.py)
         ApiUse("vllm.distributed.weight_transfer.nccl_common:trainer_init", positional=1, keywords=("rank",)),
         ApiUse(

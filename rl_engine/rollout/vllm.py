@@ -27,6 +27,7 @@ is built on); every call is a coroutine submitted to that loop, every wait bound
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
@@ -202,6 +203,7 @@ class VLLMRolloutWorker(AsyncEngineWorker):
 
     def __init__(self, rollout_cfg: VLLMRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
         self._transfer: str | None = None  # the broadcast backend, once init_weight_transfer ran
+        self._in_flight: set[str] = set()  # request ids inside engine.generate (loop thread only)
         self._transfer_buffer = 0  # nccl: the packed buffer's bytes
         super().__init__(rollout_cfg, model_cfg, seed=seed)
 
@@ -221,7 +223,19 @@ class VLLMRolloutWorker(AsyncEngineWorker):
         return AsyncLLM.from_engine_args(args)
 
     def _pause(self) -> Coroutine[Any, Any, Any]:
-        return self.engine.pause_generation(mode="abort", clear_cache=False)
+        return self._pause_and_drain()
+
+    async def _pause_and_drain(self) -> None:
+        """Abort-mode pause, then abort whatever request of this worker is still in the engine, until
+        none is. vLLM 0.33 refuses a request that reaches a paused engine (``RetryableRequestError``);
+        vLLM 0.32 queues it until ``resume_generation`` — a request caught in the late window (past
+        the worker's flag check, not yet in the engine) would wait for a resume that its own caller
+        must first see it return. ``abort`` of a request id the engine does not know yet is a no-op:
+        the loop catches it once it arrives."""
+        await self.engine.pause_generation(mode="abort", clear_cache=False)
+        while self._in_flight:
+            await self.engine.abort(list(self._in_flight))
+            await asyncio.sleep(0.01)
 
     def _resume(self) -> Coroutine[Any, Any, Any]:
         return self.engine.resume_generation()
@@ -233,14 +247,15 @@ class VLLMRolloutWorker(AsyncEngineWorker):
         if self.interrupted:  # checked on the loop thread right before the engine: see engine_loop
             return [], [], "abort"
         params = SamplingParams(**sampling_kwargs(self.cfg, budget, self.special.eos_ids))
-        final = None
+        final, rid = None, f"r{next(self._request_ids)}"
+        self._in_flight.add(rid)
         try:
-            async for out in self.engine.generate(
-                {"prompt_token_ids": token_ids}, params, f"r{next(self._request_ids)}"
-            ):
+            async for out in self.engine.generate({"prompt_token_ids": token_ids}, params, rid):
                 final = out
-        except RetryableRequestError:  # the pause reached the engine before this request
+        except RetryableRequestError:  # vLLM 0.33: the pause reached the engine before this request
             return [], [], "abort"
+        finally:
+            self._in_flight.discard(rid)
         if final is None:
             return [], [], "abort"
         return convert_completion(final.outputs[0], self.special.eos_ids)

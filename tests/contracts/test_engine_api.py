@@ -86,10 +86,23 @@ def test_vllm_worker_extension_reaches_the_gpu_worker() -> None:
     """``worker_extension_cls`` is mixed into vLLM's GPU worker, which sets ``self.device`` (an
     instance attribute: read from the source) and builds the weight-transfer engine on ``get_model()``."""
     from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.worker_base import WorkerBase
 
     src = inspect.getsource(Worker)
     assert "self.device = " in src
     assert "self.model_runner.get_model()" in src
+    assert issubclass(Worker, WorkerBase)
+    assert "self.rank = rank" in inspect.getsource(WorkerBase.__init__)  # the gloo path's rank offset
+
+
+@pytest.mark.skipif(not VLLM, reason="vllm is not installed in this environment (make check-vllm)")
+def test_vllm_platform_object_is_a_platform() -> None:
+    """``vllm.platforms.current_platform`` (a lazy module attribute) is a ``Platform``: the worker asks
+    it ``is_cpu()`` before starting the engine."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import Platform
+
+    assert isinstance(current_platform, Platform)
 
 
 @pytest.mark.skipif(not SGLANG, reason="sglang is not installed in this environment (make check-sglang)")
