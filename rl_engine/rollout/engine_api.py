@@ -48,6 +48,7 @@ def vllm_api() -> list[ApiUse]:
         ApiUse(llm + "generate", positional=3, kind="asyncgen", method=True),
         ApiUse(llm + "pause_generation", keywords=("mode", "clear_cache"), kind="coroutine", method=True),
         ApiUse(llm + "resume_generation", kind="coroutine", method=True),
+        ApiUse(llm + "abort", positional=1, kind="coroutine", method=True),  # 0.32 queues late requests
         ApiUse(llm + "collective_rpc", positional=1, keywords=("args",), kind="coroutine", method=True),
         ApiUse(llm + "init_weight_transfer_engine", positional=1, kind="coroutine", method=True),
         ApiUse(llm + "start_weight_update", kind="coroutine", method=True),
