@@ -95,6 +95,11 @@ def vllm_api() -> list[ApiUse]:
             method=True,
         ),
         ApiUse("vllm.config.model:ModelConfig", kind="class", values={"logprobs_mode": "processed_logprobs"}),
+        ApiUse(  # the extension's refresh of a tied lm_head after a weight update
+            "vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod.process_weights_after_loading",
+            positional=1,
+            method=True,
+        ),
         # the device check before the engine starts (rollout.device cpu needs the CPU build)
         ApiUse("vllm.platforms.interface:Platform.is_cpu", method=True),
         ApiUse("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_head_sizes"),

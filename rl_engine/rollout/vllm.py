@@ -168,6 +168,30 @@ class VLLMWorkerExtension:
         self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
         return len(named)
 
+    def rl_engine_refresh_tied(self) -> int:
+        """Re-run the weight processing of tied, unquantized embeddings (the tied ``lm_head``).
+
+        vLLM's layerwise reload reprocesses each reloaded layer, but a tied parameter only through one
+        of its owners (``vllm/model_executor/model_loader/reload/__init__.py``, limitation 2). On CPU
+        that processing packs the GEMM weights (``dispatch_cpu_unquantized_gemm``): a tied ``lm_head``
+        kept computing logits with the weights it started with (log-probs off by ~1e-2 after an
+        update). On a GPU the call is a no-op. Returns how many modules were refreshed."""
+        import torch
+
+        owners: dict[int, list[Any]] = {}
+        for module in self.get_model().modules():  # type: ignore[attr-defined]
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.Tensor) and not weight.is_meta and weight.numel():
+                owners.setdefault(weight.data_ptr(), []).append(module)
+        refreshed = 0
+        for modules in owners.values():
+            for m in modules if len(modules) > 1 else ():
+                method = getattr(m, "quant_method", None)
+                if type(method).__name__ == "UnquantizedEmbeddingMethod":
+                    method.process_weights_after_loading(m)
+                    refreshed += 1
+        return refreshed
+
     def rl_engine_join_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int, timeout_s: float
     ) -> int:
@@ -371,6 +395,7 @@ class VLLMRolloutWorker(AsyncEngineWorker):
             self._control(
                 "finish_weight_update", self.engine.finish_weight_update(weight_version=str(int(version)))
             )
+            self._control("refresh tied weights", self.engine.collective_rpc("rl_engine_refresh_tied"))
             if not self._control("reset_prefix_cache", self.engine.reset_prefix_cache()):
                 raise EngineError(
                     "vllm: reset_prefix_cache refused after a weight update (requests still running?)"
