@@ -27,7 +27,16 @@ def ray_session():
     import ray
 
     tmp = tempfile.mkdtemp(prefix="rlp_", dir="/tmp")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
+    # Ray gives its raylet 30 s to register (not configurable): on a loaded 2-core machine (load 25-35,
+    # three vLLM engines importing) it missed that twice here. Retry the start, not the test.
+    for attempt in range(3):
+        try:
+            ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
+            break
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+            ray.shutdown()
     yield ray
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
