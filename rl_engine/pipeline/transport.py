@@ -10,8 +10,8 @@ the receivers on the control plane (an actor call), the bytes by one broadcast o
   it never touches the default process group a trainer may use for FSDP. Every collective is bounded
   by ``GroupInit.timeout_s``.
 * ``GroupSender``: rank 0, sends a stream. ``open_sender`` picks the trainer's side for the rollout
-  backend: this group for the HF worker, each engine's own helper for vLLM / SGLang
-  (``engine_senders.py``).
+  backend: this group for the HF worker (and vLLM over gloo), each engine's own helper for vLLM over
+  NCCL and SGLang (``engine_senders.py``).
 * ``BroadcastWeights``: a receiver's ``WeightStream``; each bucket arrives straight into the memory the
   receiver lends (the HF worker's flat parameter buffer) when it is on the group's device.
 """
@@ -117,7 +117,7 @@ class GroupSender:
 
 def open_sender(init: GroupInit, rollout_backend: str) -> BucketSender:
     """The trainer's side of a broadcast sync to ``rollout_backend`` workers (joins; blocks until all did)."""
-    if rollout_backend == "vllm":
+    if rollout_backend == "vllm" and init.backend == "nccl":  # over gloo the vLLM worker joins this group
         from rl_engine.pipeline.engine_senders import VllmSender
 
         return VllmSender.join(init)

