@@ -2,8 +2,8 @@
 
 Protocol (docs/dashboard.md has the full picture):
 
-- Connect as a logged-in member of the run's project (session cookie); anyone else is refused at the
-  handshake. ``?last_seq=N`` in the URL (or a later ``{"type": "resume", "last_seq": N}`` message) says
+- Connect as a logged-in member of the run's project (session cookie, or an API token:
+  ``tracking/ws_auth.py``); anyone else is refused at the handshake. ``?last_seq=N`` in the URL (or a later ``{"type": "resume", "last_seq": N}`` message) says
   which events the client already has.
 - The server first sends ``{"kind": "hello", "run": {...}}``, then every stored event with ``seq > N``
   from the database (catch-up), then live messages as ``tracking.live`` publishes them after commit:
@@ -20,7 +20,7 @@ Protocol (docs/dashboard.md has the full picture):
 - A channel layer that is unreachable (Redis down) does not end the stream: the consumer polls the
   database every ``FALLBACK_POLL_S`` meanwhile, retries the layer with a backoff, and once it answers
   joins the run's group again and reads what it missed.
-- Membership and the session are re-checked on every poll, at least every ``MEMBERSHIP_RECHECK_S`` and
+- Membership and the session (for a token stream: the token) are re-checked on every poll, at least every ``MEMBERSHIP_RECHECK_S`` and
   on every client message: a user removed from the project (or deactivated), logged out, or whose
   password changed since the stream opened is disconnected with code 4403.
 """
@@ -78,10 +78,13 @@ def _session_still_logs_in(user: Any, session: Any) -> bool:
     return bool(fresh.is_authenticated and fresh.pk == user.pk)
 
 
-def _run_for_member(user: Any, run_id: int, session: Any = None) -> Run | None:
+def _run_for_member(user: Any, run_id: int, session: Any = None, *, by_token: bool = False) -> Run | None:
     """The run if ``user`` belongs to its project and ``session`` still logs them in, else None (unknown
-    run and foreign run look alike)."""
-    if not getattr(user, "is_authenticated", False) or not _session_still_logs_in(user, session):
+    run and foreign run look alike). A stream opened with an API token (``by_token``) has no session: its
+    token is re-checked by ``tracking/ws_auth.py`` instead."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    if not by_token and not _session_still_logs_in(user, session):
         return None
     # The user row is re-read too: a deactivated user is gone as much as a removed member.
     return Run.objects.filter(
@@ -313,7 +316,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def still_member(self) -> bool:
         """Re-check that the user may still see the run; if not, close the socket with 4403."""
         self.member_checked = time.monotonic()
-        if await run_for_member(self.scope.get("user"), self.run_id, self.scope.get("session")) is not None:
+        scope = self.scope
+        by_token = scope.get("auth") is not None  # set by tracking/ws_auth.py for a token handshake
+        run = await run_for_member(scope.get("user"), self.run_id, scope.get("session"), by_token=by_token)
+        if run is not None:
             return True
         log.info("closing the live stream of run %s: the user is not (or no longer) a member", self.run_id)
         await self.close(code=CLOSE_FORBIDDEN)

@@ -259,6 +259,21 @@ async def test_a_token_streams_the_same_events_as_a_cookie(world, tokens, settin
     await comm.disconnect()
 
 
+async def test_a_token_stream_stays_open_across_membership_rechecks(world, tokens, settings, monkeypatch):
+    """A token stream has no browser session: the re-check must not take that for a logged-out session."""
+    from tracking.services import events_append
+
+    settings.LIVE_POLL_INTERVAL_S = 0.2
+    monkeypatch.setattr(consumers, "MEMBERSHIP_RECHECK_S", 0.1)
+    comm = token_communicator(world["run"].pk, f"Token {tokens['admitted']['viewer']}")
+    assert await close_code_of(comm) is None
+    await asyncio.sleep(0.8)  # several polls, each re-checking membership
+    await database_sync_to_async(events_append)(run_id=world["run"].pk, kind="log", message="still here")
+    message = await comm.receive_json_from(timeout=5)
+    assert message["kind"] == "event" and message["event"]["message"] == "still here"
+    await comm.disconnect()
+
+
 async def test_a_token_member_removed_from_the_project_is_closed_with_4403(world, tokens, settings):
     settings.LIVE_POLL_INTERVAL_S = 0.2
     comm = token_communicator(world["run"].pk, f"Token {tokens['admitted']['viewer']}")
