@@ -40,6 +40,18 @@ FORMAT_VERSION = 1
 SHARDED_DIR = "dcp"
 
 
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the written ``tmp`` to ``path``; an existing checkpoint there is moved aside first and
+    removed only once the new one is in place."""
+    old = None
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+    os.rename(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_dir)`` then move ``tmp_dir`` to ``path`` (replacing an existing checkpoint)."""
     path = Path(path)
@@ -48,13 +60,7 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     tmp.mkdir()
     try:
         write(tmp)
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(path, old)
-        os.rename(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _move_into_place(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -124,13 +130,7 @@ def write_atomically_group(path: Path, write: Callable[[Path], None], rank: int,
         write(tmp)
         dist.barrier()  # every rank's shards are on disk
         if rank == 0:
-            old = None
-            if path.exists():
-                old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(path, old)
-            os.rename(tmp, path)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            _move_into_place(tmp, path)
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
