@@ -25,6 +25,7 @@ from channels.layers import get_channel_layer
 log = logging.getLogger(__name__)
 
 QUEUE_MAX = 10_000  # messages waiting for the layer before new ones are dropped (the poll recovers them)
+SEND_TIMEOUT_S = 5.0  # one send longer than this counts as failed: the layer is away
 
 
 def group_name(run_id: int) -> str:
@@ -85,6 +86,18 @@ async def _send_forever(queue: asyncio.Queue[tuple[Any, str, dict[str, Any]]]) -
     while True:
         layer, group, message = await queue.get()
         try:
-            await layer.group_send(group, message)
+            await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
         except Exception:
-            log.warning("live publish to %s failed", group, exc_info=True)
+            # The layer is away (or too slow): what waits behind this message would only queue up behind
+            # more failures and reach consumers late, after the layer is back. Drop it; the consumers'
+            # polls read it from the database, and messages published from now on go out as they come.
+            dropped = 0
+            while not queue.empty():
+                queue.get_nowait()
+                dropped += 1
+            log.warning(
+                "live publish to %s failed (%d queued messages left to the consumers' polls)",
+                group,
+                dropped,
+                exc_info=True,
+            )
