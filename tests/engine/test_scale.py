@@ -62,7 +62,7 @@ def test_trainer_forward_equals_the_full_logits_path_on_the_tiny_model(make_cfg)
     # the trainer's layout (rows left-aligned, no attention mask) against the model's own forward on
     # the shared left-padded layout with its mask (what the rollout runs)
     mb = select(batch, torch.arange(16), trainer.pad_id)
-    lp, ent = trainer._forward(trainer.model, mb, with_entropy=True, entropy_grad=True)
+    lp, ent = trainer._forward(trainer.policy, mb, with_entropy=True, entropy_grad=True)
     loss = (lp * mask).sum() + 0.3 * (ent * mask).sum()
     new_grads = torch.autograd.grad(loss, list(trainer.model.parameters()))
     width = batch.response_mask.shape[1]
@@ -100,9 +100,9 @@ def test_token_budget_packs_rows_and_aligns_them_without_padding_on_the_left(mak
         assert set(mb.input_ids[k, n:].tolist()) <= {trainer.pad_id}
         assert mb.targets[mb.rows == k].tolist() == s.response_ids
     full, _ = trainer._forward(
-        trainer.model, select(batch, torch.arange(16), trainer.pad_id), with_entropy=False
+        trainer.policy, select(batch, torch.arange(16), trainer.pad_id), with_entropy=False
     )
-    part, _ = trainer._forward(trainer.model, mb, with_entropy=False)
+    part, _ = trainer._forward(trainer.policy, mb, with_entropy=False)
     assert (full[rows, : mb.width] - part).abs().max() <= 1e-6
 
 
@@ -212,9 +212,10 @@ def test_an_output_layer_that_cannot_be_chunked_takes_the_full_logits_path(make_
     trainer = PolicyTrainer(cfg)
     batch = trainer.pack_samples(_scored_batch(cfg))
     mb = select(batch, torch.arange(16), trainer.pad_id)
-    chunked = trainer._forward(trainer.model, mb, with_entropy=True)
-    trainer._parts[id(trainer.model)] = (None, trainer.model.get_decoder())  # as for soft-capped logits
-    full = trainer._forward(trainer.model, mb, with_entropy=True)
+    assert trainer.policy._linear  # the chunked path first
+    chunked = trainer._forward(trainer.policy, mb, with_entropy=True)
+    trainer.policy._linear = False  # as for soft-capped logits (linear_head_of finds no plain head)
+    full = trainer._forward(trainer.policy, mb, with_entropy=True)
     mask = batch.response_mask.bool()
     for a, b in zip(chunked, full, strict=True):
         assert (a - b)[mask].abs().max() <= 1e-5
