@@ -60,8 +60,8 @@ def test_trainer_recomputations_are_identical_and_on_policy_ratios_are_one(make_
     samples = _scored_batch(cfg)
     batch = trainer.pack_samples(samples)
     # the old / proximal log-probs are computed with the model in training mode, as in a step
-    a = trainer._logprobs_no_grad(trainer.model, batch)
-    b = trainer._logprobs_no_grad(trainer.model, batch)
+    a = trainer._logprobs_no_grad(trainer.policy, batch)
+    b = trainer._logprobs_no_grad(trainer.policy, batch)
     assert torch.equal(a, b)
     for s, lp in zip(samples, trainer.compute_logprobs(samples), strict=True):
         s.logprobs = lp  # behaviour = the current weights: on-policy data

@@ -58,6 +58,8 @@ def test_vllm_sampling_kwargs_follow_the_config():
         "max_tokens": 100,
         "logprobs": 0,
         "stop_token_ids": [2, 7],
+        # the worker's own eos ids stop it, not the tokenizer's eos vLLM would add (docs/engine.md)
+        "ignore_eos": True,
         "skip_special_tokens": True,
     }
 
