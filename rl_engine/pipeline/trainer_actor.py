@@ -29,8 +29,8 @@ import ray
 
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
+from rl_engine.pipeline.followers import Followers, RankStatus
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.pipeline.trainer_group import Followers, RankStatus
 from rl_engine.types import ExampleSample, QueueBatch, Sample, SendStats, StepCancelled, StepResult
 from rl_engine.weights.broadcast import BucketSender, GroupInit
 from rl_engine.weights.buckets import LocalWeightStream, WeightManifest
