@@ -31,7 +31,6 @@ from rl_engine.pipeline.metrics import step_metrics, sum_counters
 from rl_engine.pipeline.pauses import RolloutPauses
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
-from rl_engine.pipeline.sync import PendingSync, build_sync
 from rl_engine.pipeline.trainer_group import build_trainer_group
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
 from rl_engine.types import (
@@ -43,6 +42,7 @@ from rl_engine.types import (
     StepResult,
     WeightLoadTiming,
 )
+from rl_engine.weights.sync import PendingSync, build_sync
 
 
 @dataclass
