@@ -334,13 +334,13 @@ LiveMessage = Annotated[
 MetricRow = tuple[str, int, float, float]  # key, step, value, wall_time
 
 
-def live_hello(run: Mapping[str, Any]) -> HelloMessage:
-    return HelloMessage(kind=LiveKind.HELLO, run=dict(run))
+def live_hello(run: dict[str, Any]) -> HelloMessage:
+    return HelloMessage(kind=LiveKind.HELLO, run=run)
 
 
-def live_event(*, seq: int, kind: str, message: str, data: Mapping[str, Any], created: str) -> EventMessage:
-    """An event as the stream sends it. ``kind`` as stored (a plain string on the wire)."""
-    event = LiveEventOut(seq=seq, kind=EventKind(kind), message=message, data=dict(data), created=created)
+def live_event(*, seq: int, kind: str, message: str, data: dict[str, Any], created: str) -> EventMessage:
+    """An event as the stream sends it; ``kind`` as stored (a string that names an ``EventKind``)."""
+    event = LiveEventOut(seq=seq, kind=EventKind(kind), message=message, data=data, created=created)
     return EventMessage(kind=LiveKind.EVENT, event=event)
 
 
