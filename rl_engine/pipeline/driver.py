@@ -43,6 +43,7 @@ from rl_engine.types import (
     WeightLoadTiming,
 )
 from rl_engine.weights.sync import PendingSync, build_sync
+from rl_engine.wire import EventKind
 
 
 @dataclass
@@ -226,7 +227,7 @@ class _Run:
         self._build()
         self._maybe_resume()
         self.sink.log_event(
-            "status",
+            EventKind.STATUS,
             f"pipeline running ({self.knobs.mode}) from step {self.start_step}",
             {"step": self.start_step, "mode": self.knobs.mode, "max_staleness": self.knobs.max_staleness},
         )
@@ -255,7 +256,7 @@ class _Run:
                     sync_s = self._sync(self.step)  # blocking: the trainer sends it
             except StopWaitAbandoned as exc:
                 self.sink.log_event(
-                    "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
+                    EventKind.ALERT, f"stopping without finishing a weight sync: {exc}", {"step": self.step}
                 )
                 self.trained_uids.extend(result.uids)
                 break
@@ -277,7 +278,7 @@ class _Run:
         if self.cfg.trainer.checkpoint_dir and self.last_ckpt_step != self.step:
             self._checkpoint(self.step)
         self.sink.log_event(
-            "status",
+            EventKind.STATUS,
             ("stopped" if self.stopped else "finished") + f" at step {self.step}",
             {"step": self.step, "stopped": self.stopped, "checkpoint": self.last_ckpt},
         )
@@ -288,7 +289,9 @@ class _Run:
         try:
             fn()
         except StopWaitAbandoned as exc:
-            self.sink.log_event("alert", f"stopping without finishing {what}: {exc}", {"step": self.step})
+            self.sink.log_event(
+                EventKind.ALERT, f"stopping without finishing {what}: {exc}", {"step": self.step}
+            )
 
     # --- weight sync ------------------------------------------------------------------------------------
     def _syncs_after(self, step: int) -> bool:
@@ -323,7 +326,7 @@ class _Run:
         except StopWaitAbandoned as exc:
             self._pending_sync = None
             self.sink.log_event(
-                "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
+                EventKind.ALERT, f"stopping without finishing a weight sync: {exc}", {"step": self.step}
             )
             return None
 
@@ -379,12 +382,12 @@ class _Run:
                     self.trainer.save_checkpoint.remote(str(path), extra), "checkpoint"
                 )
         except StopWaitAbandoned as exc:
-            self.sink.log_event("alert", f"checkpoint at step {step} skipped: {exc}", {"step": step})
+            self.sink.log_event(EventKind.ALERT, f"checkpoint at step {step} skipped: {exc}", {"step": step})
             return
         self.last_ckpt, self.last_ckpt_step = str(path), step
         ckpt.prune(directory, self.cfg.trainer.keep_checkpoints)
         self.sink.log_event(
-            "checkpoint",
+            EventKind.CHECKPOINT,
             f"checkpoint at step {step}",
             {"step": step, "path": str(path), "size_bytes": int(size)},
         )
@@ -403,7 +406,7 @@ class _Run:
         self.start_step = self.step = ray.get(self.trainer.get_version.remote())
         self._sync(self.step)  # rollouters start from the checkpointed weights
         self.sink.log_event(
-            "status",
+            EventKind.STATUS,
             f"resumed from {src} at step {self.step}",
             {"step": self.step, "path": src, "queued": len(qstate.groups)},
         )

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_engine.algos import aggregate, get_advantage_fn, group_indices, kl_k3, ppo_clip_loss
-from rl_engine.algos.losses import filtered_is_weights, truncated_is_weights
+from rl_engine.algos.advantages import get_advantage_fn, group_indices
+from rl_engine.algos.losses import aggregate, filtered_is_weights, kl_k3, ppo_clip_loss, truncated_is_weights
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad
