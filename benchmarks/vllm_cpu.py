@@ -9,8 +9,9 @@ Run with the vLLM CPU environment (``make check-vllm-cpu`` builds it at ``VLLM_C
     .venv/bin/python benchmarks/vllm_cpu.py --quick   # make bench: the HF side only when vLLM is absent
 
 Both workers get the same head_dim-64 tiny model (demo-vllm-cpu's: one head of 64) and the same
-prompts (8 prompts x 8 = 64 sequences), eos moved outside the vocabulary so every sequence decodes
-exactly ``--new-tokens`` tokens. Time to first token = the wall time of a call that decodes one token
+prompts (8 prompts x 8 = 64 sequences); every sequence decodes exactly ``--new-tokens`` tokens (the
+workers' ``min_new_tokens`` masks eos out until then: vLLM's ``min_tokens``, checked per call; vLLM
+refuses an eos id outside the vocabulary, the way this script once tried). Time to first token = the wall time of a call that decodes one token
 for the same 64 sequences (prefill + one step; neither worker streams). Weight updates: the object-store
 path's load (the trainer's bucket stream handed to ``update_weights``) and a gloo broadcast from a
 trainer-side ``GroupSender`` (``receive_weights``). The contenders alternate (A B B A ...), medians.
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl_engine.config import ExperimentConfig, TinyModelSpec, apply_overrides, parse_config
 from rl_engine.data import PromptStream
-from rl_engine.models.tiny import char_vocab, save_tiny_model
+from rl_engine.models.tiny import save_tiny_model
 from rl_engine.presets import get_preset
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
@@ -84,29 +85,39 @@ def _gloo_pair(worker, trainer: PolicyTrainer):
 def bench_speed(
     model_dir: Path, backends: list[str], repeats: int, new_tokens: int
 ) -> dict[str, dict[str, float]]:
-    vocab = len(char_vocab())
-    eos = f"model.generation_config={{eos_token_id: {vocab}}}"  # outside the vocabulary: never sampled
     workers, trainers, senders = {}, {}, {}
     starts = {}
     for b in backends:
-        cfg = config(model_dir, b, eos)
+        cfg = config(model_dir, b)
         starts[b] = _timed(lambda b=b, cfg=cfg: workers.__setitem__(b, build_rollout_worker(cfg)))
         trainers[b] = PolicyTrainer(cfg)
         senders[b] = _gloo_pair(workers[b], trainers[b])
-    cfg = config(model_dir, backends[0], eos)
+    cfg = config(model_dir, backends[0])
     prompts = PromptStream(cfg, workers[backends[0]].tokenizer).next_batch(8)
     res: dict[str, dict[str, list[float]]] = {
         b: {"gen": [], "ttft": [], "obj": [], "gloo": []} for b in backends
     }
     version = 0
 
+    def decode(w, tokens: int) -> float:
+        """Seconds of one call decoding exactly ``tokens`` tokens for each of the 64 sequences."""
+        w.cfg = w.cfg.model_copy(update={"max_new_tokens": tokens})
+        w.min_new_tokens = tokens
+        t0 = time.perf_counter()
+        samples = w.generate(prompts, 8)
+        dt = time.perf_counter() - t0
+        lengths = {len(s.response_ids) for s in samples}
+        if len(samples) != 64 or lengths != {tokens}:
+            raise RuntimeError(
+                f"{type(w).__name__}: {len(samples)} sequences of lengths {lengths}, not 64 x {tokens}"
+            )
+        return dt
+
     def one(b: str) -> None:
         nonlocal version
         w, tr = workers[b], trainers[b]
-        w.cfg = w.cfg.model_copy(update={"max_new_tokens": new_tokens})
-        res[b]["gen"].append(_timed(lambda: w.generate(prompts, 8)))
-        w.cfg = w.cfg.model_copy(update={"max_new_tokens": 1})
-        res[b]["ttft"].append(_timed(lambda: w.generate(prompts, 8)))
+        res[b]["gen"].append(decode(w, new_tokens))
+        res[b]["ttft"].append(decode(w, 1))
         version += 1
         res[b]["obj"].append(_timed(lambda: w.update_weights(tr.weight_stream(split=False), version)))
         sender, manifest = senders[b]
