@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -84,7 +85,9 @@ def _gloo_pair(worker, trainer: PolicyTrainer):
 
 def bench_speed(
     model_dir: Path, backends: list[str], repeats: int, new_tokens: int
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Per backend: tok_s, ttft_ms, obj_ms, gloo_ms as (median, worst, best) over the repeats, and
+    start_s (one value, three times)."""
     workers, trainers, senders = {}, {}, {}
     starts = {}
     for b in backends:
@@ -139,17 +142,26 @@ def bench_speed(
             one(b)
     for w in workers.values():
         w.close()
-    out = {}
-    for b in backends:
-        med = {k: statistics.median(v) for k, v in res[b].items()}
-        out[b] = {
-            "start_s": starts[b],
-            "tok_s": 64 * new_tokens / med["gen"],
-            "ttft_ms": 1e3 * med["ttft"],
-            "obj_ms": 1e3 * med["obj"],
-            "gloo_ms": 1e3 * med["gloo"],
+
+    def stats(xs: list[float], scale: Callable[[float], float]) -> tuple[float, float, float]:
+        return scale(statistics.median(xs)), scale(max(xs)), scale(min(xs))
+
+    return {
+        b: {
+            "start_s": (starts[b],) * 3,
+            "tok_s": stats(res[b]["gen"], lambda s: 64 * new_tokens / s),
+            "ttft_ms": stats(res[b]["ttft"], lambda s: 1e3 * s),
+            "obj_ms": stats(res[b]["obj"], lambda s: 1e3 * s),
+            "gloo_ms": stats(res[b]["gloo"], lambda s: 1e3 * s),
         }
-    return out
+        for b in backends
+    }
+
+
+def _cell(stat: tuple[float, float, float], fmt: str, unit: str = "") -> str:
+    """``median unit (worst..best)``."""
+    med, worst, best = (format(x, fmt) for x in stat)
+    return f"{med}{unit} ({worst}..{best})"
 
 
 def bench_learning(model_dir: Path, backend: str, steps: int, seed: int) -> list[tuple[float, int, float]]:
@@ -209,19 +221,25 @@ def main() -> None:
         if "speed" in args.parts:
             r = bench_speed(model, backends, args.repeats, args.new_tokens)
             print(
-                f"\n## HF vs vLLM-CPU worker (64 seqs, {args.new_tokens} new tokens, median of {args.repeats})"
+                f"\n## HF vs vLLM-CPU worker (64 seqs, {args.new_tokens} new tokens, median (worst..best) "
+                f"of {args.repeats})"
             )
             print(
                 "| worker | new tokens/s | time to first token | update: object-store path | update: gloo | engine start |"
             )
             print("|---|---|---|---|---|---|")
             for b, f in r.items():
-                print(
-                    f"| {b} | {f['tok_s']:,.0f} | {f['ttft_ms']:.0f} ms | {f['obj_ms']:.0f} ms | {f['gloo_ms']:.0f} ms "
-                    f"| {f['start_s']:.1f} s |"
-                )
+                cells = [
+                    _cell(f["tok_s"], ",.0f"),
+                    *(_cell(f[k], ".0f", " ms") for k in ("ttft_ms", "obj_ms", "gloo_ms")),
+                    f"{f['start_s'][0]:.1f} s",
+                ]
+                print(f"| {b} | {' | '.join(cells)} |")
+            if len(r) == 2:
+                ratios = [r["vllm"][k][0] / r["hf"][k][0] for k in ("tok_s", "ttft_ms", "obj_ms", "gloo_ms")]
+                print("| vllm / hf | " + " | ".join(f"{x:.2f}" for x in ratios) + " | |")
         if "learning" in args.parts:
-            marks = [50, 100, 200, 300, 400, 500, 600]
+            marks = [50, 100, *range(200, args.steps + 1, 100)]
             print(
                 f"\n## demo-vllm-cpu learning, {args.steps} steps, seed {args.seed}: running mean of 10 steps"
             )
