@@ -15,16 +15,27 @@ import itertools
 import time
 from abc import abstractmethod
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from rl_engine.config import EngineRolloutConfig, ModelConfig
 from rl_engine.rollout.base import RolloutWorker
-from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
+from rl_engine.rollout.common import eos_floor, extend_sample, needs_continuation, sample_template
 from rl_engine.rollout.engine_loop import EngineLoop, InterruptGate
 from rl_engine.types import FinishReason, Prompt, Sample
 
 Result = tuple[list[int], list[float], FinishReason]  # one response: token ids, log-probs, finish
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One response's request to the engine: prompt + the response so far, at most ``max_tokens`` new
+    tokens, eos masked out for the first ``min_tokens`` of them (``RolloutWorker.min_new_tokens``)."""
+
+    token_ids: list[int]
+    max_tokens: int
+    min_tokens: int = 0
 
 
 class AsyncEngineWorker(RolloutWorker):
@@ -66,9 +77,9 @@ class AsyncEngineWorker(RolloutWorker):
         """Create the engine (runs on the loop thread, so the engine binds to that loop)."""
 
     @abstractmethod
-    async def _one(self, token_ids: list[int], budget: int) -> Result:
-        """One request of at most ``budget`` new tokens after ``token_ids``. It must return an empty
-        ``abort`` without touching the engine when ``self.interrupted`` (checked on the loop thread)."""
+    async def _one(self, req: EngineRequest) -> Result:
+        """One request. It must return an empty ``abort`` without touching the engine when
+        ``self.interrupted`` (checked on the loop thread)."""
 
     @abstractmethod
     def _pause(self) -> Coroutine[Any, Any, Any]:
@@ -83,17 +94,22 @@ class AsyncEngineWorker(RolloutWorker):
         return self._loop.call(coro, timeout=self.cfg.control_timeout_s, what=what)
 
     # --- generation -------------------------------------------------------------------------------------
-    async def _many(self, jobs: list[tuple[list[int], int]]) -> list[Result]:
-        return list(await asyncio.gather(*(self._one(ids, budget) for ids, budget in jobs)))
+    async def _many(self, reqs: list[EngineRequest]) -> list[Result]:
+        return list(await asyncio.gather(*(self._one(r) for r in reqs)))
+
+    def _request(self, sample: Sample) -> EngineRequest:
+        done = len(sample.response_ids)
+        budget = self.cfg.max_new_tokens - done
+        return EngineRequest(
+            sample.prompt_ids + sample.response_ids, budget, eos_floor(self.min_new_tokens, done, budget)
+        )
 
     def _run(self, samples: list[Sample]) -> list[Sample]:
         if not samples:
             return []
         t0, version = time.perf_counter(), self.version
-        jobs = [
-            (s.prompt_ids + s.response_ids, self.cfg.max_new_tokens - len(s.response_ids)) for s in samples
-        ]
-        results = self._loop.call(self._many(jobs), timeout=self.cfg.request_timeout_s, what="generate")
+        reqs = [self._request(s) for s in samples]
+        results = self._loop.call(self._many(reqs), timeout=self.cfg.request_timeout_s, what="generate")
         dt = time.perf_counter() - t0
         return [
             extend_sample(s, ids, lps, fin, version=version, elapsed_s=dt, tokenizer=self.tokenizer)

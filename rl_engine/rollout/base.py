@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 class RolloutWorker(ABC):
     """Abstract rollout worker. Subclasses: ``HFRolloutWorker``, ``VLLMRolloutWorker``, ``SGLangRolloutWorker``."""
 
+    # A response may not end at eos before it has this many tokens: until then eos is masked out of the
+    # sampling distribution (and so of the behaviour log-probs, which then differ from the trainer's
+    # recomputation at those steps), as transformers' ``min_new_tokens``, vLLM's ``min_tokens`` and
+    # SGLang's ``min_new_tokens`` do; counted over the whole response, across interrupts. 0: off. A
+    # worker knob, not a config field: benchmarks set it to decode exactly ``max_new_tokens`` tokens.
+    min_new_tokens: int = 0
+
     def __init__(self) -> None:
         self._version = 0
         self._interrupt = threading.Event()

@@ -29,6 +29,12 @@ def needs_continuation(sample: Sample, max_new_tokens: int) -> bool:
     return sample.finish_reason == "abort" and len(sample.response_ids) < max_new_tokens
 
 
+def eos_floor(min_new_tokens: int, done: int, budget: int) -> int:
+    """New tokens of a call during which eos may not be sampled: what is left of the response's
+    ``min_new_tokens`` after the ``done`` tokens it already has, within this call's ``budget``."""
+    return max(0, min(min_new_tokens - done, budget))
+
+
 def extend_sample(
     sample: Sample,
     new_ids: list[int],

@@ -20,7 +20,7 @@ import torch
 from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
-from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
+from rl_engine.rollout.common import eos_floor, extend_sample, needs_continuation, sample_template
 from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.types import FinishReason, Prompt, Sample
 from rl_engine.weights.buckets import FlatParams
@@ -35,6 +35,7 @@ class _Request:
     prefix_ids: list[int]
     budget: int  # new tokens still allowed
     template: Sample
+    eos_floor: int = 0  # new tokens during which eos is masked out (RolloutWorker.min_new_tokens)
     new_ids: list[int] = field(default_factory=list)
     new_logprobs: list[float] = field(default_factory=list)
     finish: FinishReason = "abort"
@@ -46,6 +47,12 @@ def _cache_of(out: Any) -> Any:
     """The KV cache of a forward's output (``cache`` in transformers 5.2x, ``past_key_values`` before)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+def _mask_eos(logits: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor) -> None:
+    """Make the ``eos`` columns of ``logits`` [B, V] -inf, in place, on the ``rows`` (bool [B]) that
+    may not end yet: they are out of the sampling distribution there, as in vLLM's ``min_tokens``."""
+    logits[:, eos] = logits[:, eos].masked_fill(rows[:, None], float("-inf"))
 
 
 class HFRolloutWorker(HFWeights):
@@ -94,12 +101,13 @@ class HFRolloutWorker(HFWeights):
 
     # --- public API -------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
-        reqs = []
-        for p in prompts:
-            for _ in range(n):
-                reqs.append(
-                    _Request(list(p.token_ids), [], self.cfg.max_new_tokens, sample_template(p, self.version))
-                )
+        budget = self.cfg.max_new_tokens
+        floor = eos_floor(self.min_new_tokens, 0, budget)
+        reqs = [
+            _Request(list(p.token_ids), [], budget, sample_template(p, self.version), floor)
+            for p in prompts
+            for _ in range(n)
+        ]
         return self._run(reqs)
 
     def resume(self, samples: list[Sample]) -> list[Sample]:
@@ -108,11 +116,9 @@ class HFRolloutWorker(HFWeights):
             if not needs_continuation(s, self.cfg.max_new_tokens):
                 reqs.append(None)  # finished (or out of budget): passes through unchanged
                 continue
-            reqs.append(
-                _Request(
-                    list(s.prompt_ids), list(s.response_ids), self.cfg.max_new_tokens - len(s.response_ids), s
-                )
-            )
+            budget = self.cfg.max_new_tokens - len(s.response_ids)
+            floor = eos_floor(self.min_new_tokens, len(s.response_ids), budget)
+            reqs.append(_Request(list(s.prompt_ids), list(s.response_ids), budget, s, floor))
         todo = [r for r in reqs if r is not None]
         done = iter(self._run(todo))
         return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
@@ -163,11 +169,15 @@ class HFRolloutWorker(HFWeights):
         past, logits = _cache_of(out), out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
         budgets = torch.tensor([r.budget for r in reqs], device=dev)
+        hold = max(r.eos_floor for r in reqs)  # steps during which some row may not sample eos
+        floors = torch.tensor([r.eos_floor for r in reqs], device=dev)
         done = torch.zeros(len(reqs), dtype=torch.bool, device=dev)
         toks, lps = [], []
         chunk, temp = self.cfg.chunk_tokens, self.cfg.temperature
         sampler = self._sampler_for(*logits.shape)
         for step in range(int(budgets.max())):
+            if step < hold:
+                _mask_eos(logits, self._eos, floors > step)
             tok, lp = sampler.step(logits, temp, self.generator)
             tok = torch.where(done, pad, tok)
             toks.append(tok)

@@ -27,17 +27,21 @@ import os
 from typing import Any
 
 from rl_engine.config import ModelConfig, SGLangRolloutConfig
-from rl_engine.rollout.async_worker import Result
+from rl_engine.rollout.async_worker import EngineRequest, Result
 from rl_engine.rollout.common import normalise_finish
 from rl_engine.rollout.engine_loop import EngineError
 from rl_engine.weights.sglang import SglangWeights
 
 
-def sampling_params(cfg: SGLangRolloutConfig, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
-    """The ``sampling_params`` dict of one request (n=1: the worker expands groups itself)."""
+def sampling_params(
+    cfg: SGLangRolloutConfig, max_new_tokens: int, eos_ids: list[int], min_new_tokens: int = 0
+) -> dict[str, Any]:
+    """The ``sampling_params`` dict of one request (n=1: the worker expands groups itself);
+    ``min_new_tokens`` (0 unless ``RolloutWorker.min_new_tokens`` is set) masks eos out for the first tokens."""
     return {
         "n": 1,
         "max_new_tokens": max_new_tokens,
+        "min_new_tokens": min_new_tokens,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
         "top_k": -1,
@@ -115,12 +119,12 @@ class SGLangRolloutWorker(SglangWeights):
 
         await self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput())
 
-    async def _one(self, token_ids: list[int], budget: int) -> Result:
+    async def _one(self, req: EngineRequest) -> Result:
         if self.interrupted:  # checked on the loop thread right before the engine: see engine_loop
             return [], [], "abort"
         out = await self.engine.async_generate(
-            input_ids=token_ids,
-            sampling_params=sampling_params(self.cfg, budget, self.special.eos_ids),
+            input_ids=req.token_ids,
+            sampling_params=sampling_params(self.cfg, req.max_tokens, self.special.eos_ids, req.min_tokens),
             return_logprob=True,
             rid=f"rl{next(self._request_ids)}",
         )

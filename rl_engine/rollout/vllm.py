@@ -29,15 +29,18 @@ from collections.abc import Coroutine
 from typing import Any
 
 from rl_engine.config import ModelConfig, VLLMRolloutConfig
-from rl_engine.rollout.async_worker import Result
+from rl_engine.rollout.async_worker import EngineRequest, Result
 from rl_engine.rollout.common import normalise_finish
 from rl_engine.rollout.engine_loop import EngineError
 from rl_engine.weights.vllm import VllmWeights, VLLMWorkerExtension
 
 
-def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+def sampling_kwargs(
+    cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int], min_tokens: int = 0
+) -> dict[str, Any]:
     """``vllm.SamplingParams`` of one response: logprobs=0 (the sampled token's); every knob that
-    would change the distribution away from logits / temperature pinned neutral.
+    would change the distribution away from logits / temperature pinned neutral (``min_tokens``, 0
+    unless ``RolloutWorker.min_new_tokens`` is set, masks eos out for the first tokens).
 
     Stops exactly at ``eos_ids`` (the model's eos as the other backends read it: generation config
     first, else the tokenizer): ``ignore_eos`` keeps vLLM from adding the tokenizer's own eos, which
@@ -52,6 +55,7 @@ def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int])
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
         "logprobs": 0,
         "stop_token_ids": list(eos_ids),
         "ignore_eos": True,
@@ -189,17 +193,19 @@ class VLLMRolloutWorker(VllmWeights):
     def _resume(self) -> Coroutine[Any, Any, Any]:
         return self.engine.resume_generation()
 
-    async def _one(self, token_ids: list[int], budget: int) -> Result:
+    async def _one(self, req: EngineRequest) -> Result:
         from vllm import SamplingParams
         from vllm.exceptions import RetryableRequestError
 
         if self.interrupted:  # checked on the loop thread right before the engine: see engine_loop
             return [], [], "abort"
-        params = SamplingParams(**sampling_kwargs(self.cfg, budget, self.special.eos_ids))
+        params = SamplingParams(
+            **sampling_kwargs(self.cfg, req.max_tokens, self.special.eos_ids, req.min_tokens)
+        )
         final, rid = None, f"r{next(self._request_ids)}"
         self._in_flight.add(rid)
         try:
-            async for out in self.engine.generate({"prompt_token_ids": token_ids}, params, rid):
+            async for out in self.engine.generate({"prompt_token_ids": req.token_ids}, params, rid):
                 final = out
         except RetryableRequestError:  # vLLM 0.33: the pause reached the engine before this request
             return [], [], "abort"

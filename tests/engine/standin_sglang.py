@@ -181,7 +181,9 @@ class TokenizerManager:
             if r.abort:
                 reason = "abort"
                 break
-            tok = _token(len(r.ids), len(r.out))
+            tok = _token(
+                len(r.ids), len(r.out), r.params.get("stop_token_ids"), r.params.get("min_new_tokens", 0)
+            )
             r.out.append(tok)
             r.lps.append(self.model.logprob())
             if tok in r.params.get("stop_token_ids", []):

@@ -14,7 +14,8 @@ behaviour the worker must survive, as read from the released source (docs/engine
   The transfer group is joined over gloo (no GPU here; vLLM uses NCCL) and ``update_weights`` receives
   as vLLM's packed consumer does: one broadcast per ``packed_buffer_size_bytes`` worth of tensors.
 
-Decoding is deterministic: token t of a response is ``3 + (len(prompt) + t) % 40`` and its log-prob
+Decoding is deterministic: token t of a response is ``3 + (len(prompt) + t) % 40`` (the next one where
+``min_tokens`` masks a stop token out) and its log-prob
 ``-fingerprint(weights)``, so a test can tell which weights produced a token.
 """
 
@@ -58,8 +59,11 @@ class StandInModel:
         return -round(0.01 + abs(total) % 1.0, 6)
 
 
-def _token(prompt_len: int, t: int) -> int:
-    return 3 + (prompt_len + t) % 40
+def _token(prompt_len: int, t: int, stops: list[int] | None = None, min_tokens: int = 0) -> int:
+    """Token ``t`` of a response; before ``min_tokens`` a stop token is masked out, as the engines'
+    ``min_tokens`` / ``min_new_tokens`` do, so the draw lands on the next token instead."""
+    tok = 3 + (prompt_len + t) % 40
+    return 3 + (tok - 2) % 40 if t < min_tokens and tok in (stops or []) else tok
 
 
 # --- vLLM -----------------------------------------------------------------------------------------
@@ -80,6 +84,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     max_tokens: int | None = 16
+    min_tokens: int = 0
     logprobs: int | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -185,7 +190,7 @@ class AsyncLLM:
                 if abort.is_set():
                     reason = "abort"
                     break
-                tok = _token(len(ids), len(toks))
+                tok = _token(len(ids), len(toks), sampling_params.stop_token_ids, sampling_params.min_tokens)
                 toks.append(tok)
                 self.counts[request_id] = len(toks)
                 lps.append({tok: types.SimpleNamespace(logprob=self.model.logprob())})

@@ -94,6 +94,37 @@ def test_interrupt_mid_generation_then_update_and_resume(backend, make_cfg):
         worker.close()
 
 
+def test_min_new_tokens_is_counted_over_the_whole_response_across_an_interrupt(backend, make_cfg):
+    """eos (a token the stand-ins decode every 40 steps) may not end a response before ``floor``
+    tokens: each stops at its first eos at or past ``floor``, also when interrupted and resumed in between (the
+    resumed request asks the engine for what is left of the floor; the stand-ins mask stop tokens as
+    the engines' ``min_tokens`` / ``min_new_tokens`` do)."""
+    eos, floor = 10, 300
+    cfg, worker = _worker(make_cfg, backend, f"model.generation_config={{eos_token_id: {eos}}}")
+
+    def eos_at(s, start: int) -> int:  # the response index of the stand-in's first eos from ``start``
+        return next(i for i in range(start, MAX_NEW) if standin_vllm._token(len(s.prompt_ids), i) == eos)
+
+    try:
+        prompts = PromptStream(cfg, worker.tokenizer).next_batch(2)
+        free = worker.generate(prompts, 2)  # the control: eos ends each response at its first one
+        assert all(s.finish_reason == "stop" and len(s.response_ids) == eos_at(s, 0) + 1 for s in free)
+        worker.min_new_tokens = floor
+        t, box = _generate_in_thread(worker, prompts, 2)
+        _wait_until(lambda: _running(worker) == 4 and _engine_tokens(worker) >= 45, "45 tokens each")
+        worker.interrupt()
+        t.join(30)
+        assert not t.is_alive(), "generate did not return after interrupt()"
+        # Resumed after 45..260 tokens: a floor dropped at the resume would stop before 300 (an eos
+        # every 40 tokens), one counted again from the resume at 345 or later (the right stop: < 340).
+        assert all(s.finish_reason == "abort" and 45 <= len(s.response_ids) <= 260 for s in box["out"])
+        worker.clear_interrupt()
+        done = worker.resume(box["out"])
+        assert all(s.finish_reason == "stop" and len(s.response_ids) == eos_at(s, floor) + 1 for s in done)
+    finally:
+        worker.close()
+
+
 def _engine_tokens(worker) -> int:
     eng = worker.engine
     if isinstance(eng, standin_vllm.AsyncLLM):

@@ -13,7 +13,7 @@ import pytest
 from rl_engine.config import SGLangRolloutConfig, VLLMRolloutConfig
 from rl_engine.rollout import sglang as sg
 from rl_engine.rollout import vllm as vl
-from rl_engine.rollout.common import extend_sample, normalise_finish
+from rl_engine.rollout.common import eos_floor, extend_sample, normalise_finish
 from rl_engine.types import Sample
 
 EOS = [2]
@@ -56,12 +56,14 @@ def test_vllm_sampling_kwargs_follow_the_config():
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "max_tokens": 100,
+        "min_tokens": 0,  # eos may end a response at once unless RolloutWorker.min_new_tokens says not
         "logprobs": 0,
         "stop_token_ids": [2, 7],
         # the worker's own eos ids stop it, not the tokenizer's eos vLLM would add (docs/engine.md)
         "ignore_eos": True,
         "skip_special_tokens": True,
     }
+    assert vl.sampling_kwargs(cfg, 100, [2, 7], min_tokens=30)["min_tokens"] == 30
 
 
 def test_vllm_refuses_top_p_below_one_with_the_reason():
@@ -90,6 +92,16 @@ def test_sglang_output_conversion():
     params = sg.sampling_params(SGLangRolloutConfig(temperature=0.5), 10, EOS)
     assert params["max_new_tokens"] == 10 and params["temperature"] == 0.5 and params["stop_token_ids"] == EOS
     assert (params["top_k"], params["min_p"], params["repetition_penalty"]) == (-1, 0.0, 1.0)
+    assert params["min_new_tokens"] == 0
+    assert sg.sampling_params(SGLangRolloutConfig(), 10, EOS, min_new_tokens=4)["min_new_tokens"] == 4
+
+
+def test_eos_floor_counts_the_whole_response_within_the_call_budget():
+    assert eos_floor(0, 0, 16) == 0  # off
+    assert eos_floor(10, 0, 16) == 10  # a fresh response
+    assert eos_floor(10, 4, 12) == 6  # resumed after 4 tokens: what is left of the 10
+    assert eos_floor(10, 12, 4) == 0  # already past it
+    assert eos_floor(32, 0, 16) == 16  # never more than the call may decode
 
 
 def test_extend_sample_tracks_versions_and_interruptions():

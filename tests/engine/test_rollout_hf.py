@@ -119,6 +119,50 @@ def test_interrupt_then_resume_continues_the_prefix(make_cfg):
     assert worker.resume(done) == done  # finished samples pass through unchanged
 
 
+# Most of the vocabulary ends a response: without min_new_tokens nearly every token is an eos.
+MANY_EOS = "model.generation_config={eos_token_id: [" + ", ".join(map(str, range(2, 42))) + "]}"
+
+
+def test_min_new_tokens_decodes_exactly_the_budget(make_cfg):
+    _, worker, prompts = _worker_and_prompts(make_cfg, MANY_EOS, "rollout.max_new_tokens=12")
+    eos = set(worker.special.eos_ids)
+    free = worker.generate(prompts, 4)
+    assert max(len(s.response_ids) for s in free) < 12  # the control: eos ends responses early
+    worker.min_new_tokens = 12
+    fixed = worker.generate(prompts, 4)
+    assert [(len(s.response_ids), s.finish_reason) for s in fixed] == [(12, "length")] * 16
+    assert all(eos.isdisjoint(s.response_ids) for s in fixed)
+
+
+def test_min_new_tokens_holds_across_an_interrupt_with_masked_logprobs(make_cfg):
+    """The floor counts the whole response (resume continues it), and the behaviour log-probs are of
+    the eos-masked distribution exactly where the mask applied: above the trainer's there, equal after."""
+    cfg, worker, prompts = _worker_and_prompts(
+        make_cfg,
+        MANY_EOS,
+        "rollout.max_new_tokens=20",
+        "rollout.chunk_tokens=3",
+        "rollout.micro_batch_size=16",
+    )
+    worker.min_new_tokens = floor = 8
+    _interrupt_after_forwards(worker, 2)  # the first chunk boundary: 3 tokens
+    partial = worker.generate(prompts, 4)
+    assert [(s.finish_reason, len(s.response_ids)) for s in partial] == [("abort", 3)] * 16
+    worker.clear_interrupt()
+    done = worker.resume(partial)
+    eos = set(worker.special.eos_ids)
+    for s in done:
+        assert eos.isdisjoint(s.response_ids[:floor])
+        assert s.finish_reason == "stop" or len(s.response_ids) == 20
+    # eos has p ~ 3/4 per token once allowed: most responses end within a few tokens of the floor (a
+    # floor counted again from the resume, 3 + 8, would allow no response shorter than 12)
+    assert sum(len(s.response_ids) < 12 for s in done) >= 8
+    recomputed = PolicyTrainer(cfg).compute_logprobs(done)
+    for s, r in zip(done, recomputed, strict=True):
+        assert all(a - b > 0.1 for a, b in zip(s.logprobs[:floor], r[:floor], strict=True))
+        assert all(abs(a - b) < LOGPROB_ATOL for a, b in zip(s.logprobs[floor:], r[floor:], strict=True))
+
+
 def test_update_weights_changes_the_policy_and_rejects_bad_names(make_cfg):
     cfg, worker, prompts = _worker_and_prompts(make_cfg)
     trainer = PolicyTrainer(cfg)

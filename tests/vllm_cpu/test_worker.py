@@ -217,6 +217,23 @@ def test_concurrent_generate_calls_share_the_engine(cfg, worker):
     assert peak > 4, f"the two calls never ran in the engine at once (peak {peak} requests)"
 
 
+def test_min_new_tokens_decodes_exactly_the_budget(cfg, worker):
+    """A fixed-length decode (benchmarks/vllm_cpu.py): ``min_tokens`` masks eos out. An eos id outside
+    the vocabulary, the HF worker's old way, is refused by vLLM (out-of-vocab ``stop_token_ids``)."""
+    _long(worker, 32)
+    prompts = PromptStream(cfg, worker.tokenizer).next_batch(8)
+    eos = set(worker.special.eos_ids)
+    free = worker.generate(prompts, 4)  # the control: eos has p ~ 1/54 per token on the random model
+    assert any(s.finish_reason == "stop" for s in free)
+    worker.min_new_tokens = 32
+    try:
+        fixed = worker.generate(prompts, 4)
+    finally:
+        worker.min_new_tokens = 0
+    assert [(len(s.response_ids), s.finish_reason) for s in fixed] == [(32, "length")] * 32
+    assert all(eos.isdisjoint(s.response_ids) for s in fixed)
+
+
 def test_shutdown_leaves_no_process(worker):
     import psutil
 
