@@ -15,7 +15,19 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_engine.moved_fields import BY_PATH as MOVED_FIELDS
+from rl_engine.moved_fields import moved_message, split_moved
+from rl_engine.presets import UnknownPreset, get_preset
 from rl_engine.strict_url import url_problem
+
+
+class FieldError(ValueError):
+    """A cross-field check whose fix is one field's: reported at ``path`` (relative to the model that
+    raised it), so an HTTP 400 and the web form show it next to that field."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(message)
 
 
 class _Strict(BaseModel):
@@ -187,12 +199,12 @@ class TrainerConfig(_Strict):
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of the decayed LR, as a ratio of lr.")
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the trainer process.")
-    checkpoint_dir: str | None = Field(None, description="Where checkpoints go; None disables them.")
     checkpoint_every: int = Field(
-        0, ge=0, description="Trainer steps between checkpoints; 0: only at the end."
+        0,
+        ge=0,
+        description="Trainer steps between checkpoints; 0: only at the end (where the run has a checkpoint folder).",
     )
     keep_checkpoints: int = Field(2, ge=1)
-    resume_from: str | None = Field(None, description="A checkpoint directory to resume from.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         description="auto: cuda when the trainer is given a GPU (resources.trainer_gpus >= 1), else cpu.",
@@ -299,9 +311,6 @@ class PipelineConfig(_Strict):
     watchdog_timeout_s: float = Field(
         300.0, gt=0.0, description="Report a stage with no progress for this long."
     )
-    ray_address: str | None = Field(
-        None, description="Ray cluster to join (auto, host:port or ray://host:port); None: start a local one."
-    )
     prompts_per_call: int = Field(
         0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
     )
@@ -326,16 +335,6 @@ class PipelineConfig(_Strict):
             "a rollouter may first finish its running generate call)."
         ),
     )
-
-    @field_validator("ray_address")
-    @classmethod
-    def _strict_ray_address(cls, v: str | None) -> str | None:
-        if v is None or v == "auto":
-            return v
-        problem = url_problem(v if "://" in v else f"ray://{v}", schemes=("ray",))
-        if problem:
-            raise ValueError(f"the address {problem} (docs/api.md, Trust boundary)")
-        return v
 
 
 # --- data / reward / resources / logging --------------------------------------------------------------
@@ -491,9 +490,6 @@ class MlflowConfig(_Strict):
     )
     experiment: str | None = Field(None, description="MLflow experiment name; default: the run's name.")
     run_name: str | None = None
-    artifact_location: str | None = Field(
-        None, description="Artifact root of a new experiment; default: the tracking server's."
-    )
     log_checkpoints: bool = Field(False, description="Upload each checkpoint's model directory as artifacts.")
 
     @field_validator("tracking_uri")
@@ -511,9 +507,8 @@ class WandbConfig(_Strict):
     project: str | None = Field(None, description="W&B project; default: WANDB_PROJECT, else the run's name.")
     entity: str | None = None
     mode: Literal["online", "offline", "disabled"] = Field(
-        "online", description="offline: write under `dir` only (`wandb sync` uploads later)."
+        "online", description="offline: write in the run's W&B folder only (`wandb sync` uploads later)."
     )
-    dir: str | None = Field(None, description="Where W&B keeps its files; default: ./wandb.")
     run_name: str | None = None
     tags: list[str] = Field(default_factory=list)
     log_checkpoints: bool = Field(False, description="Log each checkpoint as a model artifact.")
@@ -521,12 +516,11 @@ class WandbConfig(_Strict):
 
 class LoggingConfig(_Strict):
     sinks: list[Literal["stdout", "jsonl", "http", "mlflow", "wandb"]] = Field(
-        default_factory=lambda: ["stdout"]
+        default_factory=lambda: ["stdout"],
+        description="jsonl writes into the run's placement (its folder, or the CLI's --jsonl-path).",
     )
-    jsonl_path: str | None = None
     log_every: int = Field(1, ge=1)
     samples_per_step: int = Field(4, ge=0, description="Example (prompt, response) pairs reported per step.")
-    progress_bar: bool = True
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="Used when sinks lists mlflow.")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Used when sinks lists wandb.")
 
@@ -584,6 +578,14 @@ class ExperimentConfig(_Strict):
                     data = {**data, section: {tag: default, **part}}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unset_moved(cls, data: Any) -> Any:
+        """A field that moved to the placement (rl_engine.moved_fields) is dropped where it holds the
+        value a normalised config stored when unset (an old export still imports); any other value is
+        left for the schema to refuse, with a message naming its new place (``validation_errors``)."""
+        return split_moved(data, keep_non_default=True)[0]
+
     @model_validator(mode="after")
     def _cross_field(self) -> ExperimentConfig:
         n, batch = self.rollout.n, self.trainer.batch_size
@@ -619,8 +621,7 @@ class ExperimentConfig(_Strict):
         self._devices_have_gpus()
         self._trainer_ranks_fit()
         self._sync_backend_fits()
-        if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
-            raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
+        self._queue_fits()
         if self.eval.enabled and not has_validation_data(self.data):
             raise ValueError(
                 "eval is enabled but data has no validation prompts: set data.validation_split or "
@@ -645,6 +646,26 @@ class ExperimentConfig(_Strict):
             raise ValueError(
                 f"trainer.world_size ({world}) and resources.trainer_gpus ({gpus}) disagree: on GPU the "
                 "trainer runs one rank per GPU; set trainer.world_size to 1 or to resources.trainer_gpus"
+            )
+
+    def prompts_per_call(self) -> int:
+        """Prompts of one rollout-worker generate call: ``pipeline.prompts_per_call``, else a step's worth."""
+        return self.pipeline.prompts_per_call or max(1, self.trainer.batch_size // self.rollout.n)
+
+    def trainer_pull(self) -> int:
+        """Samples the trainer takes from the queue at once: whole groups of ``require_batches``
+        mini-batches (TrainerActor._gather)."""
+        return max(self.pipeline.require_batches * self.trainer.mini_batch_size, self.rollout.n)
+
+    def _queue_fits(self) -> None:
+        bound = self.pipeline.queue_max_size
+        call, pull = self.prompts_per_call() * self.rollout.n, self.trainer_pull()
+        if bound and bound < max(call, pull):
+            raise FieldError(
+                "pipeline.queue_max_size",
+                f"must be 0 or at least {max(call, pull)} samples: one generate call (prompts_per_call x "
+                f"rollout.n = {call}) and one trainer pull (require_batches x trainer.mini_batch_size = "
+                f"{pull}) must fit, or the run waits forever",
             )
 
     def _sync_backend_fits(self) -> None:
@@ -697,11 +718,18 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
 
 
 def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    """Flatten a pydantic error into (field.path, message) pairs."""
+    """Flatten a pydantic error into (field.path, message) pairs: a :class:`FieldError` at its field, a
+    field that moved to the placement with a message naming its new place."""
     out = []
     for err in exc.errors():
         msg = err["msg"].removeprefix("Value error, ")
-        out.append((_loc_to_path(tuple(err["loc"])), msg))
+        path = _loc_to_path(tuple(err["loc"]))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):
+            path = f"{path}.{cause.path}" if path else cause.path
+        elif err["type"] == "extra_forbidden" and path.removeprefix("config.") in MOVED_FIELDS:
+            msg = moved_message(MOVED_FIELDS[path.removeprefix("config.")])
+        out.append((path, msg))
     return out
 
 
@@ -749,24 +777,28 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
-def load_yaml(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load a YAML file (optionally a preset name via ``preset:NAME``) and apply overrides."""
+def read_yaml(path: str | Path) -> Any:
+    """The document of a YAML file, or a preset's (``preset:NAME``); ConfigError when unreadable."""
     text_path = str(path)
     if text_path.startswith("preset:"):
-        from rl_engine.presets import get_preset
+        try:
+            return get_preset(text_path.removeprefix("preset:"))
+        except UnknownPreset as exc:
+            raise ConfigError([("", str(exc))]) from None
+    try:
+        raw = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([("", f"cannot read {path}: {exc.strerror}")]) from None
+    try:
+        return yaml.safe_load(raw) or {}
+    except yaml.YAMLError as exc:
+        where = yaml_where(getattr(exc, "problem_mark", None))
+        raise ConfigError([("", f"{path} is not valid YAML{where}")]) from None
 
-        data = get_preset(text_path.removeprefix("preset:"))
-    else:
-        try:
-            raw = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError([("", f"cannot read {path}: {exc.strerror}")]) from None
-        try:
-            data = yaml.safe_load(raw) or {}
-        except yaml.YAMLError as exc:
-            where = yaml_where(getattr(exc, "problem_mark", None))
-            raise ConfigError([("", f"{path} is not valid YAML{where}")]) from None
-    return parse_config(apply_overrides(data, overrides or []))
+
+def load_yaml(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a config from a YAML file (or ``preset:NAME``) and apply overrides."""
+    return parse_config(apply_overrides(read_yaml(path), overrides or []))
 
 
 def yaml_where(mark: yaml.Mark | None) -> str:

@@ -11,11 +11,13 @@ if TYPE_CHECKING:
 __all__ = ["PipelineError", "RunSummary", "run_experiment"]
 
 
-def run_experiment(cfg: Any, sink: Any, *, stop_event: Any = None, components: Any = None) -> RunSummary:
+def run_experiment(
+    cfg: Any, sink: Any, *, placement: Any = None, stop_event: Any = None, components: Any = None
+) -> RunSummary:
     """Lazy wrapper so ``import rl_engine.pipeline`` does not import Ray (see ``driver.run_experiment``)."""
     from rl_engine.pipeline.driver import run_experiment as _run
 
-    return _run(cfg, sink, stop_event=stop_event, components=components)
+    return _run(cfg, sink, placement=placement, stop_event=stop_event, components=components)
 
 
 def __getattr__(name: str) -> Any:
