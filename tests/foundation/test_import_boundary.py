@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -229,3 +230,215 @@ def test_the_checkers_detect_what_they_forbid(tmp_path):
         "line 2: launcher.tasks: experiments may not import launcher (it comes later in "
         "('accounts', 'experiments', 'tracking', 'launcher', 'core', 'config'))",
     ]
+
+
+# --- the platform never writes a config field; no import circle in the platform ---------------------------
+# (the user's config is read, typed, and stored as it came: where a run runs is the launcher's placement)
+
+CONFIG_NAME = re.compile(r"^(config|cfg)$|_(config|cfg)$")  # a name (or parameter) holding a config
+CONFIG_SECTIONS = {"model", "data", "trainer", "rollout", "algorithm", "pipeline", "logging", "mlflow", "wandb",
+                   "eval", "resources", "reward"}  # fmt: skip
+CONFIG_CALL = re.compile(r"(^|_)(config|preset)s?$")  # a call that hands out a config (get_preset, ...)
+DICT_WRITES = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+
+
+class _ConfigWrites(ast.NodeVisitor):
+    """Writes by string key into a config dict: ``x["k"] = v``, ``del x["k"]``, ``x["k"] += v``,
+    ``x.setdefault("k", ...)``, ``x.update(...)``, ``x.pop("k")``, where ``x`` is a config or a section of
+    one. A config is what a ``.config`` attribute, a config-named variable or parameter (``config``,
+    ``cfg``, ``*_config``, ``*_cfg``), a section-named parameter (``model``, ``data``, ...), a call named
+    like a config (``*_config``, ``*_preset``) or a copy / this module's own function of one holds, and
+    ``.get``, ``[...]``, ``or`` and ``{**...}`` of one."""
+
+    def __init__(self, local_functions: frozenset[str]):
+        self.found: list[str] = []
+        self.scopes: list[set[str]] = [set()]
+        self.local = local_functions
+
+    def holds_config(self, node: ast.AST) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in self.scopes[-1]
+        if isinstance(node, ast.Attribute):
+            return node.attr == "config"
+        if isinstance(node, ast.Subscript):
+            return self.holds_config(node.value)
+        if isinstance(node, ast.BoolOp):
+            return any(self.holds_config(v) for v in node.values)
+        if isinstance(node, ast.Dict):
+            return any(
+                k is None and self.holds_config(v) for k, v in zip(node.keys, node.values, strict=True)
+            )
+        if isinstance(node, ast.Call):
+            func = node.func
+            section = isinstance(func, ast.Attribute) and func.attr in ("get", "copy", "setdefault")
+            if section and self.holds_config(func.value):
+                return True
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("deepcopy", "copy", "dict") or name in self.local:
+                return bool(node.args) and self.holds_config(node.args[0])
+            return bool(CONFIG_CALL.search(name))
+        return False
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        self.scopes.append({a.arg for a in args if CONFIG_NAME.search(a.arg) or a.arg in CONFIG_SECTIONS})
+        self.generic_visit(node)
+        self.scopes.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _written(self, target: ast.AST, node: ast.stmt) -> None:
+        if isinstance(target, ast.Subscript) and self.holds_config(target.value):
+            self.found.append(f"line {node.lineno}: {ast.unparse(target)}")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._written(target, node)
+            if isinstance(target, ast.Name) and (
+                self.holds_config(node.value) or CONFIG_NAME.search(target.id)
+            ):
+                self.scopes[-1].add(target.id)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._written(node.target, node)
+        if isinstance(node.target, ast.Name) and node.value is not None and self.holds_config(node.value):
+            self.scopes[-1].add(node.target.id)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._written(node.target, node)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._written(target, node)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in DICT_WRITES and self.holds_config(func.value):
+            self.found.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+        self.generic_visit(node)
+
+
+def config_writes(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    local = frozenset(n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    visitor = _ConfigWrites(local)
+    visitor.visit(tree)
+    return visitor.found
+
+
+def test_the_platform_never_writes_a_config_field_by_string_path():
+    offenders = {
+        str(f.relative_to(REPO_ROOT)): bad for f in python_files("platform") if (bad := config_writes(f))
+    }
+    assert offenders == {}
+
+
+def test_the_config_write_check_finds_what_it_forbids(tmp_path):
+    bad = tmp_path / "policy.py"
+    bad.write_text(
+        "import copy\n"
+        "def clear(config):\n    out = copy.deepcopy(config)\n    out.setdefault('trainer', {})['x'] = None\n"
+        "    return out\n"
+        "def launch(config, folder):\n    out = clear(config)\n    model = out.get('model') or {}\n"
+        "    model['path'] = folder\n    out['trainer'].update(checkpoint_dir=folder)\n"
+        "def resume(run):\n    config = clear(run.config)\n    config['trainer']['resume_from'] = 'x'\n"
+        "def place(data, logging_cfg):\n    del data['cache_dir']\n    logging_cfg['jsonl_path'] += 'x'\n"
+        "def preset():\n    p = get_preset('demo')\n    p.pop('name')\n"
+    )
+    assert config_writes(bad) == [
+        "line 4: out.setdefault('trainer', {})['x']",
+        "line 4: out.setdefault('trainer', {})",
+        "line 9: model['path']",
+        "line 10: out['trainer'].update(checkpoint_dir=folder)",
+        "line 13: config['trainer']['resume_from']",
+        "line 15: data['cache_dir']",
+        "line 16: logging_cfg['jsonl_path']",
+        "line 19: p.pop('name')",
+    ]
+    fine = tmp_path / "fine.py"
+    fine.write_text(
+        "def view(exp, fields):\n    start = {'config': exp.config}\n    start['project'] = 1\n"
+        "    fields['config'] = stored(fields['config'])\n    resp = HttpResponse(config_to_yaml(exp.config))\n"
+        "    resp['Content-Disposition'] = 'x'\n    cfg = parse_config(exp.config)\n"
+        "    return cfg.model_copy(update={'seed': 1})\n"
+    )
+    assert config_writes(fine) == []
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, top: set[str]) -> dict[str, set[str]]:
+    """Module -> the modules of ``top`` packages under ``root`` it imports (also inside functions): ``from
+    a.b import c`` reaches ``a.b.c`` when that is a module, else ``a.b``."""
+    files = {
+        module_name(f, root): f for f in sorted(root.rglob("*.py")) if f.relative_to(root).parts[0] in top
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges = set()
+        for imp in imports_of(path):
+            for target in imp.targets():
+                module = target if target in files else target.rsplit(".", 1)[0] if imp.names else target
+                if module in files and module != name:
+                    edges.add(module)
+        graph[name] = edges
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(out)
+
+
+def test_no_import_circle_in_the_platform():
+    assert import_circles(import_graph(REPO_ROOT / "platform", PLATFORM_APPS)) == []
+
+
+def test_the_circle_check_finds_a_circle(tmp_path):
+    pkg = tmp_path / "app"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from app import b\n")
+    (pkg / "b.py").write_text("def f():\n    from app.c import x\n")  # lazily: still a circle
+    (pkg / "c.py").write_text("import app.a\n")
+    (pkg / "d.py").write_text("from app.a import y\n")
+    graph = import_graph(tmp_path, {"app"})
+    assert graph["app.a"] == {"app.b"} and graph["app.d"] == {"app.a"}
+    assert import_circles(graph) == [["app.a", "app.b", "app.c"]]
