@@ -30,6 +30,12 @@ class FieldError(ValueError):
         super().__init__(message)
 
 
+# Marks a field the web form shows first, unfolded ("x-essential" in the JSON schema): the model, the data,
+# the algorithm and the main trainer and pipeline knobs. Every other field is in a folded section. A union
+# field so marked shows its variant choice; only the direct fields of a section are drawn this way.
+ESSENTIAL: dict[str, Any] = {"x-essential": True}
+
+
 class _Strict(BaseModel):
     """Base: unknown keys are errors (a typo must not silently fall back to a default)."""
 
@@ -62,7 +68,11 @@ class TinyModelSpec(_Strict):
 class ModelConfig(_Strict):
     """Everything about the policy model. eos/pad ids: ``generation_config`` first, else the tokenizer."""
 
-    path: str = Field(..., description="Model directory (HF format) or, with `tiny`, where to build it.")
+    path: str = Field(
+        ...,
+        description="Model directory (HF format) or, with `tiny`, where to build it.",
+        json_schema_extra=ESSENTIAL,
+    )
     tokenizer_path: str | None = Field(None, description="Defaults to `path`.")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     trust_remote_code: bool = False
@@ -78,10 +88,16 @@ class ModelConfig(_Strict):
 
 
 class _RolloutBase(_Strict):
-    n: int = Field(8, ge=1, le=1024, description="Responses per prompt (the GRPO group size).")
+    n: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Responses per prompt (the GRPO group size).",
+        json_schema_extra=ESSENTIAL,
+    )
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(16, ge=1, le=65536)
+    max_new_tokens: int = Field(16, ge=1, le=65536, json_schema_extra=ESSENTIAL)
     max_prompt_tokens: int = Field(64, ge=1, le=65536)
 
 
@@ -178,10 +194,17 @@ RolloutConfig = Annotated[
 
 class TrainerConfig(_Strict):
     total_steps: int = Field(
-        100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run."
+        100,
+        ge=1,
+        description="Trainer updates (optimizer steps of one batch) in the run.",
+        json_schema_extra=ESSENTIAL,
     )
-    batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
-    mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
+    batch_size: int = Field(
+        64, ge=1, description="Samples (responses) per trainer step.", json_schema_extra=ESSENTIAL
+    )
+    mini_batch_size: int = Field(
+        64, ge=1, description="Samples per optimizer step inside a trainer step.", json_schema_extra=ESSENTIAL
+    )
     micro_batch_size: int | None = Field(
         None,
         ge=1,
@@ -191,7 +214,7 @@ class TrainerConfig(_Strict):
         ),
     )
     ppo_epochs: int = Field(1, ge=1, le=16)
-    lr: float = Field(3e-4, gt=0.0, le=1.0)
+    lr: float = Field(3e-4, gt=0.0, le=1.0, json_schema_extra=ESSENTIAL)
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = Field(1.0, gt=0.0)
@@ -275,7 +298,7 @@ class TrainerConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field("grpo", json_schema_extra=ESSENTIAL)
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     norm_adv_by_std: bool = True
     clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
@@ -297,11 +320,12 @@ class AlgorithmConfig(_Strict):
 
 
 class PipelineConfig(_Strict):
-    mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
+    mode: Literal["sync", "one_step_off", "fully_async"] = Field("sync", json_schema_extra=ESSENTIAL)
     staleness_threshold: int = Field(
         1,
         ge=0,
         description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md.",
+        json_schema_extra=ESSENTIAL,
     )
     trigger_parameter_sync_step: int = Field(1, ge=1, description="Trainer steps between weight syncs.")
     require_batches: int = Field(1, ge=1, description="Mini-batches the trainer gathers before a step.")
@@ -357,9 +381,13 @@ class _DataCommon(_Strict):
 
 class TaskDataConfig(_DataCommon):
     source: Literal["task"] = "task"
-    task: str = Field("copy", description="A built-in verifiable task (see `python -m rl_engine presets`).")
+    task: str = Field(
+        "copy",
+        description="A built-in verifiable task (see `python -m rl_engine presets`).",
+        json_schema_extra=ESSENTIAL,
+    )
     task_kwargs: dict[str, Any] = Field(default_factory=dict)
-    num_prompts: int = Field(10000, ge=1)
+    num_prompts: int = Field(10000, ge=1, json_schema_extra=ESSENTIAL)
     num_validation_prompts: int = Field(
         0,
         ge=0,
@@ -369,7 +397,7 @@ class TaskDataConfig(_DataCommon):
 
 class JsonlDataConfig(_DataCommon):
     source: Literal["jsonl"] = "jsonl"
-    path: str
+    path: str = Field(..., json_schema_extra=ESSENTIAL)
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     validation_path: str | None = Field(
@@ -414,13 +442,19 @@ class DatasetDataConfig(_DataCommon):
     directory, or a hub dataset already in the local cache."""
 
     source: Literal["dataset"] = "dataset"
-    path: str = Field(..., description="File, glob, directory, or hub id (e.g. openai/gsm8k) of the dataset.")
+    path: str = Field(
+        ...,
+        description="File, glob, directory, or hub id (e.g. openai/gsm8k) of the dataset.",
+        json_schema_extra=ESSENTIAL,
+    )
     name: str | None = Field(None, description="Hub configuration (subset), e.g. `main` for openai/gsm8k.")
     format: Literal["auto", "parquet", "json", "csv", "arrow"] = Field(
         "auto", description="File format of `path` / `validation_path`; auto: from the file extension."
     )
     train_split: str = "train"
-    validation_split: str | None = Field(None, description="A split of `path` for evaluation, e.g. `test`.")
+    validation_split: str | None = Field(
+        None, description="A split of `path` for evaluation, e.g. `test`.", json_schema_extra=ESSENTIAL
+    )
     validation_path: str | None = Field(
         None, description="A separate file for evaluation (instead of a split)."
     )
@@ -457,7 +491,9 @@ DataConfig = Annotated[TaskDataConfig | JsonlDataConfig | DatasetDataConfig, Fie
 
 
 class RewardConfig(_Strict):
-    name: str = Field("exact_match", description="A reward function from the registry.")
+    name: str = Field(
+        "exact_match", description="A reward function from the registry.", json_schema_extra=ESSENTIAL
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -557,11 +593,11 @@ class ExperimentConfig(_Strict):
     name: str = Field("experiment", min_length=1, max_length=200)
     seed: int = 0
     model: ModelConfig
-    rollout: RolloutConfig = Field(default_factory=HFRolloutConfig)
+    rollout: RolloutConfig = Field(default_factory=HFRolloutConfig, json_schema_extra=ESSENTIAL)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
-    data: DataConfig = Field(default_factory=TaskDataConfig)
+    data: DataConfig = Field(default_factory=TaskDataConfig, json_schema_extra=ESSENTIAL)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
