@@ -57,6 +57,20 @@ def test_invalid_config_is_a_400_with_pydantic_field_paths(team, member):
     assert any("rollout.n" in m for m in resp.json()["errors"]["config"])  # a cross-field (root) error
 
 
+def test_a_queue_bound_that_cannot_hold_a_pull_is_a_400_at_its_field(team, member):
+    """A cross-section rule whose fix is one field's (the engine used to find it only at launch)."""
+    cfg = demo_config()
+    cfg["pipeline"]["queue_max_size"] = 8  # one generate call is 8 prompts x rollout.n 8 = 64 samples
+    resp = member.post("/api/experiments", create_body(team, config=cfg), format="json")
+    assert resp.status_code == 400
+    assert list(resp.json()["errors"]) == ["config.pipeline.queue_max_size"]
+    assert resp.json()["errors"]["config.pipeline.queue_max_size"][0].startswith(
+        "must be 0 or at least 64 samples"
+    )
+    cfg["pipeline"]["queue_max_size"] = 64
+    assert member.post("/api/experiments", create_body(team, config=cfg), format="json").status_code == 201
+
+
 @pytest.mark.parametrize(
     "body",
     [
