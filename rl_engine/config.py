@@ -1,8 +1,10 @@
 """The one configuration schema of an experiment (pydantic; imports neither torch nor ray).
 
-The platform validates API bodies and renders its form from this tree (``experiment_json_schema``);
-the CLI loads it from YAML with ``--set a.b=c`` overrides. Cross-field checks raise messages that say
-what to change. Units: ``trainer.batch_size`` and ``trainer.mini_batch_size`` count *samples*
+What to train, only: where a run runs (checkpoint and run folders, resume checkpoint, cluster, log and
+tracker locations) is its placement, ``rl_engine.jobspec.Placement``. The platform validates API bodies
+and renders its form from this tree (``experiment_json_schema``); the CLI loads it from YAML with
+``--set a.b=c`` overrides. Cross-field checks raise messages that say what to change (a
+:class:`FieldError` at the one field to change). Units: ``trainer.batch_size`` and ``trainer.mini_batch_size`` count *samples*
 (responses); a step consumes ``batch_size // rollout.n`` prompts, each answered ``rollout.n`` times.
 """
 
@@ -550,8 +552,11 @@ class WandbConfig(_Strict):
     log_checkpoints: bool = Field(False, description="Log each checkpoint as a model artifact.")
 
 
+SinkName = Literal["stdout", "jsonl", "http", "mlflow", "wandb"]
+
+
 class LoggingConfig(_Strict):
-    sinks: list[Literal["stdout", "jsonl", "http", "mlflow", "wandb"]] = Field(
+    sinks: list[SinkName] = Field(
         default_factory=lambda: ["stdout"],
         description="jsonl writes into the run's placement (its folder, or the CLI's --jsonl-path).",
     )
@@ -796,6 +801,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of ``data`` with ``a.b=c`` overrides applied (creates missing mappings)."""
+    if overrides and not isinstance(data, dict):
+        raise ConfigError([("", f"the config must be a mapping, got {type(data).__name__}")])
     out = copy.deepcopy(data)
     for item in overrides:
         path, value = parse_override(item)

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rl_engine import paths
-from rl_engine.config import ConfigError, ExperimentConfig, FieldError, validation_errors
+from rl_engine.config import ConfigError, ExperimentConfig, FieldError, SinkName, validation_errors
 from rl_engine.strict_url import url_problem
 
 URL = "RL_ENGINE_INGEST_URL"  # the platform's base URL
@@ -152,7 +152,7 @@ class Placement(_Spec):
         None, description="Artifact root of a new MLflow experiment; default: the tracking server's."
     )
     wandb_dir: str | None = Field(None, description="Where W&B keeps its files; default: ./wandb.")
-    sinks: tuple[str, ...] = Field((), description="Sinks added to the config's logging.sinks.")
+    sinks: tuple[SinkName, ...] = Field((), description="Sinks added to the config's logging.sinks.")
     progress_bar: bool = True  # a platform job has none: carriage-return bars make unreadable run events
     # Where the job may read local data from (the platform's DATA_ROOTS): the engine refuses a data
     # file, glob match or folder entry whose real path leaves them (rl_engine.paths). Empty: no check.

@@ -7,7 +7,7 @@ records the status events, the launcher enqueues its tasks.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from django.conf import settings
@@ -24,7 +24,9 @@ from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, 
 from experiments.selectors import stored_config
 from experiments.yaml_io import load_yaml_text
 from rl_engine.config import ExperimentConfig, parse_config
-from tracking.models import Checkpoint
+
+if TYPE_CHECKING:
+    from tracking.models import Checkpoint
 
 
 class InvalidTransition(Exception):

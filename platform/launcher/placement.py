@@ -10,8 +10,6 @@ them (experiments.config_policy, experiments.path_policy). The user's config is 
 
 from __future__ import annotations
 
-from django.conf import settings
-
 from experiments import run_files
 from experiments.config_policy import built_place
 from experiments.models import Run
@@ -30,7 +28,7 @@ def run_placement(run: Run, cfg: ExperimentConfig, policy: PathPolicy | None = N
         resume_from=checkpoint.path if checkpoint is not None else None,
         sinks=(HTTP_SINK,),
         progress_bar=False,  # carriage-return bars make unreadable run events
-        data_roots=tuple(str(p) for p in getattr(settings, "DATA_ROOTS", [])),
+        data_roots=tuple(str(p) for p in policy.data_roots),
         inputs=input_paths(cfg, run.project_id, policy),
     )
 
