@@ -142,6 +142,13 @@ def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_la
     assert page.js_errors == []
 
 
+def open_the_form(page, username: str, project: str) -> None:
+    """A new user with a project of their own, on the new-experiment page."""
+    project_create(name=project, user=UserFactory(username=username))
+    login(page, username)
+    page.goto("/experiments/new/")
+
+
 ESSENTIALS = ["model.path", "rollout.backend", "rollout.n", "rollout.max_new_tokens", "trainer.total_steps",
               "trainer.batch_size", "trainer.mini_batch_size", "trainer.lr", "algorithm.advantage", "pipeline.mode",
               "pipeline.staleness_threshold", "data.source", "data.task", "data.num_prompts", "reward.name"]  # fmt: skip
@@ -153,10 +160,7 @@ def test_a_new_user_creates_and_launches_a_run_from_a_preset_without_unfolding_a
     """The essentials (model, data, algorithm, the main trainer and pipeline knobs) come first and open;
     every other section is folded, and none needs opening to go from a preset to a launched run. Where a
     run runs (checkpoint folder, resume, cluster, log and tracker locations) is not in the form at all."""
-    user = UserFactory(username="nina")
-    project_create(name="first steps", user=user)
-    login(page, "nina")
-    page.goto("/experiments/new/")
+    open_the_form(page, "nina", "first steps")
     page.click('[data-preset="demo-cpu"]')
     essentials = page.get_by_test_id("essentials")
     for path in ESSENTIALS:
@@ -186,10 +190,7 @@ def test_the_queue_bound_check_shows_its_message_at_its_field(page, asgi_server)
     """A rule the engine checks across sections (the queue must hold a generate call and a trainer pull)
     is the config's own validator: the API answers it at pipeline.queue_max_size, and the form shows it
     there, opening the folded section that holds the field."""
-    user = UserFactory(username="omar")
-    project_create(name="queues", user=user)
-    login(page, "omar")
-    page.goto("/experiments/new/")
+    open_the_form(page, "omar", "queues")
     page.click("[data-testid=view-yaml]")
     text = page.input_value("[data-testid=yaml-editor]")
     assert "  queue_max_size: 0\n" in text  # the form shows every default
