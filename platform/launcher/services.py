@@ -34,6 +34,7 @@ from launcher.models import LauncherLock, Supervision
 from launcher.placement import run_placement
 from rl_engine.config import ConfigError
 from rl_engine.jobspec import IngestSpec, JobSpec
+from rl_engine.wire import EventKind
 from tracking.services import events_append
 
 log = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ def run_launch(*, run_id: int, owner: str) -> str:
             jobs.state(cluster.address, sid)
             events_append(
                 run_id=run_id,
-                kind="log",
+                kind=EventKind.LOG,
                 message=f"re-attached to existing Ray job {sid}",
                 data={"source": "launcher"},
             )
@@ -271,7 +272,7 @@ def run_launch(*, run_id: int, owner: str) -> str:
             submitted = (cluster.address, sid)
             jobs.submit(cluster.address, submission_id=sid, entrypoint=entry, env=job_env(spec),
                         metadata={"platform_run_id": spec.run_id})  # fmt: skip
-            events_append(run_id=run_id, kind="log", message=f"submitted Ray job {sid} to {cluster.address}",
+            events_append(run_id=run_id, kind=EventKind.LOG, message=f"submitted Ray job {sid} to {cluster.address}",
                           data={"source": "launcher", "entrypoint": entry})  # fmt: skip
     except (LaunchError, ConfigError, jobs.ClusterUnreachable) as exc:
         # The run fails (a ConfigError: its stored config is no longer valid); a job Ray accepted anyway

@@ -30,6 +30,7 @@ from launcher.services import (
     run_finish_from_job,
     setting,
 )
+from rl_engine.wire import EventKind
 from tracking.services import NewEvent, events_append_many
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,11 @@ class LogTail:
                 sup = Supervision.objects.select_for_update().get(run_id=self.run_id)
                 if sup.owner != self.owner or sup.log_offset != self.offset:
                     raise LeaseLost(self.run_id)
-                events = [NewEvent(kind="log", message=jobs.clean_log_line(ln)) for ln in chunk if ln.strip()]
+                events = [
+                    NewEvent(kind=EventKind.LOG, message=jobs.clean_log_line(ln))
+                    for ln in chunk
+                    if ln.strip()
+                ]
                 events_append_many(run_id=self.run_id, events=events)
                 Supervision.objects.filter(run_id=self.run_id).update(
                     log_offset=self.offset + size, lease_until=timezone.now() + timedelta(seconds=lease_s())

@@ -28,7 +28,7 @@ from experiments.run_files import checkpoint_folder, is_inside
 from experiments.services import run_heartbeat
 from rl_engine import wire
 from tracking import selectors, services
-from tracking.models import Checkpoint, EventKind, Sample
+from tracking.models import Checkpoint, Sample
 from tracking.serializers import (
     CheckpointSerializer,
     EventPageSerializer,
@@ -94,7 +94,7 @@ def _events_refused(run: Run, events: list[wire.EventIn]) -> dict[str, list[str]
     errors = wire.event_data_errors(events)
     folder = checkpoint_folder(run)
     for i, event in enumerate(events):
-        path = event.data.get("path") if event.kind == EventKind.CHECKPOINT else None
+        path = event.data.get("path") if event.kind == wire.EventKind.CHECKPOINT else None
         key = f"events[{i}].data.path"
         if isinstance(path, str) and key not in errors and not is_inside(path, folder):
             errors[key] = [f"must be inside the run's checkpoint folder {folder}"]
@@ -193,7 +193,7 @@ class RunEventsView(IngestView):
         refused = _events_refused(run, body.events)
         if refused:
             raise exceptions.ValidationError(refused)
-        new = [services.NewEvent(kind=e.kind.value, message=e.message, data=e.data) for e in body.events]
+        new = [services.NewEvent(kind=e.kind, message=e.message, data=e.data) for e in body.events]
         rows = services.events_ingest(run_id=run.pk, events=new, batch_id=body.batch_id or "")
         reply = wire.EventsReply(received=len(rows), last_seq=rows[-1].seq if rows else None)
         return _reply(reply, status.HTTP_201_CREATED)
@@ -202,9 +202,7 @@ class RunEventsView(IngestView):
         parameters=[
             OpenApiParameter("after", int, description="Only events with seq > after (default 0)."),
             OpenApiParameter("limit", int, description="1..1000 (default 500)."),
-            OpenApiParameter(
-                "kind", str, description=f"Comma-separated among {', '.join(EventKind.values)}."
-            ),
+            OpenApiParameter("kind", str, description=f"Comma-separated among {', '.join(wire.EventKind)}."),
         ],
         responses=EventPageSerializer,
     )
@@ -215,8 +213,8 @@ class RunEventsView(IngestView):
         after = query_int(request, "after") or 0
         limit = query_int(request, "limit", minimum=1, maximum=1000) or 500
         kinds = [k for k in (query_str(request, "kind") or "").split(",") if k]
-        if set(kinds) - set(EventKind.values):
-            raise exceptions.ValidationError({"kind": [f"one of {', '.join(EventKind.values)}"]})
+        if set(kinds) - {k.value for k in wire.EventKind}:
+            raise exceptions.ValidationError({"kind": [f"one of {', '.join(wire.EventKind)}"]})
         rows = selectors.events_since(run_id=run.pk, after=after, limit=limit, kinds=kinds)
         return Response(
             {"events": RunEventSerializer(rows, many=True).data, "last_seq": rows[-1].seq if rows else after}

@@ -8,7 +8,8 @@ Protocol (docs/dashboard.md has the full picture):
 - The server first sends ``{"kind": "hello", "run": {...}}``, then every stored event with ``seq > N``
   from the database (catch-up), then live messages as ``tracking.live`` publishes them after commit:
   ``{"kind": "event", "event": {seq, kind, message, data, created}}`` and
-  ``{"kind": "metrics", "series": {key: {steps, values, wall_times}}}``.
+  ``{"kind": "metrics", "series": {key: {steps, values, wall_times}}}``. Every message is described,
+  and built, in ``rl_engine.wire`` (``LiveMessage`` and its builders).
 - Events are sent in ``seq`` order without gaps or repeats: a published event that skips ahead makes the
   consumer read the gap from the database first.
 - Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also reads new metric points and events
@@ -43,6 +44,7 @@ from django.contrib.auth import get_user
 
 from experiments.models import Run
 from experiments.summary import run_summary
+from rl_engine import wire
 from tracking import live
 from tracking.models import MetricPoint, RunEvent
 from tracking.services import event_payload
@@ -96,7 +98,7 @@ def _run_summary(run_id: int) -> dict[str, Any]:
     return run_summary(Run.objects.select_related("experiment", "project").get(pk=run_id))
 
 
-def _events_after(run_id: int, seq: int, limit: int = CATCH_UP_BATCH) -> list[dict[str, Any]]:
+def _events_after(run_id: int, seq: int, limit: int = CATCH_UP_BATCH) -> list[wire.EventMessage]:
     rows = RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq")[:limit]
     return [event_payload(e) for e in rows]
 
@@ -106,10 +108,7 @@ def _last_metric_id(run_id: int) -> int:
     return row or 0
 
 
-MetricRow = tuple[str, int, float, float]  # key, step, value, wall_time
-
-
-def _metrics_after(run_id: int, cursor: int) -> tuple[int, list[MetricRow]]:
+def _metrics_after(run_id: int, cursor: int) -> tuple[int, list[wire.MetricRow]]:
     """The next POLL_METRIC_ROWS metric points stored after ``cursor`` (a MetricPoint id), in id order,
     and the id of the last one (the next cursor)."""
     rows = list(
@@ -118,17 +117,6 @@ def _metrics_after(run_id: int, cursor: int) -> tuple[int, list[MetricRow]]:
         .values_list("id", "key", "step", "value", "wall_time")[:POLL_METRIC_ROWS]
     )
     return (rows[-1][0] if rows else cursor), [r[1:] for r in rows]
-
-
-def _columns(rows: list[MetricRow]) -> dict[str, dict[str, list[float]]]:
-    """Columnar per key, the shape of live payloads: {key: {"steps", "values", "wall_times"}}."""
-    series: dict[str, dict[str, list[float]]] = {}
-    for key, step, value, wall in rows:
-        s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
-        s["steps"].append(step)
-        s["values"].append(value)
-        s["wall_times"].append(wall)
-    return series
 
 
 run_for_member = database_sync_to_async(_run_for_member)
@@ -178,7 +166,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         # Metrics stored before now come from the REST history the page loads; the poll takes it from here.
         self.metric_cursor = await last_metric_id(self.run_id)
-        await self.send_json({"kind": "hello", "run": await summary_of(self.run_id)})
+        await self.send_json(wire.live_hello(await summary_of(self.run_id)))
         await self.catch_up(_query_int(self.scope, "last_seq"))
         self.poller = asyncio.create_task(self.poll_forever())
 
@@ -236,7 +224,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         except ValueError:
             content = None
         if content is None:
-            await self.send_json({"kind": "error", "message": "messages must be JSON text"})
+            await self.send_json(wire.live_error("messages must be JSON text"))
             return
         await self.receive_json(content)
 
@@ -245,13 +233,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if not await self.still_member():
             return
         if not isinstance(content, dict) or content.get("type") != "resume":
-            await self.send_json(
-                {"kind": "error", "message": 'expected {"type": "resume", "last_seq": <int>}'}
-            )
+            await self.send_json(wire.live_error('expected {"type": "resume", "last_seq": <int>}'))
             return
         seq = content.get("last_seq")
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-            await self.send_json({"kind": "error", "message": "last_seq must be a non-negative integer"})
+            await self.send_json(wire.live_error("last_seq must be a non-negative integer"))
             return
         await self.catch_up(seq)
 
@@ -260,7 +246,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def run_update(self, message: dict[str, Any]) -> None:
         payload = message.get("payload") or {}
         kind = payload.get("kind")
-        if kind == "event":
+        if kind == wire.LiveKind.EVENT:
             seq = int(payload["event"]["seq"])
             async with self.lock:
                 if seq <= self.last_seq:
@@ -270,7 +256,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                     self.last_seq = seq
                     return
             await self.catch_up()  # it skipped ahead: the gap is in the database
-        elif kind == "metrics":
+        elif kind == wire.LiveKind.METRICS:
             async with self.lock:
                 if len(self.live_sent) > LIVE_SENT_MAX:  # only ever points a poll did not read back
                     self.live_sent.clear()  # (at worst the poll sends some of them again)
@@ -307,8 +293,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 missed = [r for r in rows if (r[0], r[1]) not in self.live_sent]
                 self.live_sent.difference_update((r[0], r[1]) for r in rows)
                 if missed:
-                    await self.send_json({"kind": "metrics", "count": len(missed), "series": _columns(missed),
-                                          "source": "poll"})  # fmt: skip
+                    await self.send_json(wire.live_metrics(missed, source="poll"))
             if len(rows) < POLL_METRIC_ROWS:
                 break
         await self.catch_up()

@@ -2,7 +2,8 @@
 
 The database is the source of truth; this is a best-effort notification sent after commit. A channel
 layer that is down must never fail the request that stored the data, so errors are logged, not raised.
-Message: ``{"type": "run.update", "payload": {"kind": "metrics" | "event", ...}}`` (see docs/api.md).
+Message: ``{"type": "run.update", "payload": <a live message>}``, the payload built by ``rl_engine.wire``
+(``live_metrics`` or ``live_event``; docs/api.md).
 
 Off the request's critical path: in the web server (a sync view running in asgiref's thread, with the
 server's event loop running beside it) a publish is handed to that loop and the request goes on at
@@ -22,6 +23,8 @@ from typing import Any
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
+from rl_engine import wire
+
 log = logging.getLogger(__name__)
 
 QUEUE_MAX = 10_000  # messages waiting for the layer before new ones are dropped (the poll recovers them)
@@ -32,7 +35,7 @@ def group_name(run_id: int) -> str:
     return f"run_{run_id}"
 
 
-def publish(run_id: int, payload: dict[str, Any]) -> bool:
+def publish(run_id: int, payload: wire.LiveMessage) -> bool:
     """Send ``payload`` to everyone listening on the run; returns False (and logs) when that failed, or
     when it could not even be queued for the server's loop."""
     try:

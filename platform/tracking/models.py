@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from rl_engine import wire
+from rl_engine.wire import EventKind
 
 
 class MetricPoint(models.Model):
@@ -35,16 +35,13 @@ class MetricPoint(models.Model):
         return f"{self.key}@{self.step}={self.value}"
 
 
-# The kinds the ingestion wire format defines (rl_engine.wire), as Django choices.
-EventKind = models.TextChoices("EventKind", [(k.name, k.value) for k in wire.EventKind])
-
-
 class RunEvent(models.Model):
     """An ordered record of a run: ``seq`` is 1, 2, ... per run without gaps between committed events."""
 
     run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, related_name="events")
     seq = models.BigIntegerField()
-    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    # The kinds the ingestion wire format defines (rl_engine.wire.EventKind: the one declaration).
+    kind = models.CharField(max_length=16, choices=[(k.value, k.name.title()) for k in EventKind])
     message = models.TextField(blank=True, default="")
     data = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(auto_now_add=True)

@@ -8,7 +8,7 @@ from typing import Any
 from django.dispatch import receiver
 
 from experiments.lifecycle import StateChanged, state_changed
-from tracking.models import EventKind
+from rl_engine.wire import EventKind
 from tracking.services import events_append
 
 

@@ -16,11 +16,12 @@ from django.db.models import Count, F
 from django.utils import timezone
 
 from experiments.models import Run
+from rl_engine import wire
+from rl_engine.wire import EventKind
 from tracking import live
 from tracking.models import (
     ROLLUP_WIDTHS,
     Checkpoint,
-    EventKind,
     MetricPoint,
     MetricRollup,
     RunEvent,
@@ -51,7 +52,7 @@ class IngestResult:
 StoredPoint = tuple[int, str, int, float, float]
 
 
-def _on_commit_publish(run_id: int, payload: dict[str, Any]) -> None:
+def _on_commit_publish(run_id: int, payload: wire.LiveMessage) -> None:
     transaction.on_commit(lambda: live.publish(run_id, payload))
 
 
@@ -186,34 +187,22 @@ def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPo
     return cur.fetchall()
 
 
-def _metrics_payload(stored: Sequence[StoredPoint]) -> dict[str, Any]:
-    """Columnar per key, the shape charts consume: {key: {"steps": [...], "values": [...], ...}}, in step
-    order."""
-    series: dict[str, dict[str, list[float]]] = {}
-    for _, key, step, value, wall in sorted(stored, key=lambda r: (r[1], r[2])):
-        s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
-        s["steps"].append(step)
-        s["values"].append(value)
-        s["wall_times"].append(wall)
-    return {"kind": "metrics", "count": len(stored), "series": series}
+def _metrics_payload(stored: Sequence[StoredPoint]) -> wire.MetricsMessage:
+    """The live message of newly stored points, each key's in step order (the shape charts consume)."""
+    return wire.live_metrics(sorted((row[1:] for row in stored), key=lambda r: (r[0], r[1])))
 
 
-def event_payload(event: RunEvent) -> dict[str, Any]:
-    return {
-        "kind": "event",
-        "event": {
-            "seq": event.seq,
-            "kind": event.kind,
-            "message": event.message,
-            "data": event.data,
-            "created": event.created.isoformat(),
-        },
-    }
+def event_payload(event: RunEvent) -> wire.EventMessage:
+    return wire.live_event(seq=event.seq, kind=event.kind, message=event.message, data=event.data,
+                           created=event.created.isoformat())  # fmt: skip
+
+
+EVENT_KINDS = frozenset(EventKind)
 
 
 @dataclass(frozen=True)
 class NewEvent:
-    kind: str
+    kind: EventKind
     message: str = ""
     data: dict[str, Any] | None = None
 
@@ -227,8 +216,8 @@ def events_append_many(*, run_id: int, events: Sequence[NewEvent], batch_id: str
     if not events:
         return []
     for e in events:
-        if e.kind not in EventKind.values:
-            raise ValueError(f"unknown event kind {e.kind!r}; one of {', '.join(EventKind.values)}")
+        if e.kind not in EVENT_KINDS:  # callers are typed; a stray string (a typo) still stops here
+            raise ValueError(f"unknown event kind {e.kind!r}; one of {', '.join(EventKind)}")
     with transaction.atomic():
         updated = Run.objects.filter(pk=run_id).update(event_seq=F("event_seq") + len(events))
         if not updated:
@@ -253,7 +242,9 @@ def events_append_many(*, run_id: int, events: Sequence[NewEvent], batch_id: str
     return rows
 
 
-def events_append(*, run_id: int, kind: str, message: str, data: dict[str, Any] | None = None) -> RunEvent:
+def events_append(
+    *, run_id: int, kind: EventKind, message: str, data: dict[str, Any] | None = None
+) -> RunEvent:
     return events_append_many(run_id=run_id, events=[NewEvent(kind=kind, message=message, data=data)])[0]
 
 

@@ -2,17 +2,27 @@
 
 Shapes: ``rewards`` [B] float, ``group_index`` [B] long in [0, G) (responses of one prompt share an
 index) -> advantages [B]. The trainer broadcasts a response's advantage to all its tokens.
+
+``ADVANTAGES`` is the registry: the config's ``algorithm.advantage`` takes its names from it
+(``AdvantageName``), so an estimator is added here only. The config is read where torch is not
+installed (the platform), so this module imports torch inside the functions, not at its top.
 """
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 
 def group_stats(
     rewards: torch.Tensor, group_index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-response group mean, unbiased group std (0 for singleton groups) and group size, each [B]."""
+    import torch
+
     num_groups = int(group_index.max()) + 1 if group_index.numel() else 0
     r = rewards.double()
     counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, torch.ones_like(r))
@@ -43,6 +53,8 @@ def dr_grpo(rewards: torch.Tensor, group_index: torch.Tensor, **_: object) -> to
 
 def rloo(rewards: torch.Tensor, group_index: torch.Tensor, **_: object) -> torch.Tensor:
     """RLOO: A_i = r_i - mean_{j != i, j in g} r_j = n/(n-1) (r_i - mean_g); 0 for singleton groups."""
+    import torch
+
     mean, _, n = group_stats(rewards, group_index)
     scale = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
     return ((rewards.double() - mean) * scale).to(rewards.dtype)
@@ -58,6 +70,8 @@ def reinforce_pp(
     (A = 0, no gradient). That is REINFORCE++ proper, which has no per-prompt baseline; the batch
     whitening supplies the baseline (the batch mean). The group mean is the "-baseline" variant's.
     """
+    import torch
+
     mean, _, n = group_stats(rewards, group_index)
     a = rewards.double() - torch.where(n > 1, mean, torch.zeros_like(mean))
     if a.numel() > 1:
@@ -65,10 +79,32 @@ def reinforce_pp(
     return a.to(rewards.dtype)
 
 
-ADVANTAGES = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "reinforce_pp": reinforce_pp}
+AdvantageFn = Callable[..., "torch.Tensor"]
+
+# The registry, by the name ``algorithm.advantage`` gives (in the order the config's schema lists them).
+ADVANTAGES: dict[str, AdvantageFn] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+}
+# Those whose baseline is the other responses of the prompt's group: they need ``rollout.n >= 2``.
+WITHIN_GROUP = frozenset({"grpo", "dr_grpo", "rloo"})
+
+AdvantageName = Literal[tuple(ADVANTAGES)]  # type: ignore[valid-type]  # the config's field type
+
+
+def get_advantage_fn(name: str) -> AdvantageFn:
+    if name not in ADVANTAGES:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; choose one of {', '.join(sorted(ADVANTAGES))}"
+        )
+    return ADVANTAGES[name]
 
 
 def group_indices(group_ids: list[str]) -> torch.Tensor:
     """Map group id strings to dense indices in order of first appearance: ['a','b','a'] -> [0, 1, 0]."""
+    import torch
+
     seen: dict[str, int] = {}
     return torch.tensor([seen.setdefault(g, len(seen)) for g in group_ids], dtype=torch.long)

@@ -1,6 +1,7 @@
 """Which classes the pipeline actors build: the real engine parts by default, simulated ones in the
-orchestration tests and the long-tail benchmark (GPU engines cannot run here; the simulated parts
-model their *costs*, everything around them — actors, queue, sync, gates — is the real code).
+orchestration tests and the long-tail benchmark (``tests/pipeline/simulated.py``: GPU engines cannot
+run here; the simulated parts model their *costs*, everything around them — actors, queue, sync,
+gates — is the real code).
 
 A factory is named by ``"module:attribute"`` so it can be shipped to Ray worker processes by name.
 """

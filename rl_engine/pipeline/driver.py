@@ -32,7 +32,6 @@ from rl_engine.pipeline.metrics import step_metrics, sum_counters
 from rl_engine.pipeline.pauses import RolloutPauses
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
-from rl_engine.pipeline.sync import PendingSync, build_sync
 from rl_engine.pipeline.trainer_group import build_trainer_group
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
 from rl_engine.types import (
@@ -44,6 +43,8 @@ from rl_engine.types import (
     StepResult,
     WeightLoadTiming,
 )
+from rl_engine.weights.sync import PendingSync, build_sync
+from rl_engine.wire import EventKind
 
 
 @dataclass
@@ -238,7 +239,7 @@ class _Run:
         self._build()
         self._maybe_resume()
         self.sink.log_event(
-            "status",
+            EventKind.STATUS,
             f"pipeline running ({self.knobs.mode}) from step {self.start_step}",
             {"step": self.start_step, "mode": self.knobs.mode, "max_staleness": self.knobs.max_staleness},
         )
@@ -267,7 +268,7 @@ class _Run:
                     sync_s = self._sync(self.step)  # blocking: the trainer sends it
             except StopWaitAbandoned as exc:
                 self.sink.log_event(
-                    "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
+                    EventKind.ALERT, f"stopping without finishing a weight sync: {exc}", {"step": self.step}
                 )
                 self.trained_uids.extend(result.uids)
                 break
@@ -289,7 +290,7 @@ class _Run:
         if self.placement.checkpoint_dir and self.last_ckpt_step != self.step:
             self._checkpoint(self.step)
         self.sink.log_event(
-            "status",
+            EventKind.STATUS,
             ("stopped" if self.stopped else "finished") + f" at step {self.step}",
             {"step": self.step, "stopped": self.stopped, "checkpoint": self.last_ckpt},
         )
@@ -300,7 +301,9 @@ class _Run:
         try:
             fn()
         except StopWaitAbandoned as exc:
-            self.sink.log_event("alert", f"stopping without finishing {what}: {exc}", {"step": self.step})
+            self.sink.log_event(
+                EventKind.ALERT, f"stopping without finishing {what}: {exc}", {"step": self.step}
+            )
 
     # --- weight sync ------------------------------------------------------------------------------------
     def _syncs_after(self, step: int) -> bool:
@@ -335,7 +338,7 @@ class _Run:
         except StopWaitAbandoned as exc:
             self._pending_sync = None
             self.sink.log_event(
-                "alert", f"stopping without finishing a weight sync: {exc}", {"step": self.step}
+                EventKind.ALERT, f"stopping without finishing a weight sync: {exc}", {"step": self.step}
             )
             return None
 
@@ -391,12 +394,12 @@ class _Run:
                     self.trainer.save_checkpoint.remote(str(path), extra), "checkpoint"
                 )
         except StopWaitAbandoned as exc:
-            self.sink.log_event("alert", f"checkpoint at step {step} skipped: {exc}", {"step": step})
+            self.sink.log_event(EventKind.ALERT, f"checkpoint at step {step} skipped: {exc}", {"step": step})
             return
         self.last_ckpt, self.last_ckpt_step = str(path), step
         ckpt.prune(directory, self.cfg.trainer.keep_checkpoints)
         self.sink.log_event(
-            "checkpoint",
+            EventKind.CHECKPOINT,
             f"checkpoint at step {step}",
             {"step": step, "path": str(path), "size_bytes": int(size)},
         )
@@ -415,7 +418,7 @@ class _Run:
         self.start_step = self.step = ray.get(self.trainer.get_version.remote())
         self._sync(self.step)  # rollouters start from the checkpointed weights
         self.sink.log_event(
-            "status",
+            EventKind.STATUS,
             f"resumed from {src} at step {self.step}",
             {"step": self.step, "path": src, "queued": len(qstate.groups)},
         )

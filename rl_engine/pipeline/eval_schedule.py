@@ -19,6 +19,7 @@ import ray
 
 from rl_engine.config import ExperimentConfig
 from rl_engine.types import EvalSummary
+from rl_engine.wire import EventKind
 
 
 @dataclass
@@ -56,7 +57,7 @@ class EvalSchedule:
             return
         if self.pending is not None:
             self.sink.log_event(
-                "log",
+                EventKind.LOG,
                 f"evaluation at step {step} skipped: the one requested at step {self.pending.step} is "
                 "still running",
                 {"step": step, "running_since_step": self.pending.step},
@@ -77,7 +78,7 @@ class EvalSchedule:
         if running > self.timeout and not p.alerted:
             p.alerted = True
             self.sink.log_event(
-                "alert",
+                EventKind.ALERT,
                 f"watchdog: the evaluation requested at step {p.step} has run for {running:.1f} s",
                 {"stage": "evaluation", "timeout_s": self.timeout, "step": p.step},
             )
@@ -90,7 +91,7 @@ class EvalSchedule:
             if self.pending is not None:
                 self.rollouter.cancel_evaluation.remote()
                 self.sink.log_event(
-                    "log",
+                    EventKind.LOG,
                     f"evaluation requested at step {self.pending.step} cancelled: the run is stopping",
                     {"step": self.pending.step},
                 )
@@ -111,7 +112,7 @@ class EvalSchedule:
             return
         self.sink.log_metrics(step, summary.metrics())
         self.sink.log_event(
-            "log",
+            EventKind.LOG,
             f"evaluation at step {step}: reward {summary.reward_mean:.4g}, pass@1 {summary.pass_at_1:.4g}, "
             f"length {summary.response_length:.4g} ({summary.num_prompts} prompts, {summary.time_s:.1f} s)",
             {"step": step},

@@ -4,8 +4,8 @@ It gathers ``trainer.batch_size`` samples in pulls of ``require_batches * mini_b
 (whole groups, FIFO), timing how long it waited (``trainer/idle_ratio``); the queue drops groups that
 are too stale for the current version on the way. The driver decides when to sync (every
 ``trigger_parameter_sync_step`` steps). Object store: ``publish_weights`` streams the weights into the
-Ray object store bucket by bucket, in the rollout dtype (``rl_engine.pipeline.sync.publish_stream``),
-and rollouters load them bucket by bucket, zero-copy. Broadcast (gloo / nccl): ``open_weight_sender``
+Ray object store bucket by bucket, in the rollout dtype (``rl_engine.weights.object_store``), and
+rollouters load them bucket by bucket, zero-copy. Broadcast (gloo / nccl): ``open_weight_sender``
 joins the weight group as rank 0 once, ``broadcast_weights`` sends the buckets of ``bucket_plan``.
 
 A trainer group (``rl_engine.pipeline.trainer_group``) is several of these actors, one per rank: rank 0
@@ -28,13 +28,15 @@ import numpy as np
 import ray
 
 from rl_engine.config import ExperimentConfig
-from rl_engine.models.buckets import LocalWeightStream, WeightManifest
 from rl_engine.pipeline.components import Components
+from rl_engine.pipeline.followers import Followers, RankStatus
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.pipeline.sync import free_endpoint, publish_stream, whole_tensor_buckets
-from rl_engine.pipeline.trainer_group import Followers, RankStatus
-from rl_engine.pipeline.transport import BucketSender, GroupInit, open_sender
 from rl_engine.types import ExampleSample, QueueBatch, Sample, SendStats, StepCancelled, StepResult
+from rl_engine.weights.broadcast import BucketSender, GroupInit
+from rl_engine.weights.buckets import LocalWeightStream, WeightManifest
+from rl_engine.weights.object_store import publish_stream
+from rl_engine.weights.registry import rollout_backend
+from rl_engine.weights.sync import free_endpoint
 
 _PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is noticed quickly
 
@@ -62,7 +64,8 @@ class TrainerActor:
             self._built.set()
         self._cancel = threading.Event()
         self._published: list[Any] = []  # the last sync's object refs, kept alive until the next one
-        self._whole = whole_tensor_buckets(cfg.rollout.backend)  # the GPU engines load whole tensors
+        self._backend = rollout_backend(cfg.rollout.backend)  # how its workers take weights
+        self._whole = self._backend.whole_tensors  # the GPU engines load whole tensors
         self._manifest: WeightManifest | None = None
         self._sender: BucketSender | None = None  # rank 0 of a broadcast sync (gloo / nccl)
         self._rng = random.Random(cfg.seed)  # picks example samples for the sink
@@ -241,7 +244,7 @@ class TrainerActor:
     def open_weight_sender(self, address: str, port: int, world: int, backend: str, timeout_s: float) -> None:
         """Join the weight group as rank 0; returns once every rollout rank joined too."""
         init = GroupInit(address, port, world, 0, backend=backend, timeout_s=timeout_s)
-        self._sender = open_sender(init, self.cfg.rollout.backend)
+        self._sender = self._backend.open_sender(init)
 
     def broadcast_weights(self) -> SendStats:
         """Send every bucket of ``bucket_plan`` to the group (the rollouters receive at the same time)."""

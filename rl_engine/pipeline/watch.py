@@ -22,6 +22,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from rl_engine.types import RolloutHealth
+from rl_engine.wire import EventKind
 
 _SLICE_S = 0.2
 _HEALTH_EVERY_S = 0.5
@@ -160,4 +161,4 @@ class Waiter:
         if key in self._alerted:
             return
         self._alerted.add(key)
-        self.run.sink.log_event("alert", message, {"stage": key, "timeout_s": self.timeout})
+        self.run.sink.log_event(EventKind.ALERT, message, {"stage": key, "timeout_s": self.timeout})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rl_engine.config import ExperimentConfig
 from rl_engine.rollout.base import RolloutWorker
+from rl_engine.weights.registry import rollout_backend
 
 
 def rollout_seed(seed: int, index: int) -> int:
@@ -17,23 +18,10 @@ def rollout_seed(seed: int, index: int) -> int:
 
 
 def build_rollout_worker(cfg: ExperimentConfig, index: int = 0) -> RolloutWorker:
-    """The worker for ``cfg.rollout.backend``, built from (rollout config, model config) alone;
-    ``index`` (the rollouter's) only picks the sampling seed (``rollout_seed``)."""
-    backend = cfg.rollout.backend
-    seed = rollout_seed(cfg.seed, index)
-    if backend == "hf":
-        from rl_engine.rollout.hf import HFRolloutWorker
-
-        return HFRolloutWorker(cfg.rollout, cfg.model, seed=seed, gpus=cfg.resources.rollout_gpus)
-    if backend == "vllm":
-        from rl_engine.rollout.vllm import VLLMRolloutWorker
-
-        return VLLMRolloutWorker(cfg.rollout, cfg.model, seed=seed)
-    if backend == "sglang":
-        from rl_engine.rollout.sglang import SGLangRolloutWorker
-
-        return SGLangRolloutWorker(cfg.rollout, cfg.model, seed=seed)
-    raise ValueError(f"unknown rollout backend {backend!r}")
+    """The worker for ``cfg.rollout.backend`` (its entry in ``rl_engine.weights.registry``), built from
+    (rollout config, model config) alone; ``index`` (the rollouter's) only picks the sampling seed
+    (``rollout_seed``)."""
+    return rollout_backend(cfg.rollout.backend).worker(cfg, rollout_seed(cfg.seed, index))
 
 
 __all__ = ["RolloutWorker", "build_rollout_worker", "rollout_seed"]

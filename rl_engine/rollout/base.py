@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rl_engine.types import Prompt, Sample
 
 if TYPE_CHECKING:
-    from rl_engine.models.buckets import WeightManifest, WeightStream
+    from rl_engine.weights.buckets import WeightManifest, WeightStream
 
 
 class RolloutWorker(ABC):
@@ -61,7 +61,7 @@ class RolloutWorker(ABC):
         return self._interrupt.is_set()
 
     # --- weights (docs/pipeline.md, "Weight sync") ---------------------------------------------------
-    # One contract for every backend. A sync is the trainer's bucket stream (``rl_engine.models.buckets``)
+    # One contract for every backend. A sync is the trainer's bucket stream (``rl_engine.weights.buckets``)
     # in the serving dtype; the version moves only once the whole of it loaded, a failed load raises.
     weight_transfer_ranks = 1  # ranks the worker takes in a broadcast weight group (one per engine GPU)
 

@@ -12,22 +12,19 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
-from rl_engine.models.buckets import FlatParams, WeightManifest, WeightStream, load_stream
-from rl_engine.rollout.base import RolloutWorker
 from rl_engine.rollout.common import extend_sample, needs_continuation, sample_template
 from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.types import FinishReason, Prompt, Sample
+from rl_engine.weights.buckets import FlatParams
+from rl_engine.weights.hf import HFWeights
 
 
 @dataclass
@@ -51,14 +48,14 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
-class HFRolloutWorker(RolloutWorker):
+class HFRolloutWorker(HFWeights):
     """Rollout on a local transformers model, on ``rollout.device`` (``auto``: cuda when ``gpus`` >= 1).
 
     Behaviour log-probs are of logits / temperature (no top-p renormalisation: with ``top_p < 1`` they
     are the log-probs of the temperature-scaled distribution the nucleus was cut from, matching what the
-    trainer recomputes). Weights are served in ``model.dtype``; a sync arrives as a ``WeightStream``
-    through ``update_weights`` (in process, object store) or by broadcast (``init_weight_transfer`` once,
-    then ``receive_weights``).
+    trainer recomputes). Weights are served in ``model.dtype``; a sync arrives through ``HFWeights``
+    (``rl_engine.weights.hf``): a ``WeightStream`` in ``update_weights`` (in process, object store) or
+    by broadcast (``init_weight_transfer`` once, then ``receive_weights``).
     """
 
     def __init__(
@@ -75,7 +72,7 @@ class HFRolloutWorker(RolloutWorker):
         torch.set_num_threads(rollout_cfg.num_threads)
         device = device or resolve_device(rollout_cfg.device, gpus, "rollout")
         # Loaded on the CPU, then moved parameter by parameter into one contiguous buffer on ``device``:
-        # a weight sync from the trainer lands bucket by bucket in slices of it (rl_engine.models.buckets),
+        # a weight sync from the trainer lands bucket by bucket in slices of it (rl_engine.weights.buckets),
         # and the device never holds the model twice. None for mixed dtypes (then piece by piece).
         self.model = load_model(model_cfg, device="cpu").eval()
         self._flat = FlatParams.of(self.model, device)
@@ -119,74 +116,6 @@ class HFRolloutWorker(RolloutWorker):
         todo = [r for r in reqs if r is not None]
         done = iter(self._run(todo))
         return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
-
-    @torch.no_grad()
-    def update_weights(self, weights: Mapping[str, Any] | WeightStream, version: int) -> None:
-        """Copy weights in place by parameter name; unknown names or wrong shapes are an error.
-
-        ``weights``: numpy arrays or tensors by name, or a ``WeightStream`` of buckets (the
-        trainer's sync), loaded bucket by bucket, each released before the next arrives. Either way the
-        names and shapes are checked before anything is copied, and the lock keeps generation off
-        half-loaded weights.
-        """
-        with self._weights_lock:
-            if isinstance(weights, WeightStream):
-                load_stream(weights, self._params, self._flat)
-            else:
-                self._load_weights(weights)
-            self._version = int(version)
-
-    def init_weight_transfer(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        *,
-        max_bucket_bytes: int = 0,
-        backend: str = "gloo",
-        timeout_s: float = 300.0,
-    ) -> None:
-        """Join the trainer's broadcast group as rank ``rank_offset`` (the trainer, rank 0, joins at the
-        same time): ``gloo`` in host memory, ``nccl`` on this worker's GPU. Any bucket size works."""
-        from rl_engine.pipeline.transport import GroupInit, group_device, join_group
-
-        init = GroupInit(master_address, master_port, world_size, rank_offset, backend, timeout_s=timeout_s)
-        self._group = join_group(init)
-        self._group_device = group_device(init.backend)
-
-    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
-        """Receive the buckets of ``manifest`` by broadcast, each straight into its slice of the flat
-        parameter buffer when that lives on the group's device; ``version`` once all of them landed."""
-        from rl_engine.pipeline.transport import BroadcastWeights
-
-        if self._group is None:
-            raise RuntimeError("hf: receive_weights before init_weight_transfer")
-        self.update_weights(BroadcastWeights(manifest, self._group, self._group_device), version)
-
-    @torch.no_grad()
-    def _load_weights(self, named_tensors: Mapping[str, Any]) -> None:
-        """Check every name and shape first, then copy: a bad update leaves the weights untouched."""
-        unknown = [k for k in named_tensors if k not in self._params]
-        if unknown:
-            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        staged = []
-        for name, value in named_tensors.items():
-            if isinstance(value, torch.Tensor):
-                src = value
-            else:
-                with warnings.catch_warnings():
-                    # Arrays from the Ray object store are read-only views; they are only read here.
-                    warnings.simplefilter("ignore", UserWarning)
-                    src = torch.from_numpy(np.asarray(value))
-            dst = self._params[name]
-            if src.shape != dst.shape:
-                raise ValueError(
-                    f"update_weights: {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
-                )
-            staged.append((dst, src))
-        for dst, src in staged:
-            dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
 
     # --- internals --------------------------------------------------------------------------------
     def _run(self, reqs: list[_Request]) -> list[Sample]:

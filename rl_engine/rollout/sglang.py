@@ -14,26 +14,23 @@ tokenizer manager's pause / continue / weight-update coroutines. Every wait is b
   engine-wide convention, so top_p < 1 is exact. ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (no temperature)
   is refused; ``sampling_defaults="openai"`` keeps generation_config.json from adding sampling knobs,
   and penalties/min_p/top_k are pinned neutral per request.
-* Weights: one session per update — ``begin_weight_update``, one call per bucket
-  (``update_weights_from_tensor`` for the object-store path, ``update_weights_from_distributed`` with
-  ``load_format="flattened_bucket"`` for a broadcast), ``end_weight_update``, then one cache flush.
-  Every ``(success, message)`` is checked; the version moves only when all succeeded.
+* Weights: the worker's receiving half is ``rl_engine.weights.sglang`` (``SglangWeights``, its base
+  class), beside the trainer's sending half: one session per update, one checked call per bucket (from
+  tensors for the object store, ``flattened_bucket`` for a broadcast), one cache flush; the version
+  moves only when all succeeded.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rl_engine.config import ModelConfig, SGLangRolloutConfig
-from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream, as_stream, unpack
-from rl_engine.rollout.async_worker import AsyncEngineWorker, Result
+from rl_engine.rollout.async_worker import Result
 from rl_engine.rollout.common import normalise_finish
 from rl_engine.rollout.engine_loop import EngineError
-
-WEIGHT_GROUP = "rl_engine_weights"
+from rl_engine.weights.sglang import SglangWeights
 
 
 def sampling_params(cfg: SGLangRolloutConfig, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
@@ -86,16 +83,7 @@ def convert_output(out: dict[str, Any], eos_ids: list[int]) -> Result:
     return ids, lps, normalise_finish(reason, ids[-1] if ids else None, eos_ids)
 
 
-def check_result(what: str, result: Any) -> None:
-    """Raise unless an engine answer ``(success, message[, ...])`` / ``.success`` says success."""
-    ok, message = (
-        (result.success, getattr(result, "message", "")) if hasattr(result, "success") else result[:2]
-    )
-    if not ok:
-        raise EngineError(f"sglang: {what} failed: {message}")
-
-
-class SGLangRolloutWorker(AsyncEngineWorker):
+class SGLangRolloutWorker(SglangWeights):
     """Rollout on ``sglang.Engine`` driven through its coroutines; see the module docstring."""
 
     backend = "sglang"
@@ -108,7 +96,6 @@ class SGLangRolloutWorker(AsyncEngineWorker):
                 "temperature, which the trainer does not recompute; unset it"
             )
         super().__init__(rollout_cfg, model_cfg, seed=seed)
-        self._group_ready = False
 
     def engine_kwargs(self, model_cfg: ModelConfig, path: str, seed: int) -> dict[str, Any]:
         return engine_kwargs(self.cfg, model_cfg, path, seed)
@@ -138,125 +125,3 @@ class SGLangRolloutWorker(AsyncEngineWorker):
             rid=f"rl{next(self._request_ids)}",
         )
         return convert_output(out, self.special.eos_ids)
-
-    # --- weights -----------------------------------------------------------------------------------------
-    @property
-    def weight_transfer_ranks(self) -> int:
-        """Ranks the engine takes in a broadcast weight group: one per tensor-parallel scheduler."""
-        return self.cfg.tp_size
-
-    def update_weights(self, weights: WeightStream | Mapping[str, Any], version: int) -> None:
-        """Object-store / in-process path: a ``WeightStream`` of whole-tensor buckets (named tensors are
-        planned into buckets of ``weight_bucket_mb`` in the serving dtype); ``update_weights_from_tensor``
-        per bucket (tensors shared with the scheduler processes by torch multiprocessing, one payload
-        per TP rank)."""
-        import torch
-        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
-
-        stream = as_stream(weights, self._dtype, int(self.cfg.weight_bucket_mb * 2**20), split=False)
-        stream.manifest.require_whole()
-        dtype, count = stream.manifest.dtype, len(stream.manifest.buckets)
-
-        def request(bucket: WeightBucket) -> Any:
-            raw = bucket.wire()
-            if torch.cuda.is_available():  # colocated: the schedulers map it by CUDA IPC, no host copy
-                raw = raw.cuda()
-            named = unpack(raw, *bucket.plan.fields(dtype))
-            payload = self.engine._serialize_tensors_per_rank(named, None)
-            obj = UpdateWeightsFromTensorReqInput(
-                serialized_named_tensors=payload,
-                flush_cache=False,
-                weight_version=_stamp(bucket.plan, count, version),
-            )
-
-            async def call(keep: Any = raw) -> Any:
-                # ``keep`` holds the shared memory until the schedulers have loaded it: a CUDA IPC
-                # handle to a freed block would read whatever the allocator put there next.
-                return await self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
-
-            return call()
-
-        self._session(stream, request, version)
-
-    def init_weight_transfer(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        *,
-        max_bucket_bytes: int = 0,
-        backend: str = "nccl",
-        timeout_s: float | None = None,
-    ) -> None:
-        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently); each bucket
-        arrives as one broadcast whatever its size (``max_bucket_bytes`` is vLLM's concern; SGLang's
-        group keeps its own timeout). The trainer joins with SGLang's ``init_custom_process_group``
-        (``rl_engine.pipeline.engine_senders``)."""
-        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
-
-        obj = InitWeightsUpdateGroupReqInput(
-            master_address=master_address,
-            master_port=int(master_port),
-            rank_offset=int(rank_offset),
-            world_size=int(world_size),
-            group_name=WEIGHT_GROUP,
-            backend=backend,
-        )
-        check_result(
-            "init_weights_update_group",
-            self._control(
-                "init_weights_update_group",
-                self.engine.tokenizer_manager.init_weights_update_group(obj, None),
-            ),
-        )
-        self._group_ready = True
-
-    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
-        """Broadcast path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
-        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
-
-        if not self._group_ready:
-            raise EngineError("sglang: receive_weights before init_weight_transfer")
-        manifest.require_whole()
-        dtype, count = manifest.dtype, len(manifest.buckets)
-
-        def request(plan: BucketPlan) -> Any:
-            names, dtypes, shapes = plan.fields(dtype)
-            obj = UpdateWeightsFromDistributedReqInput(
-                names=names,
-                dtypes=dtypes,
-                shapes=shapes,
-                group_name=WEIGHT_GROUP,
-                flush_cache=False,
-                load_format="flattened_bucket",
-                weight_version=_stamp(plan, count, version),
-            )
-            return self.engine.tokenizer_manager.update_weights_from_distributed(obj, None)
-
-        self._session(manifest.buckets, request, version)
-
-    def _session(self, items: Iterable[Any], request: Any, version: int) -> None:
-        """begin → one checked call per bucket, each completed before the next bucket is produced (a
-        stream may reuse its buffer) → end → flush the cache; the version moves last."""
-        from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput, EndWeightUpdateReqInput
-
-        tm = self.engine.tokenizer_manager
-        self._gate.wait_paused()
-        check_result(
-            "begin_weight_update",
-            self._control("begin_weight_update", tm.begin_weight_update(BeginWeightUpdateReqInput(), None)),
-        )
-        try:
-            for item in items:
-                check_result("weight bucket load", self._control("weight bucket load", request(item)))
-        finally:
-            ended = self._control("end_weight_update", tm.end_weight_update(EndWeightUpdateReqInput(), None))
-        check_result("end_weight_update", ended)
-        check_result("flush_cache", self._control("flush_cache", tm.flush_cache()))
-        self._version = int(version)
-
-
-def _stamp(plan: BucketPlan, count: int, version: int) -> str | None:
-    """The engine stamps ``weight_version`` with the last bucket of a session."""
-    return str(int(version)) if plan.index == count - 1 else None

@@ -13,13 +13,10 @@ is built on); every call is a coroutine submitted to that loop, every wait bound
 * Log-probs: ``logprobs_mode="processed_logprobs"`` = log-softmax of logits / temperature *after*
   top-p/top-k masking; equal to the engine-wide convention only with top_p = 1 and top_k off, which
   the config enforces (``VLLMRolloutConfig``). Penalties and min_p are pinned neutral per request.
-* Weights: one session per update — ``start_weight_update()``, one call per bucket, then
-  ``finish_weight_update(weight_version=str(version))``; the version moves only when all of it
-  succeeded. A bucket arrives either by ``collective_rpc`` into :class:`VLLMWorkerExtension` (bytes:
-  the object-store path) or by an NCCL broadcast of the bucket's bytes through vLLM's weight-transfer
-  engine (``init_weight_transfer`` + ``receive_weights``; packed mode, one broadcast per bucket), or,
-  with ``backend="gloo"`` (CPU; vLLM has no gloo transfer engine), by a gloo broadcast that
-  :class:`VLLMWorkerExtension` receives itself (the trainer's side is ``transport.GroupSender``).
+* Weights: the worker's receiving half is ``rl_engine.weights.vllm`` (``VllmWeights``, its base
+  class, and ``VLLMWorkerExtension``, mixed into vLLM's worker processes), beside the trainer's sending
+  half: one session per update, a bucket by ``collective_rpc`` (object store), vLLM's NCCL transfer
+  engine or a gloo broadcast; the version moves only when all of it succeeded.
 * Device: ``rollout.device: cpu`` needs vLLM's CPU build and a model whose head size its CPU
   attention supports (checked before the engine starts, naming the supported sizes); the KV cache is
   ``kv_cache_memory_bytes`` = ``cpu_kvcache_space_gb``. Everything else is the GPU code path.
@@ -28,14 +25,14 @@ is built on); every call is a coroutine submitted to that loop, every wait bound
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine
 from typing import Any
 
 from rl_engine.config import ModelConfig, VLLMRolloutConfig
-from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream, as_stream, unpack
-from rl_engine.rollout.async_worker import AsyncEngineWorker, Result
+from rl_engine.rollout.async_worker import Result
 from rl_engine.rollout.common import normalise_finish
 from rl_engine.rollout.engine_loop import EngineError
+from rl_engine.weights.vllm import VllmWeights, VLLMWorkerExtension
 
 
 def sampling_kwargs(cfg: VLLMRolloutConfig, max_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
@@ -89,7 +86,7 @@ def engine_kwargs(cfg: VLLMRolloutConfig, model_cfg: ModelConfig, path: str, see
         "generation_config": "vllm",
         "override_generation_config": dict(model_cfg.generation_config or {}),
         "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": f"{__name__}.VLLMWorkerExtension",
+        "worker_extension_cls": f"{VLLMWorkerExtension.__module__}.{VLLMWorkerExtension.__qualname__}",
     }
 
 
@@ -149,86 +146,14 @@ def _installed_platform() -> tuple[bool, list[int]]:
     return True, list(CPUAttentionBackend.get_supported_head_sizes())
 
 
-class VLLMWorkerExtension:
-    """Mixed into vLLM's GPU worker (``worker_extension_cls``); methods run via ``collective_rpc``.
-
-    ``collective_rpc`` arguments reach the worker msgpack-decoded without types (an ndarray arrives
-    as a list), so a bucket travels as ``bytes`` plus its metadata.
-    """
-
-    def rl_engine_load_bucket(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], data: bytes
-    ) -> int:
-        import torch
-
-        # The worker's device, not a parameter's: inside a weight-update session vLLM's layerwise
-        # reload keeps parameters on the meta device until their layer is complete.
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)  # type: ignore[attr-defined]
-        named = unpack(raw, names, dtypes, shapes)
-        self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
-        return len(named)
-
-    def rl_engine_refresh_tied(self) -> int:
-        """Re-run the weight processing of tied, unquantized embeddings (the tied ``lm_head``).
-
-        vLLM's layerwise reload reprocesses each reloaded layer, but a tied parameter only through one
-        of its owners (``vllm/model_executor/model_loader/reload/__init__.py``, limitation 2). On CPU
-        that processing packs the GEMM weights (``dispatch_cpu_unquantized_gemm``): a tied ``lm_head``
-        kept computing logits with the weights it started with (log-probs off by ~1e-2 after an
-        update). On a GPU the call is a no-op. Returns how many modules were refreshed."""
-        import torch
-
-        owners: dict[int, list[Any]] = {}
-        for module in self.get_model().modules():  # type: ignore[attr-defined]
-            weight = getattr(module, "weight", None)
-            if isinstance(weight, torch.Tensor) and not weight.is_meta and weight.numel():
-                owners.setdefault(weight.data_ptr(), []).append(module)
-        refreshed = 0
-        for modules in owners.values():
-            for m in modules if len(modules) > 1 else ():
-                method = getattr(m, "quant_method", None)
-                if type(method).__name__ == "UnquantizedEmbeddingMethod":
-                    method.process_weights_after_loading(m)
-                    refreshed += 1
-        return refreshed
-
-    def rl_engine_join_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, timeout_s: float
-    ) -> int:
-        """Join the trainer's gloo weight group as rank ``rank_offset`` + this worker's rank."""
-        from rl_engine.pipeline.transport import GroupInit, join_group
-
-        rank = int(rank_offset) + int(self.rank)  # type: ignore[attr-defined]
-        init = GroupInit(master_address, int(master_port), int(world_size), rank, "gloo", timeout_s=timeout_s)
-        self.rl_engine_group = join_group(init)
-        return rank
-
-    def rl_engine_receive_bucket(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> int:
-        """Receive one bucket by the trainer's gloo broadcast (host memory) and load it."""
-        import math
-
-        import torch
-
-        from rl_engine.pipeline.transport import broadcast_bytes
-
-        nbytes = sum(math.prod(s) * getattr(torch, d).itemsize for d, s in zip(dtypes, shapes, strict=True))
-        raw = torch.empty(nbytes, dtype=torch.uint8)
-        broadcast_bytes(self.rl_engine_group, raw)
-        named = unpack(raw.to(self.device), names, dtypes, shapes)  # type: ignore[attr-defined]
-        self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
-        return len(named)
-
-
-class VLLMRolloutWorker(AsyncEngineWorker):
+class VLLMRolloutWorker(VllmWeights):
     """Rollout on vLLM ``AsyncLLM``; see the module docstring."""
 
     backend = "vllm"
     cfg: VLLMRolloutConfig
 
     def __init__(self, rollout_cfg: VLLMRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
-        self._transfer: str | None = None  # the broadcast backend, once init_weight_transfer ran
         self._in_flight: set[str] = set()  # request ids inside engine.generate (loop thread only)
-        self._transfer_buffer = 0  # nccl: the packed buffer's bytes
         super().__init__(rollout_cfg, model_cfg, seed=seed)
 
     def engine_kwargs(self, model_cfg: ModelConfig, path: str, seed: int) -> dict[str, Any]:
@@ -283,124 +208,3 @@ class VLLMRolloutWorker(AsyncEngineWorker):
         if final is None:
             return [], [], "abort"
         return convert_completion(final.outputs[0], self.special.eos_ids)
-
-    # --- weights -----------------------------------------------------------------------------------------
-    @property
-    def weight_transfer_ranks(self) -> int:
-        """Ranks the engine takes in a broadcast weight group: one per tensor-parallel GPU worker."""
-        return self.cfg.tensor_parallel_size
-
-    def update_weights(self, weights: WeightStream | Mapping[str, Any], version: int) -> None:
-        """Object-store / in-process path: a ``WeightStream`` of whole-tensor buckets (named tensors are
-        planned into buckets of ``weight_bucket_mb`` in the serving dtype); each bucket's bytes go by
-        ``collective_rpc`` to the GPU workers, one bucket at a time."""
-        stream = as_stream(weights, self._dtype, int(self.cfg.weight_bucket_mb * 2**20), split=False)
-        stream.manifest.require_whole()
-        dtype = stream.manifest.dtype
-
-        def load(bucket: WeightBucket) -> Any:
-            names, dtypes, shapes = bucket.plan.fields(dtype)
-            data = bucket.wire().cpu().numpy().tobytes()
-            return self.engine.collective_rpc("rl_engine_load_bucket", args=(names, dtypes, shapes, data))
-
-        self._session(stream, load, version)
-
-    def init_weight_transfer(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        *,
-        max_bucket_bytes: int,
-        backend: str = "nccl",
-        timeout_s: float | None = None,
-    ) -> None:
-        """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently).
-
-        nccl: vLLM's weight-transfer engine in packed mode with a buffer of ``max_bucket_bytes``, so
-        every bucket arrives as exactly one broadcast; ``timeout_s`` cannot be passed on (vLLM's group
-        keeps its own). gloo: each engine worker joins a gloo group itself (the extension)."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        if backend == "gloo":
-            timeout = float(timeout_s if timeout_s is not None else self.cfg.control_timeout_s)
-            args = (master_address, int(master_port), int(rank_offset), int(world_size), timeout)
-            self._control(
-                "join the gloo weight group", self.engine.collective_rpc("rl_engine_join_group", args=args)
-            )
-            self._transfer = "gloo"
-            return
-        if backend != self.cfg.weight_transfer:
-            raise EngineError(
-                f"vllm: the engine was built for {self.cfg.weight_transfer!r} transfer, not {backend!r}"
-            )
-        info = {
-            "master_address": master_address,
-            "master_port": int(master_port),
-            "rank_offset": int(rank_offset),
-            "world_size": int(world_size),
-            "packed": True,
-            "packed_buffer_size_bytes": int(max_bucket_bytes),
-        }
-        self._control(
-            "init_weight_transfer_engine",
-            self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
-        )
-        self._transfer, self._transfer_buffer = "nccl", int(max_bucket_bytes)
-
-    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
-        """Broadcast path: the trainer broadcasts each bucket's bytes while this waits on the engine."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        if self._transfer is None:
-            raise EngineError("vllm: receive_weights before init_weight_transfer")
-        manifest.require_whole()
-        dtype = manifest.dtype
-        if self._transfer == "gloo":
-
-            def receive(plan: BucketPlan) -> Any:
-                return self.engine.collective_rpc("rl_engine_receive_bucket", args=plan.fields(dtype))
-
-            self._session(manifest.buckets, receive, version)
-            return
-        if manifest.max_bucket_bytes > self._transfer_buffer:
-            raise EngineError(
-                f"vllm: a {manifest.max_bucket_bytes}-byte bucket does not fit the {self._transfer_buffer}-byte "
-                "packed buffer the transfer engine was given (it would split the broadcast)"
-            )
-
-        def load(plan: BucketPlan) -> Any:
-            names, dtypes, shapes = plan.fields(dtype)
-            info = {"names": names, "dtype_names": dtypes, "shapes": shapes}
-            return self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
-
-        self._session(manifest.buckets, load, version)
-
-    def _session(self, items: Iterable[Any], load: Any, version: int) -> None:
-        """start → load each → finish(str(version)) → reset the prefix cache; version bumped last.
-
-        Outside an interrupt the engine is paused (nothing runs: the caller holds the worker) for the
-        session and resumed after it.
-        """
-        own_pause = not self._gate.paused
-        if not own_pause:
-            self._gate.wait_paused()
-        else:
-            self._control("pause before a weight update", self._pause())
-        try:
-            self._control("start_weight_update", self.engine.start_weight_update())
-            for item in items:
-                self._control("weight bucket load", load(item))
-            self._control(
-                "finish_weight_update", self.engine.finish_weight_update(weight_version=str(int(version)))
-            )
-            self._control("refresh tied weights", self.engine.collective_rpc("rl_engine_refresh_tied"))
-            if not self._control("reset_prefix_cache", self.engine.reset_prefix_cache()):
-                raise EngineError(
-                    "vllm: reset_prefix_cache refused after a weight update (requests still running?)"
-                )
-        finally:
-            if own_pause:
-                self._control("resume after a weight update", self._resume())
-        self._version = int(version)

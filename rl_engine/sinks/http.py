@@ -57,6 +57,7 @@ import urllib3
 
 from rl_engine import wire
 from rl_engine.jobspec import IngestSpec
+from rl_engine.sinks.base import MetricsSink
 from rl_engine.sinks.http_replies import (
     AccessRefused,
     DeliveryRejected,
@@ -67,11 +68,6 @@ from rl_engine.sinks.http_replies import (
     rejection_alert,
     with_items,
 )
-
-try:  # subclass the engine's interface when it exists; the methods below are that interface
-    from rl_engine.sinks import MetricsSink as _Base  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - only while the engine's sinks package is being written
-    _Base = object  # type: ignore[assignment,misc]
 
 MAX_POINTS_PER_REQUEST = 1000  # the server accepts up to 5000; smaller batches retry cheaply
 
@@ -99,7 +95,7 @@ def read_token_file(path: str | Path) -> str:
     return token
 
 
-class HttpSink(_Base):  # type: ignore[misc,valid-type]
+class HttpSink(MetricsSink):
     """MetricsSink that posts to ``{url}/api/runs/{run_id}/{metrics|events|samples|heartbeat}``.
 
     ``token`` is the ingest token; with ``token_file`` (and no ``token``) it is read from that file, and

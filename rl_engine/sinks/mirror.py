@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rl_engine.sinks.base import EventKind, MetricsSink
+from rl_engine.sinks.base import MetricsSink
+from rl_engine.wire import EventKind
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class MirrorSink(MetricsSink):
         message = f"{self.name} mirror: {detail}; training continues without it"
         log.warning(message)
         try:  # the other sinks are thread-safe (they may be called from the pipeline's threads too)
-            self._report("alert", message, {"sink": self.name, "what": what})
+            self._report(EventKind.ALERT, message, {"sink": self.name, "what": what})
         except Exception:
             log.exception("could not report a %s mirror failure", self.name)
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_engine.config import MlflowConfig
-from rl_engine.sinks.base import EventKind, MetricsSink
+from rl_engine.sinks.base import MetricsSink
+from rl_engine.wire import EventKind
 
 _BAD_CHARS = re.compile(r"[^/\w.\- :]")
 _PARAM_VALUE_MAX = 6000  # MLflow's limit; longer values (long prompts in a config) are cut
@@ -75,15 +76,15 @@ class MlflowSink(MetricsSink):
 
     def log_event(self, kind: EventKind, message: str, data: dict[str, Any] | None = None) -> None:
         data = data or {}
-        if kind == "status":
+        if kind == EventKind.STATUS:
             self.client.set_tag(self.run_id, "rl_engine.status", message[:5000])
             if message.startswith("finished"):
                 self._end_state = "FINISHED"
             elif message.startswith("stopped"):
                 self._end_state = "KILLED"
-        elif kind == "alert":
+        elif kind == EventKind.ALERT:
             self.client.set_tag(self.run_id, "rl_engine.last_alert", message[:5000])
-        elif kind == "checkpoint" and data.get("path"):
+        elif kind == EventKind.CHECKPOINT and data.get("path"):
             self.client.set_tag(self.run_id, "rl_engine.last_checkpoint", str(data["path"]))
             model_dir = Path(str(data["path"])) / "model"
             if self.cfg.log_checkpoints and model_dir.is_dir():

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_engine.config import WandbConfig
-from rl_engine.sinks.base import EventKind, MetricsSink
+from rl_engine.sinks.base import MetricsSink
+from rl_engine.wire import EventKind
 
 STEP_KEY = "trainer/step"
 
@@ -59,13 +60,13 @@ class WandbSink(MetricsSink):
 
     def log_event(self, kind: EventKind, message: str, data: dict[str, Any] | None = None) -> None:
         data = data or {}
-        if kind == "status":
+        if kind == EventKind.STATUS:
             self.run.summary["rl_engine/status"] = message
             if message.startswith(("finished", "stopped")):
                 self._exit_code = 0
-        elif kind == "alert":
+        elif kind == EventKind.ALERT:
             self.run.summary["rl_engine/last_alert"] = message
-        elif kind == "checkpoint" and data.get("path"):
+        elif kind == EventKind.CHECKPOINT and data.get("path"):
             self.run.summary["rl_engine/last_checkpoint"] = str(data["path"])
             model_dir = Path(str(data["path"])) / "model"
             if self.cfg.log_checkpoints and model_dir.is_dir():

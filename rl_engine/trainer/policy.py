@@ -36,12 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_engine.algos import aggregate, get_advantage_fn, group_indices, kl_k3, ppo_clip_loss
-from rl_engine.algos.losses import filtered_is_weights, truncated_is_weights
+from rl_engine.algos.advantages import get_advantage_fn, group_indices
+from rl_engine.algos.losses import aggregate, filtered_is_weights, kl_k3, ppo_clip_loss, truncated_is_weights
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad
-from rl_engine.models.buckets import LocalWeightStream, StagingBuffer, plan_buckets
 from rl_engine.models.logprobs import default_chunk_tokens
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.distributed import (
@@ -62,6 +61,7 @@ from rl_engine.trainer.microbatch import (
 )
 from rl_engine.trainer.schedule import build_lr_multiplier
 from rl_engine.types import Sample
+from rl_engine.weights.buckets import LocalWeightStream, StagingBuffer, plan_buckets
 
 
 def resolve_precision(setting: str, model_dtype: str) -> str:
@@ -156,7 +156,7 @@ class PolicyTrainer:
         self, dtype: torch.dtype | None = None, bucket_bytes: int | None = None, *, split: bool = True
     ) -> LocalWeightStream:
         """The policy's parameters as buckets cast to the rollout dtype (``model.dtype``), one bucket of
-        ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.models.buckets``; ``split=False``:
+        ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.weights.buckets``; ``split=False``:
         whole tensors per bucket, for the GPU engines).
 
         Sharded (world > 1): each parameter is gathered whole when the stream first reads it and dropped

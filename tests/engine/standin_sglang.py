@@ -263,7 +263,7 @@ class TokenizerManager:
     ) -> tuple[bool, str]:
         if obj.backend != "gloo":
             return False, f"stand-in: backend {obj.backend!r} unavailable (no GPU), use gloo"
-        from rl_engine.pipeline.transport import GroupInit, join_group
+        from rl_engine.weights.broadcast import GroupInit, join_group
 
         init = GroupInit(
             obj.master_address, obj.master_port, obj.world_size, obj.rank_offset, "gloo", obj.group_name, 60.0
@@ -274,8 +274,8 @@ class TokenizerManager:
     async def update_weights_from_distributed(
         self, obj: UpdateWeightsFromDistributedReqInput, request: Any = None
     ) -> tuple[bool, str]:
-        from rl_engine.models.buckets import unpack
-        from rl_engine.pipeline.transport import broadcast_bytes
+        from rl_engine.weights.broadcast import broadcast_bytes
+        from rl_engine.weights.buckets import unpack
 
         if not self.session:
             return (

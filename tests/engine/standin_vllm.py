@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from rl_engine.models.buckets import unpack
-from rl_engine.pipeline.transport import broadcast_bytes
+from rl_engine.weights.broadcast import broadcast_bytes
+from rl_engine.weights.buckets import unpack
 
 STEP_S = 0.002  # one decode step
 
@@ -240,7 +240,7 @@ class AsyncLLM:
     async def init_weight_transfer_engine(self, request: WeightTransferInitRequest) -> None:
         """Joins the trainer's group as vLLM's worker does (rank = rank_offset + its rank), over gloo: no
         GPU, no NCCL. ``self.join`` = False only records the request (a test without a sender)."""
-        from rl_engine.pipeline.transport import GroupInit, join_group
+        from rl_engine.weights.broadcast import GroupInit, join_group
 
         info = self.transfer_init = dict(request.init_info)  # a plain dict has no .init_info: AttributeError
         if self.join:

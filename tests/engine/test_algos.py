@@ -7,14 +7,8 @@ import math
 import pytest
 import torch
 
-from rl_engine.algos import (
-    ADVANTAGES,
-    aggregate,
-    group_indices,
-    kl_k3,
-    ppo_clip_loss,
-    truncated_is_weights,
-)
+from rl_engine.algos.advantages import ADVANTAGES, group_indices
+from rl_engine.algos.losses import aggregate, kl_k3, ppo_clip_loss, truncated_is_weights
 
 # Two groups of four: group 0 rewards 1,0,0,1 (mean .5, unbiased std sqrt(1/3));
 # group 1 rewards 1,1,1,0 (mean .75, unbiased std .5).
@@ -49,6 +43,21 @@ def test_reinforce_pp_whitens_the_centred_rewards_over_the_batch():
     # Centred rewards have batch mean 0 and unbiased std sqrt(1.75 / 7) = 0.5: advantages double.
     want = [1.0, -1.0, -1.0, 1.0, 0.5, 0.5, 0.5, -1.5]
     assert ADVANTAGES["reinforce_pp"](R, G, eps=0.0).tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_the_configs_estimator_names_are_the_registrys():
+    # One place: the config's field (and the schema the form and the OpenAPI document are built from)
+    # lists the registry's names, in its order; an unknown name is refused with the list.
+    from pydantic import ValidationError
+
+    from rl_engine.algos.advantages import WITHIN_GROUP
+    from rl_engine.config import AlgorithmConfig
+
+    field = AlgorithmConfig.model_json_schema()["properties"]["advantage"]
+    assert field["enum"] == list(ADVANTAGES) == ["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+    assert set(ADVANTAGES) >= WITHIN_GROUP
+    with pytest.raises(ValidationError, match="'grpo', 'dr_grpo', 'rloo' or 'reinforce_pp'"):
+        AlgorithmConfig(advantage="ppo")
 
 
 def test_group_indices_follow_first_appearance_not_sorting():

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from rl_engine.data import PromptStream
-from rl_engine.models.buckets import plan_buckets
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError, EngineTimeout
+from rl_engine.weights.buckets import plan_buckets
 from tests.engine import standin_sglang, standin_vllm, standins
 
 pytestmark = pytest.mark.timeout(60)  # a deadlock fails here instead of hanging the suite

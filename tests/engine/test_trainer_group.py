@@ -173,7 +173,7 @@ def test_weight_stream_from_shards_equals_the_whole_models_stream_one_parameter_
     bucket beyond its shards."""
     import torch
 
-    from rl_engine.models.buckets import LocalWeightStream
+    from rl_engine.weights.buckets import LocalWeightStream
 
     job = jobs[2]
     got = spawn_group(2, "tests.engine.group_jobs:stream_weights", (job, 4096), timeout_s=900)[0]

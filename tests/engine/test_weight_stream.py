@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from rl_engine.models.buckets import LocalWeightStream, check_against, load_bucket, plan_buckets
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
+from rl_engine.weights.buckets import LocalWeightStream, check_against, load_bucket, plan_buckets
 from tests.engine.test_trainer import _scored_batch
 
 SHAPES = [("a", (10, 7)), ("b", (3,)), ("c", (40,)), ("d", (0,)), ("e", (5, 5))]
@@ -66,7 +66,7 @@ def test_hf_worker_loads_the_trainers_stream_in_its_bf16_bucket_by_bucket(make_c
 
 
 def test_flat_params_take_buckets_in_place_and_fall_back_when_the_order_differs():
-    from rl_engine.models.buckets import FlatParams, load_stream
+    from rl_engine.weights.buckets import FlatParams, load_stream
 
     g = torch.Generator().manual_seed(2)
     module = torch.nn.Sequential(torch.nn.Linear(7, 10), torch.nn.Linear(10, 3))
@@ -117,7 +117,7 @@ def local_ray():
 
 
 def test_object_store_publishes_bucket_by_bucket_and_another_process_loads_them(local_ray):
-    from rl_engine.pipeline.sync import ObjectStoreWeights, publish_stream
+    from rl_engine.weights.object_store import ObjectStoreWeights, publish_stream
 
     ray = local_ray
 
@@ -150,7 +150,7 @@ import torch
 from safetensors.torch import load_file
 from rl_engine.config import ModelConfig
 from rl_engine.models import load_model
-from rl_engine.models.buckets import FlatParams
+from rl_engine.weights.buckets import FlatParams
 
 def status_mb(key):
     line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key + ":"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -15,11 +16,13 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import connections
 from django.test import Client
+from pydantic import TypeAdapter
 
 from accounts.models import Role
 from accounts.services import project_create
 from config.asgi import application
 from experiments.models import Run
+from rl_engine import wire
 from tests.conftest import REPO_ROOT, child_process_env
 from tests.factories import ExperimentFactory, MembershipFactory, RunFactory, UserFactory
 from tracking.models import RunEvent
@@ -34,12 +37,24 @@ def session_cookie(user) -> bytes:
     return f"sessionid={client.cookies['sessionid'].value}".encode()
 
 
+LIVE_MESSAGE = TypeAdapter(wire.LiveMessage)
+
+
+class WireCheckedCommunicator(WebsocketCommunicator):
+    """Every message the consumer sends must be one that ``rl_engine.wire`` describes (``LiveMessage``)."""
+
+    async def receive_json_from(self, timeout: float = 1) -> Any:
+        message = await super().receive_json_from(timeout)
+        LIVE_MESSAGE.validate_python(message)
+        return message
+
+
 def communicator(run_id: int, cookie: bytes | None, last_seq: int | None = None) -> WebsocketCommunicator:
     path = f"/ws/runs/{run_id}/" + (f"?last_seq={last_seq}" if last_seq is not None else "")
     headers = [(b"origin", b"http://localhost")]
     if cookie:
         headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, path, headers=headers)
+    return WireCheckedCommunicator(application, path, headers=headers)
 
 
 @pytest_asyncio.fixture(autouse=True)

@@ -108,6 +108,7 @@ def tailed_lines(run: Run) -> list[str]:
     return list(run.events.filter(kind="log", data={}).order_by("seq").values_list("message", flat=True))
 
 
+@pytest.mark.smoke  # the demo path on either deployment: the embedded pass runs it too
 def test_launch_through_the_api_runs_to_success_with_metrics_and_logs(api):
     run_id = api.launch(tiny_config(steps=3))
     run = wait_state(run_id, "succeeded")
@@ -141,6 +142,7 @@ def test_engine_failure_marks_the_run_failed_with_the_engines_error(api):
     assert jobs.state(run.cluster_address, run.ray_job_id).status == "FAILED"
 
 
+@pytest.mark.smoke  # the demo path on either deployment: the embedded pass runs it too
 def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_checkpoint(api):
     run = wait_reporting(api.launch(tiny_config(steps=2000)), min_points=20)
     assert alive_actors(run) >= 2  # rollouter and trainer (at least) hold the cluster

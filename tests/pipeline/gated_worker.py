@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from rl_engine.config import ExperimentConfig
-from rl_engine.pipeline.simulated import SimRolloutWorker
 from rl_engine.types import Prompt, Sample
+from tests.pipeline.simulated import SimRolloutWorker
 
 GATE_WAIT_S = 60.0  # a gate that never opens releases the call after this (the test then fails)
 

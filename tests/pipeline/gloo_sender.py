@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.models.buckets import LocalWeightStream
-from rl_engine.pipeline.transport import GroupInit, GroupSender
+from rl_engine.weights.broadcast import GroupInit, GroupSender
+from rl_engine.weights.buckets import LocalWeightStream
 
 
 def send(port: int, named: dict[str, torch.Tensor], bucket_bytes: int, world: int, split: bool) -> None:

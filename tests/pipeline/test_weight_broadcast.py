@@ -17,10 +17,10 @@ import torch
 
 from rl_engine.config import ModelConfig, TinyModelSpec, apply_overrides, parse_config
 from rl_engine.models import load_model
-from rl_engine.models.buckets import plan_buckets, unpack
 from rl_engine.models.tiny import save_tiny_model
-from rl_engine.pipeline.transport import WEIGHT_GROUP, BroadcastWeights, GroupInit, join_group
 from rl_engine.presets import get_preset
+from rl_engine.weights.broadcast import BroadcastWeights, GroupInit, join_group
+from rl_engine.weights.buckets import plan_buckets, unpack
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -172,9 +172,3 @@ def test_vllm_refuses_a_bucket_larger_than_its_packed_buffer(model_dir, monkeypa
         assert worker.version == 0 and worker.engine.calls.count("pause_generation") == 0
     finally:
         worker.close()
-
-
-def test_the_engines_and_the_trainer_join_the_same_group_name():
-    from rl_engine.rollout.sglang import WEIGHT_GROUP as SGLANG_GROUP
-
-    assert SGLANG_GROUP == WEIGHT_GROUP == GroupInit("a", 1, 2, 0).group_name

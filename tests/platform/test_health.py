@@ -56,6 +56,7 @@ def test_a_database_that_does_not_answer_is_a_503(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke  # the worker and beat on the file broker are the embedded deployment's own
 @pytest.mark.django_db(transaction=True)
 def test_a_running_worker_and_beat_show_up_without_a_ping(tmp_path):
     started = timezone.now()

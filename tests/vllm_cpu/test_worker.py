@@ -109,8 +109,8 @@ def test_weight_update_through_the_object_store(cfg, worker, trainer):
 
 
 def test_weight_update_over_gloo(cfg, worker, trainer):
-    from rl_engine.pipeline.sync import free_endpoint
-    from rl_engine.pipeline.transport import GroupInit, GroupSender
+    from rl_engine.weights.broadcast import GroupInit, GroupSender
+    from rl_engine.weights.sync import free_endpoint
 
     address, port = free_endpoint()
     manifest = trainer.weight_stream(split=False).manifest

@@ -1,8 +1,9 @@
 """Simulated rollout worker, prompt stream, reward and trainer whose *costs* follow a seeded model.
 
-Used by the orchestration tests and the long-tail benchmark: GPU inference engines cannot run on this
-machine, so these stand in for the engine and the optimizer only; the actors, queue, admission gate,
-weight sync, partial rollout, checkpointing around them are the production code.
+Used by the orchestration tests and the long-tail benchmark (``benchmarks/async_speedup.py`` imports it
+from here; it is no part of the engine): GPU inference engines cannot run on this machine, so these
+stand in for the engine and the optimizer only; the actors, queue, admission gate, weight sync, partial
+rollout, checkpointing around them are the production code.
 
 Cost model (documented in docs/pipeline.md):
 

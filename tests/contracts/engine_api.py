@@ -1,10 +1,10 @@
 """Every engine class, method and parameter the vLLM and SGLang workers (and the trainer's side of a
-broadcast weight sync, ``rl_engine/pipeline/engine_senders.py``) call, declared in one place.
+broadcast weight sync, ``rl_engine/weights/vllm.py`` and ``sglang.py``) call, declared in one place.
 
-``tests/contracts/test_engine_api.py`` checks each entry against the *installed* engine with
-``inspect.signature`` (``make check-vllm`` / ``make check-sglang``, each in the engine's own
-environment). Keyword sets that the workers build with helpers are derived from those helpers, so
-they cannot drift from the calls.
+Test data, beside its one user: ``test_engine_api.py`` checks each entry against the *installed*
+engine with ``inspect.signature`` (``make check-vllm`` / ``make check-sglang``, each in the engine's
+own environment). Keyword sets that the workers build with helpers are derived from those helpers,
+so they cannot drift from the calls.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def vllm_api() -> list[ApiUse]:
         # the device check before the engine starts (rollout.device cpu needs the CPU build)
         ApiUse("vllm.platforms.interface:Platform.is_cpu", method=True),
         ApiUse("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_head_sizes"),
-        # the trainer's side of a broadcast sync (rl_engine/pipeline/engine_senders.py)
+        # the trainer's side of a broadcast sync (rl_engine/weights/vllm.py)
         ApiUse("vllm.distributed.weight_transfer.nccl_common:trainer_init", positional=1, keywords=("rank",)),
         ApiUse(
             "vllm.distributed.device_communicators.pynccl:PyNcclCommunicator.broadcast",
@@ -176,7 +176,7 @@ def sglang_api() -> list[ApiUse]:
             kind="class",
         ),
         ApiUse("sglang.srt.weight_sync.tensor_bucket:FlattenedTensorBucket.empty", positional=4),
-        # the trainer's side of a broadcast sync (rl_engine/pipeline/engine_senders.py)
+        # the trainer's side of a broadcast sync (rl_engine/weights/sglang.py)
         ApiUse(
             "sglang.srt.utils.common:init_custom_process_group",
             keywords=("backend", "init_method", "timeout", "world_size", "rank", "group_name"),

@@ -1,71 +1,33 @@
 """ParameterSync: trainer → rollouters weight transfer behind one interface, always timed.
 
-Every transport carries the same bucket stream (``rl_engine.models.buckets``): the trainer's
+Every transport carries the same bucket stream (``rl_engine.weights.buckets``): the trainer's
 parameters cast to the rollout dtype, one flat bucket of ``trainer.weight_sync_bucket_mb`` at a time
-(whole tensors per bucket for the GPU engines, ``whole_tensor_buckets``). Each rollouter loads a sync
-inside its worker-exclusive section and records the new version only when the load succeeded; a
-failed load fails the run (``weight sync failed: ... rollouter i: loading weights version v failed``).
+(whole tensors per bucket for the GPU engines: ``whole_tensors`` in ``rl_engine.weights.registry``).
+Each rollouter loads a sync inside its worker-exclusive section and records the new version only when
+the load succeeded; a failed load fails the run (``weight sync failed: ... rollouter i: loading
+weights version v failed``).
 
-* ``ObjectStoreSync`` (``pipeline.sync_backend: object_store``, the default): ``publish_stream`` puts
-  each bucket into the Ray object store as raw bytes (``TrainerActor.publish_weights``; a one-bucket
-  model travels inline in one put) and one small ``ObjectStoreWeights`` that lists them; every
-  rollouter ``ray.get``s that, then the buckets one at a time — numpy comes back as a read-only view
-  of shared memory, no copy — loading each before fetching the next. The store holds one
-  rollout-dtype copy until the next sync.
+* ``ObjectStoreSync`` (``pipeline.sync_backend: object_store``, the default): the trainer publishes
+  the buckets into the Ray object store (``TrainerActor.publish_weights``, ``object_store.py``) and
+  every rollouter loads them one at a time from the ``ObjectStoreWeights`` it is handed.
 * ``BroadcastSync`` (``gloo`` on CPU, ``nccl`` on GPUs): a torch.distributed group between the
   trainer (rank 0) and the rollout workers, joined once at start (``setup``); per sync the rollouters
   get the manifest and receive each bucket by broadcast while the trainer sends them
-  (``transport.py``; the GPU engines' own receive paths and trainer-side joins, ``engine_senders.py``).
-  ``gloo`` is tested here end to end; ``nccl`` is the same code with the NCCL backend and is
-  UNTESTED on this CPU machine.
+  (``broadcast.py``; the GPU engines' own receive paths and trainer-side joins, ``vllm.py`` and
+  ``sglang.py``). ``gloo`` is tested here end to end; ``nccl`` is the same code with the NCCL backend
+  and is UNTESTED on this CPU machine.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
-from rl_engine.models.buckets import WeightBucket, WeightManifest, WeightStream
 from rl_engine.types import SyncTiming, WeightLoadTiming
-
-
-class ObjectStoreWeights(WeightStream):
-    """A published sync: its manifest and, per bucket, an ``ObjectRef`` of the raw bytes (or the bytes
-    themselves when the model is one bucket). Iterating fetches one bucket at a time."""
-
-    def __init__(self, manifest: WeightManifest, parts: list[Any]) -> None:
-        self.manifest, self.parts = manifest, parts
-
-    def __iter__(self) -> Iterator[WeightBucket]:
-        dtype = self.manifest.torch_dtype
-        for plan, part in zip(self.manifest.buckets, self.parts, strict=True):
-            data = ray.get(part) if isinstance(part, ray.ObjectRef) else part
-            yield WeightBucket.from_bytes(plan, dtype, data)
-            del data  # the consumer has loaded it: release the mapping before fetching the next
-
-
-def publish_stream(stream: WeightStream) -> tuple[Any, list[Any]]:
-    """Put a stream into the object store -> (ref of its ``ObjectStoreWeights``, the bucket refs).
-
-    Each bucket is copied into the store before the next one is built, so the sender never holds more
-    than one bucket. Keep every returned ref alive until the receivers have loaded the sync.
-    """
-    if len(stream.manifest.buckets) <= 1:  # one put, as cheap as putting the tensors themselves
-        parts: list[Any] = [b.to_bytes() for b in stream]
-        return ray.put(ObjectStoreWeights(stream.manifest, parts)), []
-    refs = [ray.put(b.to_bytes()) for b in stream]
-    return ray.put(ObjectStoreWeights(stream.manifest, refs)), refs
-
-
-def whole_tensor_buckets(rollout_backend: str) -> bool:
-    """The GPU engines load whole tensors (``load_weights``): their buckets never split one. The HF
-    worker loads any element range, so its buckets keep the size bound even for a huge embedding."""
-    return rollout_backend != "hf"
 
 
 def free_endpoint() -> tuple[str, int]:

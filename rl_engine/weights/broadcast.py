@@ -1,17 +1,18 @@
 """Weight buckets by rank-0 broadcast over a private torch.distributed group: ``gloo`` (CPU) or ``nccl``.
 
-The broadcast half of ``pipeline.sync_backend: gloo | nccl``. The trainer is rank 0, the rollout
+The transport of ``pipeline.sync_backend: gloo | nccl``. The trainer is rank 0, the rollout
 workers ranks 1..N (an engine with tensor parallelism takes one rank per GPU). The buckets are the
-trainer's ``WeightStream`` (``rl_engine.models.buckets``); their plans (the ``WeightManifest``) go to
+trainer's ``WeightStream`` (``rl_engine.weights.buckets``); their plans (the ``WeightManifest``) go to
 the receivers on the control plane (an actor call), the bytes by one broadcast of each bucket's
 ``uint8`` view — the wire format the GPU engines read too (SGLang ``flattened_bucket``, vLLM packed).
 
 * ``join_group``: a group of its own (its own ``TCPStore`` under a ``PrefixStore``, rank 0 hosts it):
   it never touches the default process group a trainer may use for FSDP. Every collective is bounded
   by ``GroupInit.timeout_s``.
-* ``GroupSender``: rank 0, sends a stream. ``open_sender`` picks the trainer's side for the rollout
-  backend: this group for the HF worker (and vLLM over gloo), each engine's own helper for vLLM over
-  NCCL and SGLang (``engine_senders.py``).
+* ``GroupSender``: rank 0, sends a stream. The trainer's side for each rollout backend is the
+  backend's ``open_sender`` (``rl_engine.weights.registry``): this group for the HF worker (and vLLM
+  over gloo), each engine's own helper for vLLM over NCCL and SGLang (``weights/vllm.py``,
+  ``weights/sglang.py``).
 * ``BroadcastWeights``: a receiver's ``WeightStream``; each bucket arrives straight into the memory the
   receiver lends (the HF worker's flat parameter buffer) when it is on the group's device.
 """
@@ -28,8 +29,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from rl_engine.models.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream
 from rl_engine.types import SendStats
+from rl_engine.weights.buckets import BucketPlan, WeightBucket, WeightManifest, WeightStream
 
 WEIGHT_GROUP = "rl_engine_weights"
 BACKENDS = ("gloo", "nccl")
@@ -113,19 +114,6 @@ class GroupSender:
             broadcast_bytes(self.group, raw)
             count, total = count + 1, total + raw.numel()
         return SendStats(count, total, time.monotonic() - t0)
-
-
-def open_sender(init: GroupInit, rollout_backend: str) -> BucketSender:
-    """The trainer's side of a broadcast sync to ``rollout_backend`` workers (joins; blocks until all did)."""
-    if rollout_backend == "vllm" and init.backend == "nccl":  # over gloo the vLLM worker joins this group
-        from rl_engine.pipeline.engine_senders import VllmSender
-
-        return VllmSender.join(init)
-    if rollout_backend == "sglang":
-        from rl_engine.pipeline.engine_senders import sglang_sender
-
-        return sglang_sender(init)
-    return GroupSender.join(init)
 
 
 class BroadcastWeights(WeightStream):

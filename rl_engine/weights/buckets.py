@@ -15,7 +15,7 @@ Ray object store) lands them with one copy per bucket, and an NCCL receive broad
 
 Bucketing is separate from transport: ``LocalWeightStream`` produces buckets in-process (the in-process
 driver, the GPU check, and every transport's sending side); the Ray object store transport
-(``rl_engine.pipeline.sync.ObjectStoreWeights``) ships each bucket as raw bytes; an NCCL or gloo
+(``rl_engine.weights.object_store``) ships each bucket as raw bytes; an NCCL or gloo
 transport broadcasts the same flat buffers into receivers that pre-allocate them from the manifest.
 
 A tensor larger than the room left in a bucket is split across buckets by element range
