@@ -115,14 +115,16 @@ def api_post(stack: Stack, token: str, path: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-def tiny_config(steps: int) -> dict:
-    from experiments.config_policy import platform_preset
+def tiny_config(steps: int) -> Any:
+    """The served demo preset made small, as the typed config the services take."""
+    from experiments.config_policy import preset_document
+    from rl_engine.config import parse_config
 
-    cfg = platform_preset("demo-cpu")  # its tiny model under a model root of the scratch VAR_DIR
+    cfg = preset_document("demo-cpu")  # its tiny model under a model root of the scratch VAR_DIR
     cfg["rollout"]["n"] = 4
     cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16)
-    cfg["logging"] = {"sinks": ["stdout"], "progress_bar": False}
-    return cfg
+    cfg["logging"] = {"sinks": ["stdout"]}
+    return parse_config(cfg)
 
 
 def measure_launch(stack: Stack, token: str, experiment_id: int) -> tuple[int, float, float]:

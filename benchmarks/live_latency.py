@@ -157,7 +157,7 @@ def tiny_config(dep: Deployment, steps: int) -> dict[str, Any]:
     cfg = dep.api.get("/api/presets/demo-cpu")  # as the platform serves it: its model under a model root
     cfg["rollout"]["n"] = 4
     cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16)
-    cfg["logging"] = {"sinks": ["stdout"], "progress_bar": False}
+    cfg["logging"] = {"sinks": ["stdout"]}
     return cfg
 
 

@@ -1,5 +1,10 @@
 """``python -m rl_engine``: train, validate, export, make-tiny-model, presets, schema.
 
+``train`` and ``validate`` take a plain config (what to train) with the placement (where it runs) from
+flags, or a job spec file (``rl_engine.jobspec``: config and placement together, what the platform's
+launcher writes). A plain config that still sets a field that moved to the placement has it lifted
+into the placement, with a one-line notice naming the flag (docs/engine.md, "Placement").
+
 Every user error (unreadable file, bad YAML, unknown preset, invalid field) prints one line and exits
 non-zero: 1 for a config/data problem, 2 for bad command-line usage (argparse's convention).
 """
@@ -11,8 +16,25 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from rl_engine.config import ConfigError, ExperimentConfig, TaskDataConfig, TinyModelSpec, load_yaml
+from rl_engine.config import (
+    ConfigError,
+    ExperimentConfig,
+    TaskDataConfig,
+    TinyModelSpec,
+    apply_overrides,
+    read_yaml,
+)
+from rl_engine.jobspec import JobSpec, is_spec_document
+from rl_engine.moved_fields import MOVED, split_moved
+
+# Placement attribute -> its flag: the fields that moved out of the config, and the run folder.
+PLACEMENT_FLAGS = {f.placement: f.flag for f in MOVED} | {"run_dir": "--run-dir"}
+
+
+class UsageError(ValueError):
+    """The command line contradicts itself (exit code 2)."""
 
 
 def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list[tuple[str, str]]:
@@ -46,12 +68,53 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
     return problems
 
 
-def _load(args: argparse.Namespace, *, check_files: bool = True) -> ExperimentConfig:
-    cfg = load_yaml(args.config, args.overrides)
-    problems = runtime_problems(cfg, check_files=check_files)
+def load_job(source: str, overrides: list[str], flags: dict[str, Any]) -> JobSpec:
+    """The job ``source`` names (a YAML file or ``preset:NAME``) with ``--set`` overrides applied to its
+    config: a job spec file as it is (``flags`` must be empty: it carries its placement), a plain config
+    with the placement from ``flags`` (Placement attribute -> value) and from the moved fields it still
+    sets (one notice each on stderr). ConfigError names fields as a plain config's (``trainer.lr``) or
+    a spec's (``config.trainer.lr``); a placement field by its flag."""
+    data = read_yaml(source)
+    if is_spec_document(data):
+        if flags:
+            given = ", ".join(PLACEMENT_FLAGS[k] for k in flags)
+            raise UsageError(f"{source} is a job spec: it carries its own placement; drop {given}")
+        return JobSpec.from_document({**data, "config": apply_overrides(data["config"], overrides)})
+    data, lifted = split_moved(apply_overrides(data, overrides))
+    for field, value in lifted:
+        if field.placement in flags:
+            raise UsageError(f"{field.path} (in the config) and {field.flag} both set: keep the flag")
+        print(
+            f"note: {field.path} moved out of the config into the run's placement; taken from it this "
+            f"time: pass {field.flag} instead (docs/engine.md, Placement)",
+            file=sys.stderr,
+        )
+        flags = {**flags, field.placement: value}
+    try:
+        return JobSpec.from_document({"config": data, "placement": flags})
+    except ConfigError as exc:
+        raise ConfigError([_plain_path(where, msg) for where, msg in exc.errors]) from None
+
+
+def _plain_path(where: str, msg: str) -> tuple[str, str]:
+    """A plain config's error path: ``config.trainer.lr`` -> ``trainer.lr``, ``placement.x`` -> its flag."""
+    section, _, rest = where.partition(".")
+    if section == "placement":
+        attr = rest.split(".")[0]
+        return PLACEMENT_FLAGS.get(attr, f"--{attr.replace('_', '-')}"), msg
+    return (rest if section == "config" else where), msg
+
+
+def _placement_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k in PLACEMENT_FLAGS if (v := getattr(args, k, None)) is not None}
+
+
+def _load(args: argparse.Namespace, *, check_files: bool = True) -> JobSpec:
+    spec = load_job(args.config, args.overrides, _placement_flags(args))
+    problems = runtime_problems(spec.run_config(), check_files=check_files)
     if problems:
         raise ConfigError(problems)
-    return cfg
+    return spec
 
 
 def _fail(message: str, code: int = 1) -> int:
@@ -62,6 +125,8 @@ def _fail(message: str, code: int = 1) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
         _load(args, check_files=False)
+    except UsageError as exc:
+        return _fail(str(exc), 2)
     except ConfigError as exc:
         print(str(exc).splitlines()[0] if str(exc) else "invalid config")
         return 1
@@ -74,15 +139,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rl_engine.sinks import build_sinks
 
     try:
-        cfg = _load(args)
+        spec = _load(args)
+    except UsageError as exc:
+        return _fail(str(exc), 2)
     except ConfigError as exc:
         return _fail(str(exc))
-    sink = build_sinks(cfg.logging, total_steps=cfg.trainer.total_steps, experiment=cfg)
+    cfg = spec.run_config()
+    sink = build_sinks(
+        cfg.logging, placement=spec.placement, total_steps=cfg.trainer.total_steps, experiment=cfg
+    )
     try:
-        from rl_engine.pipeline import run_experiment  # the one driver; heavy (ray, torch): import late
+        # the one driver; heavy (ray, torch): import late
+        from rl_engine.pipeline.driver import run_experiment
         from rl_engine.pipeline.watch import PipelineError
 
-        summary = run_experiment(cfg, sink)
+        summary = run_experiment(cfg, sink, placement=spec.placement)
     except (ConfigError, DataError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except PipelineError as exc:  # an actor failed: its error in one line, not a traceback
@@ -174,15 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
         ("validate", cmd_validate, "check a config: prints ok or field.path: problem"),
     ]:
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--config", required=True, help="YAML file, or preset:NAME (see `presets`)")
+        p.add_argument(
+            "--config",
+            required=True,
+            help="YAML file (a config or a job spec), or preset:NAME (see `presets`)",
+        )
         p.add_argument(
             "--set",
             dest="overrides",
             action="append",
             default=[],
             metavar="KEY.PATH=VALUE",
-            help="override a field (repeatable); the value is parsed as YAML",
+            help="override a field of the config (repeatable); the value is parsed as YAML",
         )
+        _add_placement_flags(p)
         p.set_defaults(fn=fn)
     p = sub.add_parser("make-tiny-model", help="write a deterministic tiny model directory")
     p.add_argument("dir")
@@ -207,6 +283,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list preset names").set_defaults(fn=cmd_presets)
     sub.add_parser("schema", help="print the config's JSON Schema").set_defaults(fn=cmd_schema)
     return parser
+
+
+def _add_placement_flags(p: argparse.ArgumentParser) -> None:
+    """Where a plain config runs (rl_engine.jobspec.Placement); a job spec file carries its own."""
+    group = p.add_argument_group("placement (where the run runs; not with a job spec file)")
+    group.add_argument(
+        "--run-dir", metavar="DIR", help="the run's folder: JSONL log, local MLflow store, W&B files"
+    )
+    group.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="where checkpoints go (default: none are written)"
+    )
+    group.add_argument("--resume-from", metavar="CHECKPOINT", help="a checkpoint directory to resume from")
+    group.add_argument(
+        "--ray-address", metavar="ADDRESS", help="Ray cluster to join (auto, host:port, ray://...)"
+    )
+    group.add_argument("--jsonl-path", metavar="FILE", help="the JSONL log (logging.sinks jsonl)")
+    group.add_argument(
+        "--mlflow-artifact-location", metavar="URI", help="artifact root of a new MLflow experiment"
+    )
+    group.add_argument("--wandb-dir", metavar="DIR", help="where W&B keeps its files (default: ./wandb)")
+    group.add_argument(
+        "--no-progress-bar",
+        dest="progress_bar",
+        action="store_const",
+        const=False,
+        help="no progress bar on the terminal",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

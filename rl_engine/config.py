@@ -1,8 +1,10 @@
 """The one configuration schema of an experiment (pydantic; imports neither torch nor ray).
 
-The platform validates API bodies and renders its form from this tree (``experiment_json_schema``);
-the CLI loads it from YAML with ``--set a.b=c`` overrides. Cross-field checks raise messages that say
-what to change. Units: ``trainer.batch_size`` and ``trainer.mini_batch_size`` count *samples*
+What to train, only: where a run runs (checkpoint and run folders, resume checkpoint, cluster, log and
+tracker locations) is its placement, ``rl_engine.jobspec.Placement``. The platform validates API bodies
+and renders its form from this tree (``experiment_json_schema``); the CLI loads it from YAML with
+``--set a.b=c`` overrides. Cross-field checks raise messages that say what to change (a
+:class:`FieldError` at the one field to change). Units: ``trainer.batch_size`` and ``trainer.mini_batch_size`` count *samples*
 (responses); a step consumes ``batch_size // rollout.n`` prompts, each answered ``rollout.n`` times.
 """
 
@@ -16,7 +18,25 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rl_engine.algos.advantages import WITHIN_GROUP, AdvantageName
+from rl_engine.moved_fields import BY_PATH as MOVED_FIELDS
+from rl_engine.moved_fields import moved_message, split_moved
+from rl_engine.presets import UnknownPreset, get_preset
 from rl_engine.strict_url import url_problem
+
+
+class FieldError(ValueError):
+    """A cross-field check whose fix is one field's: reported at ``path`` (relative to the model that
+    raised it), so an HTTP 400 and the web form show it next to that field."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(message)
+
+
+# Marks a field the web form shows first, unfolded ("x-essential" in the JSON schema): the model, the data,
+# the algorithm and the main trainer and pipeline knobs. Every other field is in a folded section. A union
+# field so marked shows its variant choice; only the direct fields of a section are drawn this way.
+ESSENTIAL: dict[str, Any] = {"x-essential": True}
 
 
 class _Strict(BaseModel):
@@ -51,7 +71,11 @@ class TinyModelSpec(_Strict):
 class ModelConfig(_Strict):
     """Everything about the policy model. eos/pad ids: ``generation_config`` first, else the tokenizer."""
 
-    path: str = Field(..., description="Model directory (HF format) or, with `tiny`, where to build it.")
+    path: str = Field(
+        ...,
+        description="Model directory (HF format) or, with `tiny`, where to build it.",
+        json_schema_extra=ESSENTIAL,
+    )
     tokenizer_path: str | None = Field(None, description="Defaults to `path`.")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     trust_remote_code: bool = False
@@ -67,10 +91,16 @@ class ModelConfig(_Strict):
 
 
 class _RolloutBase(_Strict):
-    n: int = Field(8, ge=1, le=1024, description="Responses per prompt (the GRPO group size).")
+    n: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Responses per prompt (the GRPO group size).",
+        json_schema_extra=ESSENTIAL,
+    )
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(16, ge=1, le=65536)
+    max_new_tokens: int = Field(16, ge=1, le=65536, json_schema_extra=ESSENTIAL)
     max_prompt_tokens: int = Field(64, ge=1, le=65536)
 
 
@@ -167,10 +197,17 @@ RolloutConfig = Annotated[
 
 class TrainerConfig(_Strict):
     total_steps: int = Field(
-        100, ge=1, description="Trainer updates (optimizer steps of one batch) in the run."
+        100,
+        ge=1,
+        description="Trainer updates (optimizer steps of one batch) in the run.",
+        json_schema_extra=ESSENTIAL,
     )
-    batch_size: int = Field(64, ge=1, description="Samples (responses) per trainer step.")
-    mini_batch_size: int = Field(64, ge=1, description="Samples per optimizer step inside a trainer step.")
+    batch_size: int = Field(
+        64, ge=1, description="Samples (responses) per trainer step.", json_schema_extra=ESSENTIAL
+    )
+    mini_batch_size: int = Field(
+        64, ge=1, description="Samples per optimizer step inside a trainer step.", json_schema_extra=ESSENTIAL
+    )
     micro_batch_size: int | None = Field(
         None,
         ge=1,
@@ -180,7 +217,7 @@ class TrainerConfig(_Strict):
         ),
     )
     ppo_epochs: int = Field(1, ge=1, le=16)
-    lr: float = Field(3e-4, gt=0.0, le=1.0)
+    lr: float = Field(3e-4, gt=0.0, le=1.0, json_schema_extra=ESSENTIAL)
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = Field(1.0, gt=0.0)
@@ -188,12 +225,12 @@ class TrainerConfig(_Strict):
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of the decayed LR, as a ratio of lr.")
     num_threads: int = Field(1, ge=1, le=64, description="torch threads in the trainer process.")
-    checkpoint_dir: str | None = Field(None, description="Where checkpoints go; None disables them.")
     checkpoint_every: int = Field(
-        0, ge=0, description="Trainer steps between checkpoints; 0: only at the end."
+        0,
+        ge=0,
+        description="Trainer steps between checkpoints; 0: only at the end (where the run has a checkpoint folder).",
     )
     keep_checkpoints: int = Field(2, ge=1)
-    resume_from: str | None = Field(None, description="A checkpoint directory to resume from.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         description="auto: cuda when the trainer is given a GPU (resources.trainer_gpus >= 1), else cpu.",
@@ -264,7 +301,7 @@ class TrainerConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    advantage: AdvantageName = "grpo"
+    advantage: AdvantageName = Field("grpo", json_schema_extra=ESSENTIAL)
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     norm_adv_by_std: bool = True
     clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
@@ -286,11 +323,12 @@ class AlgorithmConfig(_Strict):
 
 
 class PipelineConfig(_Strict):
-    mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
+    mode: Literal["sync", "one_step_off", "fully_async"] = Field("sync", json_schema_extra=ESSENTIAL)
     staleness_threshold: int = Field(
         1,
         ge=0,
         description="Extra sync windows a sample may lag (fully_async): max staleness = (B+1)*trigger-1; see docs/pipeline.md.",
+        json_schema_extra=ESSENTIAL,
     )
     trigger_parameter_sync_step: int = Field(1, ge=1, description="Trainer steps between weight syncs.")
     require_batches: int = Field(1, ge=1, description="Mini-batches the trainer gathers before a step.")
@@ -299,9 +337,6 @@ class PipelineConfig(_Strict):
     queue_max_size: int = Field(0, ge=0, description="Queue bound in samples; 0: derived from the staleness.")
     watchdog_timeout_s: float = Field(
         300.0, gt=0.0, description="Report a stage with no progress for this long."
-    )
-    ray_address: str | None = Field(
-        None, description="Ray cluster to join (auto, host:port or ray://host:port); None: start a local one."
     )
     prompts_per_call: int = Field(
         0, ge=0, description="Prompts per rollout-worker generate call; 0: one trainer step's worth."
@@ -328,16 +363,6 @@ class PipelineConfig(_Strict):
         ),
     )
 
-    @field_validator("ray_address")
-    @classmethod
-    def _strict_ray_address(cls, v: str | None) -> str | None:
-        if v is None or v == "auto":
-            return v
-        problem = url_problem(v if "://" in v else f"ray://{v}", schemes=("ray",))
-        if problem:
-            raise ValueError(f"the address {problem} (docs/api.md, Trust boundary)")
-        return v
-
 
 # --- data / reward / resources / logging --------------------------------------------------------------
 
@@ -359,9 +384,13 @@ class _DataCommon(_Strict):
 
 class TaskDataConfig(_DataCommon):
     source: Literal["task"] = "task"
-    task: str = Field("copy", description="A built-in verifiable task (see `python -m rl_engine presets`).")
+    task: str = Field(
+        "copy",
+        description="A built-in verifiable task (see `python -m rl_engine presets`).",
+        json_schema_extra=ESSENTIAL,
+    )
     task_kwargs: dict[str, Any] = Field(default_factory=dict)
-    num_prompts: int = Field(10000, ge=1)
+    num_prompts: int = Field(10000, ge=1, json_schema_extra=ESSENTIAL)
     num_validation_prompts: int = Field(
         0,
         ge=0,
@@ -371,7 +400,7 @@ class TaskDataConfig(_DataCommon):
 
 class JsonlDataConfig(_DataCommon):
     source: Literal["jsonl"] = "jsonl"
-    path: str
+    path: str = Field(..., json_schema_extra=ESSENTIAL)
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     validation_path: str | None = Field(
@@ -416,13 +445,19 @@ class DatasetDataConfig(_DataCommon):
     directory, or a hub dataset already in the local cache."""
 
     source: Literal["dataset"] = "dataset"
-    path: str = Field(..., description="File, glob, directory, or hub id (e.g. openai/gsm8k) of the dataset.")
+    path: str = Field(
+        ...,
+        description="File, glob, directory, or hub id (e.g. openai/gsm8k) of the dataset.",
+        json_schema_extra=ESSENTIAL,
+    )
     name: str | None = Field(None, description="Hub configuration (subset), e.g. `main` for openai/gsm8k.")
     format: Literal["auto", "parquet", "json", "csv", "arrow"] = Field(
         "auto", description="File format of `path` / `validation_path`; auto: from the file extension."
     )
     train_split: str = "train"
-    validation_split: str | None = Field(None, description="A split of `path` for evaluation, e.g. `test`.")
+    validation_split: str | None = Field(
+        None, description="A split of `path` for evaluation, e.g. `test`.", json_schema_extra=ESSENTIAL
+    )
     validation_path: str | None = Field(
         None, description="A separate file for evaluation (instead of a split)."
     )
@@ -459,7 +494,9 @@ DataConfig = Annotated[TaskDataConfig | JsonlDataConfig | DatasetDataConfig, Fie
 
 
 class RewardConfig(_Strict):
-    name: str = Field("exact_match", description="A reward function from the registry.")
+    name: str = Field(
+        "exact_match", description="A reward function from the registry.", json_schema_extra=ESSENTIAL
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -492,9 +529,6 @@ class MlflowConfig(_Strict):
     )
     experiment: str | None = Field(None, description="MLflow experiment name; default: the run's name.")
     run_name: str | None = None
-    artifact_location: str | None = Field(
-        None, description="Artifact root of a new experiment; default: the tracking server's."
-    )
     log_checkpoints: bool = Field(False, description="Upload each checkpoint's model directory as artifacts.")
 
     @field_validator("tracking_uri")
@@ -512,22 +546,23 @@ class WandbConfig(_Strict):
     project: str | None = Field(None, description="W&B project; default: WANDB_PROJECT, else the run's name.")
     entity: str | None = None
     mode: Literal["online", "offline", "disabled"] = Field(
-        "online", description="offline: write under `dir` only (`wandb sync` uploads later)."
+        "online", description="offline: write in the run's W&B folder only (`wandb sync` uploads later)."
     )
-    dir: str | None = Field(None, description="Where W&B keeps its files; default: ./wandb.")
     run_name: str | None = None
     tags: list[str] = Field(default_factory=list)
     log_checkpoints: bool = Field(False, description="Log each checkpoint as a model artifact.")
 
 
+SinkName = Literal["stdout", "jsonl", "http", "mlflow", "wandb"]
+
+
 class LoggingConfig(_Strict):
-    sinks: list[Literal["stdout", "jsonl", "http", "mlflow", "wandb"]] = Field(
-        default_factory=lambda: ["stdout"]
+    sinks: list[SinkName] = Field(
+        default_factory=lambda: ["stdout"],
+        description="jsonl writes into the run's placement (its folder, or the CLI's --jsonl-path).",
     )
-    jsonl_path: str | None = None
     log_every: int = Field(1, ge=1)
     samples_per_step: int = Field(4, ge=0, description="Example (prompt, response) pairs reported per step.")
-    progress_bar: bool = True
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="Used when sinks lists mlflow.")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Used when sinks lists wandb.")
 
@@ -564,11 +599,11 @@ class ExperimentConfig(_Strict):
     name: str = Field("experiment", min_length=1, max_length=200)
     seed: int = 0
     model: ModelConfig
-    rollout: RolloutConfig = Field(default_factory=HFRolloutConfig)
+    rollout: RolloutConfig = Field(default_factory=HFRolloutConfig, json_schema_extra=ESSENTIAL)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
-    data: DataConfig = Field(default_factory=TaskDataConfig)
+    data: DataConfig = Field(default_factory=TaskDataConfig, json_schema_extra=ESSENTIAL)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -584,6 +619,14 @@ class ExperimentConfig(_Strict):
                 if isinstance(part, dict) and tag not in part:
                     data = {**data, section: {tag: default, **part}}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unset_moved(cls, data: Any) -> Any:
+        """A field that moved to the placement (rl_engine.moved_fields) is dropped where it holds the
+        value a normalised config stored when unset (an old export still imports); any other value is
+        left for the schema to refuse, with a message naming its new place (``validation_errors``)."""
+        return split_moved(data, keep_non_default=True)[0]
 
     @model_validator(mode="after")
     def _cross_field(self) -> ExperimentConfig:
@@ -620,8 +663,7 @@ class ExperimentConfig(_Strict):
         self._devices_have_gpus()
         self._trainer_ranks_fit()
         self._sync_backend_fits()
-        if "jsonl" in self.logging.sinks and not self.logging.jsonl_path:
-            raise ValueError("logging.sinks includes 'jsonl': set logging.jsonl_path")
+        self._queue_fits()
         if self.eval.enabled and not has_validation_data(self.data):
             raise ValueError(
                 "eval is enabled but data has no validation prompts: set data.validation_split or "
@@ -646,6 +688,26 @@ class ExperimentConfig(_Strict):
             raise ValueError(
                 f"trainer.world_size ({world}) and resources.trainer_gpus ({gpus}) disagree: on GPU the "
                 "trainer runs one rank per GPU; set trainer.world_size to 1 or to resources.trainer_gpus"
+            )
+
+    def prompts_per_call(self) -> int:
+        """Prompts of one rollout-worker generate call: ``pipeline.prompts_per_call``, else a step's worth."""
+        return self.pipeline.prompts_per_call or max(1, self.trainer.batch_size // self.rollout.n)
+
+    def trainer_pull(self) -> int:
+        """Samples the trainer takes from the queue at once: whole groups of ``require_batches``
+        mini-batches (TrainerActor._gather)."""
+        return max(self.pipeline.require_batches * self.trainer.mini_batch_size, self.rollout.n)
+
+    def _queue_fits(self) -> None:
+        bound = self.pipeline.queue_max_size
+        call, pull = self.prompts_per_call() * self.rollout.n, self.trainer_pull()
+        if bound and bound < max(call, pull):
+            raise FieldError(
+                "pipeline.queue_max_size",
+                f"must be 0 or at least {max(call, pull)} samples: one generate call (prompts_per_call x "
+                f"rollout.n = {call}) and one trainer pull (require_batches x trainer.mini_batch_size = "
+                f"{pull}) must fit, or the run waits forever",
             )
 
     def _sync_backend_fits(self) -> None:
@@ -698,11 +760,18 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
 
 
 def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    """Flatten a pydantic error into (field.path, message) pairs."""
+    """Flatten a pydantic error into (field.path, message) pairs: a :class:`FieldError` at its field, a
+    field that moved to the placement with a message naming its new place."""
     out = []
     for err in exc.errors():
         msg = err["msg"].removeprefix("Value error, ")
-        out.append((_loc_to_path(tuple(err["loc"])), msg))
+        path = _loc_to_path(tuple(err["loc"]))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):
+            path = f"{path}.{cause.path}" if path else cause.path
+        elif err["type"] == "extra_forbidden" and path.removeprefix("config.") in MOVED_FIELDS:
+            msg = moved_message(MOVED_FIELDS[path.removeprefix("config.")])
+        out.append((path, msg))
     return out
 
 
@@ -733,6 +802,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of ``data`` with ``a.b=c`` overrides applied (creates missing mappings)."""
+    if overrides and not isinstance(data, dict):
+        raise ConfigError([("", f"the config must be a mapping, got {type(data).__name__}")])
     out = copy.deepcopy(data)
     for item in overrides:
         path, value = parse_override(item)
@@ -750,24 +821,28 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
-def load_yaml(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load a YAML file (optionally a preset name via ``preset:NAME``) and apply overrides."""
+def read_yaml(path: str | Path) -> Any:
+    """The document of a YAML file, or a preset's (``preset:NAME``); ConfigError when unreadable."""
     text_path = str(path)
     if text_path.startswith("preset:"):
-        from rl_engine.presets import get_preset
+        try:
+            return get_preset(text_path.removeprefix("preset:"))
+        except UnknownPreset as exc:
+            raise ConfigError([("", str(exc))]) from None
+    try:
+        raw = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([("", f"cannot read {path}: {exc.strerror}")]) from None
+    try:
+        return yaml.safe_load(raw) or {}
+    except yaml.YAMLError as exc:
+        where = yaml_where(getattr(exc, "problem_mark", None))
+        raise ConfigError([("", f"{path} is not valid YAML{where}")]) from None
 
-        data = get_preset(text_path.removeprefix("preset:"))
-    else:
-        try:
-            raw = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError([("", f"cannot read {path}: {exc.strerror}")]) from None
-        try:
-            data = yaml.safe_load(raw) or {}
-        except yaml.YAMLError as exc:
-            where = yaml_where(getattr(exc, "problem_mark", None))
-            raise ConfigError([("", f"{path} is not valid YAML{where}")]) from None
-    return parse_config(apply_overrides(data, overrides or []))
+
+def load_yaml(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a config from a YAML file (or ``preset:NAME``) and apply overrides."""
+    return parse_config(apply_overrides(read_yaml(path), overrides or []))
 
 
 def yaml_where(mark: yaml.Mark | None) -> str:

@@ -1,7 +1,7 @@
 """Named, validated starting points. ``demo-cpu`` learns in minutes on 2 cores; ``gsm8k-style-tiny-cpu``
 runs the real-dataset path (Hugging Face dataset, chat template, math-verify reward, held-out evaluation)
 on CPU with a small generated GSM8K-format dataset; the GPU presets validate everywhere but need CUDA
-machines to run."""
+machines to run. Plain data: this module imports nothing of the engine (the config imports it)."""
 
 from __future__ import annotations
 
@@ -126,9 +126,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "mini_batch_size": 128,
             "lr": 1e-6,
             "lr_schedule": "constant",
-            # No shared folder: runs would prune and resume each other's checkpoints. The platform gives
-            # every run its own folder; on the CLI pass one per run: --set trainer.checkpoint_dir=...
-            "checkpoint_dir": None,
+            # Checkpoints go to the run's own folder (its placement): the platform gives every run one;
+            # on the CLI pass one per run, --checkpoint-dir, or runs prune and resume each other's.
             "checkpoint_every": 50,
         },
         "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "off_policy": "tis", "kl_coef": 0.0},
@@ -161,10 +160,12 @@ def preset_names() -> list[str]:
     return sorted(PRESETS)
 
 
+class UnknownPreset(ValueError):
+    """No preset of that name; the message lists the names there are."""
+
+
 def get_preset(name: str) -> dict[str, Any]:
     """A deep copy of the preset's raw dict (callers may mutate it before validation)."""
-    from rl_engine.config import ConfigError
-
     if name not in PRESETS:
-        raise ConfigError([("", f"unknown preset {name!r}; choose one of {', '.join(preset_names())}")])
+        raise UnknownPreset(f"unknown preset {name!r}; choose one of {', '.join(preset_names())}")
     return copy.deepcopy(PRESETS[name])

@@ -63,11 +63,11 @@ def stored_points(run_id: int) -> list[Point]:
 def logged_points(run_id: int) -> list[Point]:
     """Every finite (key, step, value) the engine wrote to its JSONL log (NaN/inf are never sent)."""
     from experiments.models import Run
-    from experiments.run_files import run_folder
+    from experiments.run_files import jsonl_log
 
     run = Run.objects.get(pk=run_id)
     out: list[Point] = []
-    for line in (run_folder(run) / run.config["logging"]["jsonl_path"]).read_text().splitlines():
+    for line in jsonl_log(run).read_text().splitlines():
         rec = json.loads(line)
         if rec.get("type") == "metrics":
             out += [
@@ -126,8 +126,7 @@ def main() -> int:
     config = api.get("/api/presets/demo-cpu")
     config["trainer"]["total_steps"] = args.steps
     # Every step logged, to the platform and to a JSONL file in the run's folder: the engine's own record.
-    config["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": "metrics.jsonl", "log_every": 1,
-                         "progress_bar": False}  # fmt: skip
+    config["logging"] = {"sinks": ["stdout", "jsonl"], "log_every": 1}
     exp = api.post("/api/experiments", {"project": project, "name": "compose smoke", "config": config})
     run_id = api.post("/api/runs", {"experiment": exp["id"]})["id"]
     print(f"[check {stamp()}] user {username}, run {run_id} launched ({args.steps} steps)", flush=True)

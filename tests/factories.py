@@ -7,17 +7,22 @@ from django.contrib.auth import get_user_model
 
 from accounts.models import Membership, Project, Role
 from experiments.models import Experiment, Run, RunState
-from experiments.services import normalise_config
+from rl_engine.config import parse_config
 
 
 def demo_config() -> dict:
-    """A small valid config (the CPU demo preset as the platform serves it: its tiny model under the
-    first model root; shortened)."""
-    from experiments.config_policy import platform_preset
+    """A small valid config, as an API body carries it (the CPU demo preset as the platform serves it:
+    its tiny model under the first model root; shortened)."""
+    from experiments.config_policy import preset_document
 
-    cfg = platform_preset("demo-cpu")
+    cfg = preset_document("demo-cpu")
     cfg["trainer"]["total_steps"] = 3
     return cfg
+
+
+def stored_demo_config() -> dict:
+    """:func:`demo_config` as a row stores it (every default explicit)."""
+    return parse_config(demo_config()).model_dump(mode="json")
 
 
 def checkpoint_path(run, step: int) -> str:
@@ -66,7 +71,7 @@ class ExperimentFactory(factory.django.DjangoModelFactory):
     project = factory.SubFactory(ProjectFactory)
     name = factory.Sequence(lambda n: f"experiment {n}")
     tags = factory.LazyFunction(lambda: ["demo"])
-    config = factory.LazyFunction(lambda: normalise_config(demo_config()))
+    config = factory.LazyFunction(stored_demo_config)
 
 
 class RunFactory(factory.django.DjangoModelFactory):

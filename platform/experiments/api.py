@@ -17,7 +17,7 @@ from accounts.access import Conflict, require_role
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
 from experiments import services
-from experiments.config_policy import platform_preset, platform_presets
+from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
 from experiments.models import Experiment, Run, RunState
 from experiments.selectors import visible_experiments, visible_runs, with_tag
 from experiments.serializers import (
@@ -194,7 +194,7 @@ class PresetDetailView(JsonOnly, APIView):
             raise exceptions.NotFound(
                 f"no preset {name!r}; choose one of {', '.join(presets.preset_names())}"
             )
-        return Response(platform_preset(name))
+        return Response(preset_document(name))
 
 
 STATE_Q = OpenApiParameter(
@@ -278,7 +278,10 @@ class RunResumeView(JsonOnly, APIView):
         request=ResumeSerializer,
         responses={
             201: RunSerializer,
-            400: OpenApiResponse(description="The platform's policy refuses the run's config."),
+            400: OpenApiResponse(
+                description="The platform's policy refuses the run's config, or its checkpoint "
+                "(resumed_from_checkpoint: not in the run's own checkpoint folder)."
+            ),
             409: OpenApiResponse(description="The run is still active or has no checkpoint."),
         },
     )
@@ -294,4 +297,6 @@ class RunResumeView(JsonOnly, APIView):
             raise Conflict(str(exc)) from None
         except ConfigError as exc:
             raise _config_refused(exc) from None
+        except CheckpointRefused as exc:
+            raise exceptions.ValidationError({"resumed_from_checkpoint": [str(exc)]}) from None
         return Response(RunSerializer(new).data, status=status.HTTP_201_CREATED)

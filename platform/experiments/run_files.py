@@ -1,8 +1,9 @@
 """Where a run's files live: its own folder under ``VAR_DIR/runs``, named by its Ray submission id.
 
-The folder holds the frozen config the job runs with, the checkpoints, the JSONL log (when asked
-for), the HTTP sink's spool and the ingest-token file. Nothing outside it is written for a run, and
-the path policy (experiments.config_policy) accepts checkpoints to resume from only inside it.
+The folder holds the job spec the job runs with, the checkpoints, the JSONL log and the trackers' local
+files (when asked for), the HTTP sink's spool and the ingest-token file. Nothing outside it is written
+for a run (the launcher's placement, launcher.placement, names this folder as the run's), and the path
+policy (experiments.config_policy) accepts checkpoints to resume from only inside it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from experiments.models import Run
+from rl_engine.jobspec import JSONL_NAME
 
 CHECKPOINTS = "checkpoints"
 
@@ -31,6 +33,11 @@ def run_folder(run: Run) -> Path:
 
 def checkpoint_folder(run: Run) -> Path:
     return run_folder(run) / CHECKPOINTS
+
+
+def jsonl_log(run: Run) -> Path:
+    """The engine's JSONL log of a run whose config lists the ``jsonl`` sink (in its run folder)."""
+    return run_folder(run) / JSONL_NAME
 
 
 def is_inside(path: str | Path, root: Path) -> bool:

@@ -1,5 +1,5 @@
 """Reads of the experiments app: what a user may see (the API's and the pages' one visibility rule), tag
-filters, the home page's counts, a run's checkpoints for its page."""
+filters, the home page's counts, a run's checkpoints for its page, a stored config as the typed config."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from django.http import HttpRequest
 
 from accounts.access import visible_project_ids
 from experiments.models import ACTIVE_STATES, Experiment, Run
+from rl_engine.config import ExperimentConfig, parse_config
 
 
 def visible_experiments(request: HttpRequest) -> QuerySet[Experiment]:
@@ -39,6 +40,12 @@ def with_run_counts(qs: QuerySet[Experiment]) -> QuerySet[Experiment]:
         n_active=Count("runs", filter=Q(runs__state__in=ACTIVE_STATES)),
         last_run=Max("runs__created_at"),
     )
+
+
+def stored_config(row: Experiment | Run) -> ExperimentConfig:
+    """The typed config of an experiment or a run, parsed from its stored JSON: the way in from the
+    database (a row may predate the engine's schema: ConfigError names what it no longer accepts)."""
+    return parse_config(row.config)
 
 
 def run_checkpoints(run: Run) -> list[dict[str, Any]]:

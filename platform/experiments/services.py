@@ -7,7 +7,7 @@ records the status events, the launcher enqueues its tasks.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from django.conf import settings
@@ -18,11 +18,15 @@ from django.utils import timezone
 
 from accounts.models import Project
 from accounts.services import ingest_tokens_renew, ingest_tokens_revoke_for_run
-from experiments.config_policy import check_config, without_platform_fields
+from experiments.config_policy import check_config, check_resume_checkpoint
 from experiments.lifecycle import CancelRequested, RunQueued, StateChanged, announce
 from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, RunState
+from experiments.selectors import stored_config
 from experiments.yaml_io import load_yaml_text
 from rl_engine.config import ExperimentConfig, parse_config
+
+if TYPE_CHECKING:
+    from tracking.models import Checkpoint
 
 
 class InvalidTransition(Exception):
@@ -60,11 +64,10 @@ TRANSITION_FIELDS = frozenset(
 )
 
 
-def normalise_config(config: ExperimentConfig | Any) -> dict[str, Any]:
-    """The config with every default explicit, as stored. A plain value is validated with the engine's
-    schema (ConfigError); an ExperimentConfig already was (where it entered: the API's serializer, the
-    YAML import), so a config is validated once on each way in, not again by each service it passes."""
-    cfg = config if isinstance(config, ExperimentConfig) else parse_config(config)
+def stored(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The config as a row stores it: every default explicit. ``cfg`` was validated where it came in (the
+    API's serializer, the YAML import, a stored row read back: selectors.stored_config), once on each
+    way in, not again by each service it passes."""
     return cfg.model_dump(mode="json")
 
 
@@ -85,28 +88,28 @@ def experiment_create(
     project: Project,
     user: AbstractBaseUser | None,
     name: str,
-    config: Any,
+    config: ExperimentConfig,
     description: str = "",
     tags: list[str] | None = None,
 ) -> Experiment:
-    """Raises ConfigError for an invalid config or one the platform's policy refuses."""
-    normalised = normalise_config(config)
-    check_config(normalised, project=project)
+    """Raises ConfigError for a config the platform's policy refuses."""
+    check_config(config, project=project)
     return Experiment.objects.create(
         project=project,
         name=name,
         description=description,
         tags=clean_tags(tags or []),
-        config=normalised,
+        config=stored(config),
         created_by=user,
     )
 
 
 def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
-    """Change name/description/tags/config. Runs keep the config they were launched with."""
+    """Change name/description/tags/config (an ExperimentConfig). Runs keep the config they were
+    launched with."""
     if "config" in fields:
-        fields["config"] = normalise_config(fields["config"])
         check_config(fields["config"], project=experiment.project)
+        fields["config"] = stored(fields["config"])
     if "tags" in fields:
         fields["tags"] = clean_tags(fields["tags"])
     unknown = set(fields) - {"name", "description", "tags", "config"}
@@ -154,16 +157,19 @@ def run_create(
     user: AbstractBaseUser | None,
     priority: int = 0,
     resumed_from: Run | None = None,
-    resumed_from_checkpoint: Any = None,
-    config: dict[str, Any] | None = None,
+    resumed_from_checkpoint: Checkpoint | None = None,
+    config: ExperimentConfig | None = None,
     provider: str = "",
 ) -> Run:
-    """Launch: freeze the (validated) config into a queued run, announced as :class:`RunQueued` (the
-    launcher enqueues its start once the run is committed). The config is validated again (the
-    experiment may predate the engine's schema) and so is the platform's policy (the experiment may
-    predate it, or its project's rights changed); ConfigError when either refuses."""
-    frozen = normalise_config(config if config is not None else experiment.config)
-    check_config(frozen, project=experiment.project, resume_checkpoint=resumed_from_checkpoint)
+    """Launch: freeze the config (``config``, else the experiment's) into a queued run, announced as
+    :class:`RunQueued` (the launcher enqueues its start once the run is committed). The experiment's
+    stored config is read back with the engine's schema (it may predate it) and the platform's policy
+    is checked again (the experiment may predate it, or its project's rights changed): ConfigError when
+    either refuses; CheckpointRefused when ``resumed_from_checkpoint`` is not this project's to resume."""
+    frozen = config if config is not None else stored_config(experiment)
+    check_config(frozen, project=experiment.project)
+    if resumed_from_checkpoint is not None:
+        check_resume_checkpoint(resumed_from_checkpoint, project=experiment.project)
     with transaction.atomic():
         Experiment.objects.filter(pk=experiment.pk).update(run_counter=F("run_counter") + 1)
         number = Experiment.objects.filter(pk=experiment.pk).values_list("run_counter", flat=True).get()
@@ -171,7 +177,7 @@ def run_create(
             experiment=experiment,
             project_id=experiment.project_id,
             number=number,
-            config=frozen,
+            config=stored(frozen),
             state=RunState.QUEUED,
             priority=priority,
             created_by=user,
@@ -272,21 +278,21 @@ def run_heartbeat(*, run_id: int) -> bool:
 def run_resume(*, run: Run, user: AbstractBaseUser | None, priority: int | None = None) -> Run:
     """A new run of the same experiment continuing from ``run``'s latest checkpoint.
 
-    Raises InvalidTransition (the run is active), NoCheckpoint, or ConfigError (the frozen config is
-    refused by the platform's policy, e.g. the checkpoint lies outside the run's folder)."""
+    The new run has the old one's config and its own folder; it resumes from the checkpoint recorded
+    as its ``resumed_from_checkpoint`` (the launcher puts it in the job's placement). Raises
+    InvalidTransition (the run is active), NoCheckpoint, ConfigError (the platform's policy refuses the
+    frozen config) or CheckpointRefused (the checkpoint lies outside the run's folder)."""
     if run.state not in TERMINAL_STATES:
         raise InvalidTransition(run.pk, run.state, "resumed")
     ckpt = run.checkpoints.select_related("run").order_by("-step").first()
     if ckpt is None:
         raise NoCheckpoint(f"run {run.pk} has no checkpoint to resume from")
-    config = without_platform_fields(run.config)  # the new run gets its own folder
-    config["trainer"]["resume_from"] = ckpt.path
     return run_create(
         experiment=run.experiment,
         user=user,
         priority=run.priority if priority is None else priority,
         resumed_from=run,
         resumed_from_checkpoint=ckpt,
-        config=config,
+        config=stored_config(run),
         provider=run.provider,
     )

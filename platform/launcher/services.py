@@ -25,12 +25,14 @@ from django.utils import timezone
 
 from accounts.services import ingest_token_issue
 from experiments import run_files
-from experiments.config_policy import launch_config
 from experiments.models import Run, RunState
+from experiments.selectors import stored_config
 from experiments.services import InvalidTransition, run_transition
 from launcher import job_env as job_env_module
 from launcher import jobs
 from launcher.models import LauncherLock, Supervision
+from launcher.placement import run_placement
+from rl_engine.config import ConfigError
 from rl_engine.jobspec import IngestSpec, JobSpec
 from rl_engine.wire import EventKind
 from tracking.services import events_append
@@ -176,11 +178,10 @@ def run_dir(run: Run) -> Path:
 
 
 def job_spec(run: Run, token_file: Path) -> JobSpec:
-    """What the engine gets for ``run`` (rl_engine.jobspec): the run's frozen config with the platform's
-    own fields (checkpoint folder, resume source, cluster, JSONL log) set whatever the stored config
-    says (experiments.config_policy), the ``http`` sink, and where that sink reports."""
-    ckpt = getattr(run, "resumed_from_checkpoint", None)
-    resume_from = ckpt.path if ckpt is not None else None
+    """What the engine gets for ``run`` (rl_engine.jobspec), built here once: the run's frozen config as
+    the user gave it (read back typed), where it runs (launcher.placement) and where its ``http`` sink
+    reports. ConfigError when the stored config is no longer valid."""
+    config = stored_config(run)
     folder = run_dir(run)
     timeout_s = int(setting("RUN_HEARTBEAT_TIMEOUT_S", 120))
     ingest = IngestSpec(
@@ -191,30 +192,23 @@ def job_spec(run: Run, token_file: Path) -> JobSpec:
         # Several heartbeats per reaper timeout, so one late post never gets a healthy run reaped.
         heartbeat_s=max(1.0, min(10.0, timeout_s / 4)),
     )
-    return JobSpec(
-        config=launch_config(
-            run.config, folder=folder, resume_from=resume_from, project_id=run.experiment.project_id
-        ),
-        checkpoint_dir=str(run_files.checkpoint_folder(run)),
-        resume_from=resume_from,
-        ingest=ingest,
-        data_roots=tuple(str(p) for p in setting("DATA_ROOTS", [])),
-    )
+    return JobSpec(config=config, placement=run_placement(run, config), ingest=ingest)
 
 
-def frozen_config_file(spec: JobSpec, run: Run) -> Path:
-    """Write the config the job runs with (``spec.engine_config()``) into the run's folder."""
-    path = run_dir(run) / "config.yaml"
-    path.write_text(yaml.safe_dump(spec.engine_config(), sort_keys=False))
+def job_spec_file(spec: JobSpec, run: Run) -> Path:
+    """Write the spec the job runs with (``spec.spec_document()``: config and placement) into the run's
+    folder."""
+    path = run_dir(run) / "job.yaml"
+    path.write_text(yaml.safe_dump(spec.spec_document(), sort_keys=False))
     return path
 
 
-def engine_entrypoint(config_path: Path) -> str:
+def engine_entrypoint(spec_path: Path) -> str:
     python = setting("ENGINE_PYTHON", "") or sys.executable  # absolute: the head's PATH is not ours
     workdir = str(setting("ENGINE_WORKDIR", "") or settings.BASE_DIR)
     return (
         f"cd {shlex.quote(workdir)} && exec {shlex.quote(python)} -m rl_engine train "
-        f"--config {shlex.quote(str(config_path))}"
+        f"--config {shlex.quote(str(spec_path))}"
     )
 
 
@@ -274,14 +268,15 @@ def run_launch(*, run_id: int, owner: str) -> str:
         except jobs.JobNotFound:
             token = ingest_token_issue(run=run)
             spec = job_spec(run, ingest_token_file(run, token.secret))
-            entry = engine_entrypoint(frozen_config_file(spec, run))
+            entry = engine_entrypoint(job_spec_file(spec, run))
             submitted = (cluster.address, sid)
             jobs.submit(cluster.address, submission_id=sid, entrypoint=entry, env=job_env(spec),
                         metadata={"platform_run_id": spec.run_id})  # fmt: skip
             events_append(run_id=run_id, kind=EventKind.LOG, message=f"submitted Ray job {sid} to {cluster.address}",
                           data={"source": "launcher", "entrypoint": entry})  # fmt: skip
-    except (LaunchError, jobs.ClusterUnreachable) as exc:
-        # The run fails; a job Ray accepted anyway (the reply was lost) must not train on unsupervised.
+    except (LaunchError, ConfigError, jobs.ClusterUnreachable) as exc:
+        # The run fails (a ConfigError: its stored config is no longer valid); a job Ray accepted anyway
+        # (the reply was lost) must not train on unsupervised.
         # (Any other error leaves the run starting: the sweep retries the launch and re-attaches.)
         _stop_submitted(submitted, run_id)
         _finish(run_id, RunState.FAILED, error=f"launch failed: {exc}", from_states={RunState.STARTING})

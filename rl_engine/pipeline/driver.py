@@ -1,4 +1,4 @@
-"""The one driver: ``run_experiment(cfg, sink)`` builds the actors and runs any mode to the end.
+"""The one driver: ``run_experiment(cfg, sink, placement=...)`` builds the actors and runs any mode to the end.
 
 Reads top to bottom like the training loop it orchestrates: (restore) → (evaluate) → start rollouters
 → per step: train on a batch pulled from the queue → sync weights every ``trigger_parameter_sync_step``
@@ -23,6 +23,7 @@ from typing import Any
 import ray
 
 from rl_engine.config import ExperimentConfig
+from rl_engine.jobspec import Placement
 from rl_engine.pipeline import checkpoint as ckpt
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.eval_schedule import EvalSchedule
@@ -101,21 +102,24 @@ def run_experiment(
     cfg: ExperimentConfig,
     sink: Any,
     *,
+    placement: Placement | None = None,
     stop_event: threading.Event | None = None,
     components: Components | None = None,
 ) -> RunSummary:
-    """Run ``cfg`` until ``trainer.total_steps`` or a stop request (``stop_event`` or SIGTERM).
+    """Run ``cfg`` until ``trainer.total_steps`` or a stop request (``stop_event`` or SIGTERM), where
+    ``placement`` says (checkpoint folder, resume checkpoint, cluster; default: none of them).
 
     Raises ``PipelineError`` (one-line message naming the failing actor and its error) when an actor fails.
     """
     knobs = knobs_from_config(cfg)
+    place = placement or Placement()
     components = components or Components()
     stop = stop_event or threading.Event()
     # ray.init installs its own fatal SIGTERM handler: ours must be installed after it to win.
-    with _ray_session(cfg), _sigterm_sets(stop):
+    with _ray_session(cfg, place.ray_address), _sigterm_sets(stop):
         if components.prepare is not None:
             components.prepare.build(cfg)
-        run = _Run(cfg, knobs, sink, stop, components)
+        run = _Run(cfg, place, knobs, sink, stop, components)
         try:
             return run.execute()
         finally:
@@ -136,13 +140,14 @@ def _sigterm_sets(stop: threading.Event) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _ray_session(cfg: ExperimentConfig) -> Iterator[None]:
-    """Join an initialised Ray, an address (config or RAY_ADDRESS of a Ray Job), or start a private one."""
+def _ray_session(cfg: ExperimentConfig, ray_address: str | None) -> Iterator[None]:
+    """Join an initialised Ray, an address (the placement's or RAY_ADDRESS of a Ray Job), or start a
+    private one."""
     if ray.is_initialized():
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = cfg.pipeline.ray_address or os.environ.get("RAY_ADDRESS")
+    address = ray_address or os.environ.get("RAY_ADDRESS")
     tmp = None
     if address:
         ray.init(address=address, log_to_driver=True)
@@ -170,9 +175,16 @@ class _Run:
     """State of one run in the driver: actor handles, counters, the pending log line."""
 
     def __init__(
-        self, cfg: ExperimentConfig, knobs: Knobs, sink: Any, stop: threading.Event, components: Components
+        self,
+        cfg: ExperimentConfig,
+        placement: Placement,
+        knobs: Knobs,
+        sink: Any,
+        stop: threading.Event,
+        components: Components,
     ) -> None:
         self.cfg, self.knobs, self.sink, self.stop, self.components = cfg, knobs, sink, stop, components
+        self.placement = placement
         self.t_start = time.monotonic()
         self.rewards: list[float] = []
         self.trained_uids: list[str] = []
@@ -275,7 +287,7 @@ class _Run:
         self.stopped = self.step < total
         stopping = self.stop.is_set()
         self._quietly(lambda: self.evals.finish(self.step, self.synced_version, stopping), "an evaluation")
-        if self.cfg.trainer.checkpoint_dir and self.last_ckpt_step != self.step:
+        if self.placement.checkpoint_dir and self.last_ckpt_step != self.step:
             self._checkpoint(self.step)
         self.sink.log_event(
             EventKind.STATUS,
@@ -369,7 +381,7 @@ class _Run:
 
     # --- checkpoint / resume -------------------------------------------------------------------------------
     def _checkpoint(self, step: int) -> None:
-        directory = self.cfg.trainer.checkpoint_dir
+        directory = self.placement.checkpoint_dir
         if not directory:
             return
         try:
@@ -393,7 +405,7 @@ class _Run:
         )
 
     def _maybe_resume(self) -> None:
-        src = self.cfg.trainer.resume_from
+        src = self.placement.resume_from
         if not src:
             return
         extra = self.waiter.wait_one(self.trainer.load_checkpoint.remote(src), "resume")

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rl_engine.config import ConfigError, ExperimentConfig
+from rl_engine.config import ExperimentConfig
 from rl_engine.types import Sample
 
 
@@ -81,33 +81,22 @@ class Knobs:
 
 
 def knobs_from_config(cfg: ExperimentConfig) -> Knobs:
-    """Translate ``pipeline.mode`` into knobs; the one place where modes differ."""
+    """Translate ``pipeline.mode`` into knobs; the one place where modes differ. (That the queue bound
+    fits a generate call and a trainer pull is the config's own check: ExperimentConfig._queue_fits.)"""
     p = cfg.pipeline
-    n = cfg.rollout.n
-    batch = cfg.trainer.batch_size
-    per_call = p.prompts_per_call or max(1, batch // n)
     if p.mode == "sync":
         b, t, partial = 0, 1, False
     elif p.mode == "one_step_off":
         b, t, partial = 1, 1, False
     else:
         b, t, partial = p.staleness_threshold, p.trigger_parameter_sync_step, p.partial_rollout
-    # the trainer pulls whole groups in units of require_batches mini-batches (TrainerActor._gather)
-    pull = max(p.require_batches * cfg.trainer.mini_batch_size, n)
-    if p.queue_max_size and p.queue_max_size < max(per_call * n, pull):
-        msg = (
-            f"must be 0 or at least {max(per_call * n, pull)} samples: one generate call (prompts_per_call"
-            f" x rollout.n = {per_call * n}) and one trainer pull (require_batches x trainer.mini_batch_size"
-            f" = {pull}) must fit, or the run waits forever"
-        )
-        raise ConfigError([("pipeline.queue_max_size", msg)])
     return Knobs(
         mode=p.mode,
         staleness_threshold=b,
         trigger=t,
         partial_rollout=partial,
         require_batches=p.require_batches,
-        batch_size=batch,
-        group_size=n,
-        prompts_per_call=per_call,
+        batch_size=cfg.trainer.batch_size,
+        group_size=cfg.rollout.n,
+        prompts_per_call=cfg.prompts_per_call(),
     )

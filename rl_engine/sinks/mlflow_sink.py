@@ -28,17 +28,27 @@ def mlflow_key(key: str) -> str:
 
 
 class MlflowSink(MetricsSink):
-    def __init__(self, cfg: MlflowConfig, *, run_name: str, params: dict[str, Any]):
+    def __init__(
+        self,
+        cfg: MlflowConfig,
+        *,
+        run_name: str,
+        params: dict[str, Any],
+        tracking_uri: str | None = None,
+        artifact_location: str | None = None,
+    ):
+        """``tracking_uri`` / ``artifact_location``: where the run's placement puts the store
+        (``Placement.mlflow_store``); None: MLFLOW_TRACKING_URI / the server's artifact root."""
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=cfg.tracking_uri) if cfg.tracking_uri else MlflowClient()
+        self.client = MlflowClient(tracking_uri=tracking_uri) if tracking_uri else MlflowClient()
         name = cfg.experiment or run_name
         exp = self.client.get_experiment_by_name(name)
         exp_id = (
             exp.experiment_id
             if exp
-            else self.client.create_experiment(name, artifact_location=cfg.artifact_location)
+            else self.client.create_experiment(name, artifact_location=artifact_location)
         )
         self.run_id = self.client.create_run(
             exp_id, run_name=cfg.run_name or run_name, tags={"rl_engine": "1"}

@@ -4,7 +4,7 @@ One W&B run per engine run: the config as the run config, metrics against a ``tr
 own step must only grow, but evaluation results may arrive after later training steps: with a custom
 x-axis every metric lands at its own step), example samples as a ``wandb.Table`` per step, status and
 the last checkpoint in the run summary, checkpoints as ``model`` artifacts with ``log_checkpoints``.
-``mode: offline`` writes everything under ``dir`` for a later ``wandb sync``. Always wrapped in
+``mode: offline`` writes everything in the W&B folder the placement gives (``Placement.wandb_folder``) for a later ``wandb sync``. Always wrapped in
 ``MirrorSink`` by ``build_sinks``: failures become alerts, never exceptions.
 """
 
@@ -22,16 +22,17 @@ STEP_KEY = "trainer/step"
 
 
 class WandbSink(MetricsSink):
-    def __init__(self, cfg: WandbConfig, *, run_name: str, config: dict[str, Any]):
+    def __init__(self, cfg: WandbConfig, *, run_name: str, config: dict[str, Any], folder: str | None = None):
+        """``folder``: where W&B keeps its files (``Placement.wandb_folder``); None: ./wandb."""
         import wandb
 
-        if cfg.dir:
-            Path(cfg.dir).mkdir(parents=True, exist_ok=True)
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=cfg.project or os.environ.get("WANDB_PROJECT") or run_name,
             entity=cfg.entity,
             mode=cfg.mode,
-            dir=cfg.dir,
+            dir=folder,
             name=cfg.run_name or run_name,
             tags=cfg.tags or None,
             config=config,

@@ -1,6 +1,7 @@
 """The web UI in a real browser against a real server: log in, create an experiment from the demo preset
-through the schema-driven form (a bad value first: its error appears next to its field), launch it, and
-watch a run dashboard draw metrics ingested through the API and follow status changes live."""
+through the schema-driven form (its essentials first, every other section folded; a bad value first: its
+error appears next to its field, in a folded section too), launch it, and watch a run dashboard draw
+metrics ingested through the API and follow status changes live."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from playwright.sync_api import expect
 from accounts.services import ingest_token_issue, project_create
 from experiments.models import Experiment, Run
 from experiments.services import run_transition
+from rl_engine.config import parse_config
 from tests.e2e.conftest import login, screenshot_dir
 from tests.factories import ExperimentFactory, RunFactory, UserFactory, checkpoint_path
 from tracking.services import events_append
@@ -99,19 +101,22 @@ def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_la
     page.fill('[id="f-rollout.n"]', "8")
 
     # Out of bounds: the server's error lands next to the field, and nothing is created.
-    page.fill('[id="f-rollout.temperature"]', "0")
+    page.fill('[id="f-trainer.lr"]', "0")
     page.click("[data-testid=create-experiment]")
     expect(page.get_by_test_id("form-errors")).to_be_hidden()
-    expect(field(page, "rollout.temperature").locator(".sf-error")).to_contain_text("greater than 0")
-    expect(field(page, "rollout.temperature")).to_have_class(re.compile(r"\bhas-error\b"))
+    expect(field(page, "trainer.lr").locator(".sf-error")).to_contain_text("greater than 0")
+    expect(field(page, "trainer.lr")).to_have_class(re.compile(r"\bhas-error\b"))
     assert not Experiment.objects.exists()
     page.screenshot(path=str(screenshot_dir(tmp_path) / "experiment_form_error.png"), full_page=False)
 
-    # Fix it, and edit another value through the YAML view.
+    # Fix it; change a folded field after opening its section; edit another value through the YAML view.
+    page.fill('[id="f-trainer.lr"]', "0.001")
+    expect(page.locator('[id="f-rollout.temperature"]')).to_be_hidden()
+    page.click('[data-path="rollout"] > summary')
     page.fill('[id="f-rollout.temperature"]', "0.9")
     page.click("[data-testid=view-yaml]")
     text = page.input_value("[data-testid=yaml-editor]")
-    assert "temperature: 0.9" in text and "backend: hf" in text
+    assert "temperature: 0.9" in text and "backend: hf" in text and "lr: 0.001" in text
     page.fill("[data-testid=yaml-editor]", re.sub(r"total_steps: \d+", "total_steps: 7", text))
     page.click("[data-testid=view-form]")
     expect(page.locator('[id="f-trainer.total_steps"]')).to_have_value("7")
@@ -120,7 +125,7 @@ def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_la
     page.wait_for_url(re.compile(r"/experiments/\d+/$"))
     exp = Experiment.objects.get()
     assert (exp.name, exp.project_id) == ("demo from the form", project.pk)
-    assert exp.config["rollout"]["temperature"] == 0.9
+    assert exp.config["rollout"]["temperature"] == 0.9 and exp.config["trainer"]["lr"] == 0.001
     assert exp.config["trainer"]["total_steps"] == 7
     assert exp.config["model"]["tiny"]["hidden_size"] > 0  # the preset's nested object came through
     expect(page.get_by_test_id("experiment-name")).to_have_text("demo from the form")
@@ -134,6 +139,70 @@ def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_la
     run = Run.objects.get()
     assert run.experiment_id == exp.pk and run.config["trainer"]["total_steps"] == 7
     expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
+    assert page.js_errors == []
+
+
+def open_the_form(page, username: str, project: str) -> None:
+    """A new user with a project of their own, on the new-experiment page."""
+    project_create(name=project, user=UserFactory(username=username))
+    login(page, username)
+    page.goto("/experiments/new/")
+
+
+ESSENTIALS = ["model.path", "rollout.backend", "rollout.n", "rollout.max_new_tokens", "trainer.total_steps",
+              "trainer.batch_size", "trainer.mini_batch_size", "trainer.lr", "algorithm.advantage", "pipeline.mode",
+              "pipeline.staleness_threshold", "data.source", "data.task", "data.num_prompts", "reward.name"]  # fmt: skip
+
+
+def test_a_new_user_creates_and_launches_a_run_from_a_preset_without_unfolding_anything(
+    page, asgi_server, tmp_path
+):
+    """The essentials (model, data, algorithm, the main trainer and pipeline knobs) come first and open;
+    every other section is folded, and none needs opening to go from a preset to a launched run. Where a
+    run runs (checkpoint folder, resume, cluster, log and tracker locations) is not in the form at all."""
+    open_the_form(page, "nina", "first steps")
+    page.click('[data-preset="demo-cpu"]')
+    essentials = page.get_by_test_id("essentials")
+    for path in ESSENTIALS:
+        expect(essentials.locator(f'[data-path="{path}"]')).to_be_visible()
+    expect(essentials.locator("[data-path]")).to_have_count(len(ESSENTIALS))
+    sections = page.locator("#schema-form details.sf-section")
+    assert sections.count() >= 9
+    expect(page.locator("#schema-form details.sf-section[open]")).to_have_count(0)
+    for moved in ("checkpoint_dir", "resume_from", "ray_address", "jsonl_path", "progress_bar", "artifact_location",
+                  "wandb.dir"):  # fmt: skip
+        expect(page.locator(f'#schema-form [data-path$="{moved}"]')).to_have_count(0)
+    for path in ("trainer.lr", "pipeline.mode"):  # each field is drawn once: not again in its folded section
+        expect(page.locator(f'#schema-form [data-path="{path}"]')).to_have_count(1)
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "experiment_form_essentials.png"), full_page=True)
+
+    page.check("#launch-after")
+    page.click("[data-testid=create-experiment]")
+    page.wait_for_url(re.compile(r"/runs/\d+/$"))
+    run = Run.objects.get()
+    served = page.request.get("/api/presets/demo-cpu").json()
+    assert run.experiment.name == "demo-cpu" and run.config == parse_config(served).model_dump(mode="json")
+    expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
+    assert page.js_errors == []
+
+
+def test_the_queue_bound_check_shows_its_message_at_its_field(page, asgi_server):
+    """A rule the engine checks across sections (the queue must hold a generate call and a trainer pull)
+    is the config's own validator: the API answers it at pipeline.queue_max_size, and the form shows it
+    there, opening the folded section that holds the field."""
+    open_the_form(page, "omar", "queues")
+    page.click("[data-testid=view-yaml]")
+    text = page.input_value("[data-testid=yaml-editor]")
+    assert "  queue_max_size: 0\n" in text  # the form shows every default
+    page.fill("[data-testid=yaml-editor]", text.replace("  queue_max_size: 0\n", "  queue_max_size: 8\n"))
+    page.click("[data-testid=create-experiment]")
+    bound = field(page, "pipeline.queue_max_size")
+    expect(bound.locator(".sf-error")).to_contain_text("must be 0 or at least 64 samples")
+    expect(bound).to_have_class(re.compile(r"\bhas-error\b"))
+    expect(bound).to_be_visible()
+    expect(page.locator('details[data-path="pipeline"]')).to_have_attribute("open", "")
+    expect(page.get_by_test_id("form-errors")).to_be_hidden()
+    assert not Experiment.objects.exists()
     assert page.js_errors == []
 
 
@@ -251,11 +320,8 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
     page.wait_for_url(re.compile(rf"/runs/(?!{first.pk}/)\d+/$"))
     second = Run.objects.exclude(pk=first.pk).get()
     assert page.url.endswith(f"/runs/{second.pk}/")
-    assert (
-        second.number == 2
-        and second.resumed_from_id == first.pk
-        and second.config["trainer"]["resume_from"] == ckpt
-    )
+    assert second.number == 2 and second.resumed_from_id == first.pk and second.config == first.config
+    assert second.resumed_from_checkpoint.path == ckpt  # the launcher's placement resumes from it
     expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
 
     # The experiment page follows the state of its active runs.

@@ -101,13 +101,13 @@ def test_overrides_parse_yaml_values_and_create_mappings():
         [
             "rollout.n=4",
             "trainer.lr=1e-4",
-            "logging.progress_bar=false",
+            "logging.log_every=3",
             "algorithm.off_policy=tis",
             "model.override_config.rope_theta=10000",
         ],
     )
     cfg = parse_config(data)
-    assert (cfg.rollout.n, cfg.trainer.lr, cfg.logging.progress_bar) == (4, 1e-4, False)
+    assert (cfg.rollout.n, cfg.trainer.lr, cfg.logging.log_every) == (4, 1e-4, 3)
     assert cfg.algorithm.off_policy == "tis"
     assert cfg.model.override_config == {"rope_theta": 10000}
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from rl_engine import paths
-from rl_engine.config import DatasetDataConfig
+from rl_engine.config import DatasetDataConfig, parse_config
 from rl_engine.data import DataError
 from rl_engine.data.hf_datasets import load_split
 from rl_engine.data.rows import load_jsonl
-from rl_engine.jobspec import IngestSpec, JobSpec
+from rl_engine.jobspec import IngestSpec, JobSpec, Placement
 
 
 @pytest.fixture
@@ -63,6 +63,7 @@ def test_a_jsonl_file_that_is_a_link_out_is_refused(tree, monkeypatch):
 
 def test_the_platforms_job_spec_hands_the_roots_to_the_engine():
     ingest = IngestSpec(url="http://platform", run_id="1", token_file="/run/token")
-    spec = JobSpec(config={}, checkpoint_dir="/c", ingest=ingest, data_roots=("/data", "/shared"))
+    config = parse_config({"model": {"path": "m"}})
+    spec = JobSpec(config=config, placement=Placement(data_roots=("/data", "/shared")), ingest=ingest)
     assert paths.roots_from_env(spec.env()) == ["/data", "/shared"]
-    assert paths.ROOTS_ENV not in JobSpec(config={}, checkpoint_dir="/c", ingest=ingest).env()
+    assert paths.ROOTS_ENV not in JobSpec(config=config, ingest=ingest).env()

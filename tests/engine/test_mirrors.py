@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rl_engine.config import LoggingConfig, MlflowConfig, WandbConfig
+from rl_engine.jobspec import Placement
 from rl_engine.sinks import MirrorSink, MultiSink, build_sinks
 from rl_engine.sinks.base import MetricsSink
 from tests.conftest import wait_for
@@ -49,21 +50,18 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def test_mlflow_mirror_writes_a_run_that_mlflow_reads_back(tmp_path, make_cfg, checkpoint):
+    """A local store named by the config (``sqlite:///NAME.db``) goes, with its artifacts and the JSONL
+    log, into the placement's run folder: what a platform job gets."""
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = make_cfg("name=copy-demo")
     logging_cfg = LoggingConfig(
         sinks=["jsonl", "mlflow"],
-        jsonl_path=str(tmp_path / "run.jsonl"),
-        mlflow=MlflowConfig(
-            tracking_uri=uri,
-            experiment="rl-tests",
-            artifact_location=str(tmp_path / "artifacts"),
-            log_checkpoints=True,
-        ),
+        mlflow=MlflowConfig(tracking_uri="sqlite:///store.db", experiment="rl-tests", log_checkpoints=True),
     )
-    _drive(build_sinks(logging_cfg, experiment=cfg), checkpoint)
+    _drive(build_sinks(logging_cfg, placement=Placement(run_dir=str(tmp_path)), experiment=cfg), checkpoint)
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("rl-tests")
@@ -85,7 +83,8 @@ def test_mlflow_mirror_writes_a_run_that_mlflow_reads_back(tmp_path, make_cfg, c
     assert rows == [{"step": 3, **SAMPLES[0]}]
     assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/step_00000003")] == [
         "checkpoints/step_00000003/config.json"]  # fmt: skip
-    assert _jsonl_events(tmp_path / "run.jsonl", "alert") == []
+    assert client.get_experiment(exp.experiment_id).artifact_location == str(tmp_path / "mlflow-artifacts")
+    assert _jsonl_events(tmp_path / "metrics.jsonl", "alert") == []
 
 
 def _wandb_records(run_file: Path) -> list:
@@ -118,10 +117,8 @@ def _wandb_records(run_file: Path) -> list:
 
 def test_wandb_offline_mirror_writes_a_run_that_reads_back(tmp_path, make_cfg, checkpoint):
     cfg = make_cfg("name=copy-demo")
-    logging_cfg = LoggingConfig(
-        sinks=["wandb"], wandb=WandbConfig(mode="offline", dir=str(tmp_path), project="p")
-    )
-    _drive(build_sinks(logging_cfg, experiment=cfg), checkpoint)
+    logging_cfg = LoggingConfig(sinks=["wandb"], wandb=WandbConfig(mode="offline", project="p"))
+    _drive(build_sinks(logging_cfg, placement=Placement(wandb_dir=str(tmp_path)), experiment=cfg), checkpoint)
 
     [run_dir] = (tmp_path / "wandb").glob("offline-run-*")
     run_file = next(run_dir.glob("run-*.wandb"))
@@ -170,9 +167,12 @@ def test_an_unreachable_mlflow_server_becomes_one_alert_and_training_goes_on(tmp
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    logging_cfg = LoggingConfig(sinks=["jsonl", "mlflow"], jsonl_path=str(tmp_path / "run.jsonl"),
-                                mlflow=MlflowConfig(tracking_uri=f"http://127.0.0.1:{port}"))  # fmt: skip
-    sink = build_sinks(logging_cfg, experiment=make_cfg())
+    logging_cfg = LoggingConfig(
+        sinks=["jsonl", "mlflow"], mlflow=MlflowConfig(tracking_uri=f"http://127.0.0.1:{port}")
+    )
+    sink = build_sinks(
+        logging_cfg, placement=Placement(jsonl_path=str(tmp_path / "run.jsonl")), experiment=make_cfg()
+    )
     for step in range(1, 50):
         sink.log_metrics(step, {"reward/mean": 0.5})  # never raises
     sink.close()
@@ -231,7 +231,8 @@ def test_the_engine_imports_and_logs_without_the_trackers_installed(tmp_path):
         "import sys; sys.modules['mlflow'] = None; sys.modules['wandb'] = None\n"  # as if not installed
         "import rl_engine.sinks, rl_engine.cli\n"
         "from rl_engine.config import LoggingConfig\n"
-        f"s = rl_engine.sinks.build_sinks(LoggingConfig(sinks=['jsonl', 'wandb'], jsonl_path={str(tmp_path / 'r.jsonl')!r}))\n"
+        "from rl_engine.jobspec import Placement\n"
+        f"s = rl_engine.sinks.build_sinks(LoggingConfig(sinks=['jsonl', 'wandb']), placement=Placement(jsonl_path={str(tmp_path / 'r.jsonl')!r}))\n"
         "s.log_metrics(1, {'reward/mean': 1.0}); s.close()\n"
     )
     proc = subprocess.run(

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from rl_engine.cli import main
-from rl_engine.config import LoggingConfig, experiment_json_schema
+from rl_engine.cli import _placement_flags, build_parser, load_job, main
+from rl_engine.config import LoggingConfig, experiment_json_schema, parse_config
+from rl_engine.jobspec import JobSpec, Placement
+from rl_engine.presets import get_preset
 from rl_engine.sinks import JsonlSink, MetricsSink, MultiSink, StdoutSink, build_sinks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,15 +61,88 @@ def test_multi_sink_delivers_to_all_even_when_one_fails():
     assert got == [7]
 
 
-def test_build_sinks_from_logging_config(tmp_path: Path):
-    sink = build_sinks(
-        LoggingConfig(sinks=["stdout", "jsonl"], jsonl_path=str(tmp_path / "x.jsonl")), total_steps=5
-    )
+def test_build_sinks_from_logging_config_and_placement(tmp_path: Path):
+    placement = Placement(jsonl_path=str(tmp_path / "x.jsonl"))
+    sink = build_sinks(LoggingConfig(sinks=["stdout", "jsonl"]), placement=placement, total_steps=5)
     assert isinstance(sink, MultiSink)
     assert [type(s).__name__ for s in sink.sinks] == ["StdoutSink", "JsonlSink", "ProgressSink"]
     sink.log_metrics(1, {"reward/mean": 0.5})
     sink.close()
-    assert isinstance(build_sinks(LoggingConfig(sinks=["stdout"], progress_bar=False)), StdoutSink)
+    assert (tmp_path / "x.jsonl").exists()
+    quiet = Placement(progress_bar=False, sinks=("jsonl",), run_dir=str(tmp_path / "run"))
+    both = build_sinks(LoggingConfig(sinks=["stdout"]), placement=quiet, total_steps=5)
+    assert [type(s).__name__ for s in both.sinks] == ["StdoutSink", "JsonlSink"]  # the placement's sink added
+    both.close()
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def _spec_file(tmp_path: Path, placement: dict) -> Path:
+    config = parse_config({**get_preset("demo-cpu"), "logging": {"sinks": ["jsonl"]}})
+    path = tmp_path / "job.yaml"
+    document = JobSpec(config=config, placement=Placement(**placement)).spec_document()
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_train_and_validate_take_a_job_spec_file_which_carries_its_own_placement(capsys, tmp_path: Path):
+    spec = _spec_file(tmp_path, {"run_dir": str(tmp_path / "run"), "checkpoint_dir": str(tmp_path / "ck")})
+    assert main(["validate", "--config", str(spec)]) == 0
+    assert capsys.readouterr().out == "ok\n"
+    assert main(["validate", "--config", str(spec), "--set", "trainer.lr=-1"]) == 1  # --set edits its config
+    assert capsys.readouterr().out == "config.trainer.lr: Input should be greater than 0\n"
+    assert main(["validate", "--config", str(spec), "--checkpoint-dir", "/elsewhere"]) == 2
+    assert "carries its own placement; drop --checkpoint-dir" in capsys.readouterr().err
+    bad = _spec_file(tmp_path, {"run_dir": str(tmp_path / "run")})
+    bad.write_text(bad.read_text().replace("run_dir:", "ray_address: ray://a@b:1\n  run_dir:"))
+    assert main(["validate", "--config", str(bad)]) == 1
+    assert capsys.readouterr().out.startswith("placement.ray_address: the address must not contain user-info")
+
+
+def test_a_plain_config_gets_its_placement_from_flags(capsys, tmp_path: Path):
+    base = ["validate", "--config", "preset:demo-cpu", "--set", "logging.sinks=[jsonl]"]
+    assert main(base) == 1
+    assert capsys.readouterr().out.startswith(
+        "logging.sinks: includes 'jsonl' but the placement has no JSONL"
+    )
+    assert main([*base, "--jsonl-path", str(tmp_path / "m.jsonl")]) == 0
+    assert main([*base, "--run-dir", str(tmp_path)]) == 0
+    assert main(["validate", "--config", "preset:demo-cpu", "--ray-address", "ray://a@b:1"]) == 1
+    assert capsys.readouterr().out.startswith("ok\nok\n--ray-address: the address must not contain user-info")
+    flags = [
+        "--checkpoint-dir",
+        "/c",
+        "--resume-from",
+        "/c/step_2",
+        "--ray-address",
+        "auto",
+        "--no-progress-bar",
+    ]
+    spec = load_job(
+        "preset:demo-cpu", [], _placement_flags(build_parser().parse_args(["train", "--config", "x", *flags]))
+    )
+    assert spec.placement == Placement(
+        checkpoint_dir="/c", resume_from="/c/step_2", ray_address="auto", progress_bar=False
+    )
+
+
+def test_a_legacy_config_has_its_moved_fields_lifted_with_one_notice_each(capsys, tmp_path: Path):
+    """A standalone user's YAML from before the split still runs: each moved field goes into the
+    placement, with a one-line notice naming the flag; one also given as a flag is a usage error."""
+    legacy = tmp_path / "old.yaml"
+    data = get_preset("demo-cpu")
+    data["trainer"] |= {"checkpoint_dir": str(tmp_path / "ck"), "resume_from": None}  # null: the old default
+    data["logging"] |= {"sinks": ["jsonl"], "jsonl_path": str(tmp_path / "m.jsonl"), "progress_bar": False}
+    legacy.write_text(yaml.safe_dump(data))
+    spec = load_job(str(legacy), [], {})
+    assert spec.placement == Placement(checkpoint_dir=str(tmp_path / "ck"), jsonl_path=str(tmp_path / "m.jsonl"),
+                                       progress_bar=False)  # fmt: skip
+    notes = capsys.readouterr().err.splitlines()
+    assert [n.split(" moved out")[0] for n in notes] == [
+        "note: trainer.checkpoint_dir", "note: logging.jsonl_path", "note: logging.progress_bar"]  # fmt: skip
+    assert "pass --checkpoint-dir instead" in notes[0] and "pass --no-progress-bar instead" in notes[2]
+    assert main(["validate", "--config", str(legacy), "--checkpoint-dir", "/c"]) == 2
+    assert "trainer.checkpoint_dir (in the config) and --checkpoint-dir both set" in capsys.readouterr().err
+    assert load_job("preset:demo-cpu", ["pipeline.ray_address=auto"], {}).placement.ray_address == "auto"
 
 
 @pytest.mark.smoke

@@ -1,13 +1,16 @@
-"""The engine's half of the seam: what the HTTP sink builds is what the wire models accept, and the launch
-spec's environment reads back as the spec it was written from."""
+"""The engine's half of the seam: what the HTTP sink builds is what the wire models accept, the launch
+spec's environment reads back as the spec it was written from, and the spec keeps the user's config
+(what to train) apart from its placement (where it runs)."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from rl_engine import jobspec, wire
-from rl_engine.jobspec import IngestSpec, JobSpec
+from rl_engine.config import ConfigError, parse_config
+from rl_engine.jobspec import IngestSpec, InputPaths, JobSpec, Placement
 from rl_engine.sinks.http_replies import rejection_alert
 
 
@@ -86,19 +89,56 @@ def test_the_launch_specs_environment_reads_back_as_the_spec(tmp_path):
         IngestSpec(url="u", run_id="1", heartbeat_s=0)
 
 
-def test_the_job_spec_sets_its_fields_in_the_engines_config():
-    frozen = {"trainer": {"total_steps": 3, "checkpoint_dir": None}, "logging": {"sinks": ["jsonl", "http"]}}
+def test_the_job_spec_keeps_what_to_train_apart_from_where_it_runs(tmp_path):
+    """The spec's file holds the user's config untouched and the placement beside it; the sinks are the
+    config's and then the placement's (each once); the ingest half travels in the environment only."""
+    config = parse_config(
+        {"model": {"path": "m"}, "trainer": {"total_steps": 3}, "logging": {"sinks": ["jsonl", "http"]}}
+    )
+    placement = Placement(run_dir="/runs/r1", checkpoint_dir="/runs/r1/checkpoints",
+                          resume_from="/runs/r0/checkpoints/step_2", sinks=("http",), progress_bar=False)  # fmt: skip
     spec = JobSpec(
-        config=frozen, checkpoint_dir="/runs/r1/checkpoints", resume_from="/runs/r0/checkpoints/step_2",
-        ingest=IngestSpec(url="u", run_id="1", token="t"),
-    )  # fmt: skip
-    cfg = spec.engine_config()
-    assert cfg["trainer"] == {"total_steps": 3, "checkpoint_dir": "/runs/r1/checkpoints",
-                              "resume_from": "/runs/r0/checkpoints/step_2"}  # fmt: skip
-    assert cfg["logging"] == {"sinks": ["jsonl", "http"], "progress_bar": False}  # http once
-    assert JobSpec(config={}, checkpoint_dir="/c", ingest=spec.ingest).engine_config()["logging"] == {
-        "sinks": ["stdout", "http"],
-        "progress_bar": False,
-    }
-    assert frozen["trainer"]["checkpoint_dir"] is None  # the run's frozen config is not touched
+        config=config, placement=placement, ingest=IngestSpec(url="u", run_id="1", token_file="/t")
+    )
+    document = spec.spec_document()
+    assert set(document) == {"config", "placement"} and document["config"] == config.model_dump(mode="json")
+    assert "checkpoint_dir" not in document["config"]["trainer"]
+    read = JobSpec.from_document(yaml.safe_load(yaml.safe_dump(document)))
+    assert read.config == config and read.placement == placement and read.ingest is None
+    assert placement.all_sinks(config.logging.sinks) == ["jsonl", "http"]
+    assert placement.jsonl_file() == "/runs/r1/metrics.jsonl"
     assert spec.run_id == "1" and spec.env() == spec.ingest.env()
+
+
+def test_a_run_folder_places_the_local_logs_and_stores_but_not_a_server():
+    placed = Placement(run_dir="/runs/r1")
+    assert placed.wandb_folder() == "/runs/r1/wandb"
+    assert placed.mlflow_store(None) == ("sqlite:////runs/r1/mlflow.db", "/runs/r1/mlflow-artifacts")
+    assert placed.mlflow_store("sqlite:///team.db") == (
+        "sqlite:////runs/r1/team.db",
+        "/runs/r1/mlflow-artifacts",
+    )
+    assert placed.mlflow_store("http://mlflow:5000") == ("http://mlflow:5000", None)
+    standalone = Placement(jsonl_path="/tmp/x.jsonl")
+    assert standalone.mlflow_store(None) == (None, None) and standalone.wandb_folder() is None
+    assert standalone.jsonl_file() == "/tmp/x.jsonl"
+
+
+def test_a_jsonl_sink_without_a_place_for_its_file_is_refused_at_the_sinks_field():
+    config = parse_config({"model": {"path": "m"}, "logging": {"sinks": ["jsonl"]}})
+    with pytest.raises(ConfigError) as exc:
+        JobSpec.from_document({"config": config, "placement": {}})
+    assert [path for path, _ in exc.value.errors] == ["config.logging.sinks"]
+    assert (
+        JobSpec(config=config, placement=Placement(run_dir="/r")).placement.jsonl_file() == "/r/metrics.jsonl"
+    )
+
+
+def test_the_placements_input_paths_are_what_the_engine_reads():
+    config = parse_config({"model": {"path": "rel/model"}, "data": {"source": "jsonl", "path": "d.jsonl"}})
+    inputs = InputPaths(model_path="/work/rel/model", data_path="/data/d.jsonl", data_cache_dir="/c")
+    run = JobSpec(config=config, placement=Placement(inputs=inputs)).run_config()
+    assert (run.model.path, run.data.path) == ("/work/rel/model", "/data/d.jsonl")
+    assert not hasattr(run.data, "cache_dir")  # a field the data source does not have is not invented
+    assert (config.model.path, config.data.path) == ("rel/model", "d.jsonl")  # the user's, untouched
+    assert JobSpec(config=config).run_config() is config

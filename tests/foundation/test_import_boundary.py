@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections import deque
@@ -25,12 +26,14 @@ APP_ORDER = ("accounts", "experiments", "tracking", "launcher", "core", "config"
 PLATFORM_APPS = set(APP_ORDER)
 SHARED_MODULE = "models"
 # What the platform may import of the engine: the config schema and presets, the launch spec, the
-# ingestion wire format, the walk of local data paths, the strict URL grammar and the check of free-form
-# JSON values. Each imports neither torch nor ray nor transformers (checked below).
+# table of the fields that moved from the config to the launch spec's placement (its data migration),
+# the ingestion wire format, the walk of local data paths, the strict URL grammar and the check of
+# free-form JSON values. Each imports neither torch nor ray nor transformers (checked below).
 ENGINE_PUBLIC = (
     "rl_engine.config",
     "rl_engine.presets",
     "rl_engine.jobspec",
+    "rl_engine.moved_fields",
     "rl_engine.wire",
     "rl_engine.paths",
     "rl_engine.strict_url",
@@ -233,13 +236,13 @@ def test_the_checkers_detect_what_they_forbid(tmp_path):
 # --- import circles -----------------------------------------------------------------------------------
 
 
-def module_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Each module of ``package`` (a folder under ``root``) -> the modules of the package it imports:
+def module_graph(root: Path, *packages: str) -> dict[str, set[str]]:
+    """Each module of ``packages`` (folders under ``root``) -> the modules of those packages it imports:
     every import statement, also inside functions and under ``if TYPE_CHECKING:``, relative ones
     resolved. ``from a import b`` reaches the module ``a.b`` when there is one, else ``a``; a package is
     its ``__init__.py``."""
     files = {}
-    for f in sorted((root / package).rglob("*.py")):
+    for f in sorted(f for package in packages for f in (root / package).rglob("*.py")):
         parts = f.relative_to(root).with_suffix("").parts
         files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
 
@@ -307,9 +310,7 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 # Circles another change removes; each must still exist (delete its line once it is gone).
-PENDING_CIRCLES = [
-    ["rl_engine.config", "rl_engine.presets", "rl_engine.config"],  # issue 21: presets without config
-]
+PENDING_CIRCLES: list[list[str]] = []
 
 
 def test_the_engine_has_no_import_circle():
@@ -349,3 +350,147 @@ def test_the_circle_check_finds_a_planted_circle(tmp_path):
     assert import_circles(module_graph(tmp_path, "pkg")) == [["pkg.d", "pkg.sub", "pkg.sub.c", "pkg.d"]]
     (pkg / "d.py").write_text("D = 1\n")
     assert import_circles(module_graph(tmp_path, "pkg")) == []
+
+
+# --- the platform never writes a config field; no import circle in the platform -------------------------
+# (the user's config is read, typed, and stored as it came: where a run runs is the launcher's placement)
+
+CONFIG_NAME = re.compile(r"^(config|cfg)$|_(config|cfg)$")  # a name (or parameter) holding a config
+CONFIG_SECTIONS = {"model", "data", "trainer", "rollout", "algorithm", "pipeline", "logging", "mlflow", "wandb",
+                   "eval", "resources", "reward"}  # fmt: skip
+CONFIG_CALL = re.compile(r"(^|_)(config|preset)s?$")  # a call that hands out a config (get_preset, ...)
+DICT_WRITES = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+
+
+class _ConfigWrites(ast.NodeVisitor):
+    """Writes by string key into a config dict: ``x["k"] = v``, ``del x["k"]``, ``x["k"] += v``,
+    ``x.setdefault("k", ...)``, ``x.update(...)``, ``x.pop("k")``, where ``x`` is a config or a section of
+    one. A config is what a ``.config`` attribute, a config-named variable or parameter (``config``,
+    ``cfg``, ``*_config``, ``*_cfg``), a section-named parameter (``model``, ``data``, ...), a call named
+    like a config (``*_config``, ``*_preset``) or a copy / this module's own function of one holds, and
+    ``.get``, ``[...]``, ``or`` and ``{**...}`` of one."""
+
+    def __init__(self, local_functions: frozenset[str]):
+        self.found: list[str] = []
+        self.scopes: list[set[str]] = [set()]
+        self.local = local_functions
+
+    def holds_config(self, node: ast.AST) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in self.scopes[-1]
+        if isinstance(node, ast.Attribute):
+            return node.attr == "config"
+        if isinstance(node, ast.Subscript):
+            return self.holds_config(node.value)
+        if isinstance(node, ast.BoolOp):
+            return any(self.holds_config(v) for v in node.values)
+        if isinstance(node, ast.Dict):
+            return any(
+                k is None and self.holds_config(v) for k, v in zip(node.keys, node.values, strict=True)
+            )
+        if isinstance(node, ast.Call):
+            func = node.func
+            section = isinstance(func, ast.Attribute) and func.attr in ("get", "copy", "setdefault")
+            if section and self.holds_config(func.value):
+                return True
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("deepcopy", "copy", "dict") or name in self.local:
+                return bool(node.args) and self.holds_config(node.args[0])
+            return bool(CONFIG_CALL.search(name))
+        return False
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        self.scopes.append({a.arg for a in args if CONFIG_NAME.search(a.arg) or a.arg in CONFIG_SECTIONS})
+        self.generic_visit(node)
+        self.scopes.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _written(self, target: ast.AST, node: ast.stmt) -> None:
+        if isinstance(target, ast.Subscript) and self.holds_config(target.value):
+            self.found.append(f"line {node.lineno}: {ast.unparse(target)}")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._written(target, node)
+            if isinstance(target, ast.Name) and (
+                self.holds_config(node.value) or CONFIG_NAME.search(target.id)
+            ):
+                self.scopes[-1].add(target.id)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._written(node.target, node)
+        if isinstance(node.target, ast.Name) and node.value is not None and self.holds_config(node.value):
+            self.scopes[-1].add(node.target.id)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._written(node.target, node)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._written(target, node)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in DICT_WRITES and self.holds_config(func.value):
+            self.found.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+        self.generic_visit(node)
+
+
+def config_writes(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    local = frozenset(n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    visitor = _ConfigWrites(local)
+    visitor.visit(tree)
+    return visitor.found
+
+
+def test_the_platform_never_writes_a_config_field_by_string_path():
+    offenders = {
+        str(f.relative_to(REPO_ROOT)): bad for f in python_files("platform") if (bad := config_writes(f))
+    }
+    assert offenders == {}
+
+
+def test_the_config_write_check_finds_what_it_forbids(tmp_path):
+    bad = tmp_path / "policy.py"
+    bad.write_text(
+        "import copy\n"
+        "def clear(config):\n    out = copy.deepcopy(config)\n    out.setdefault('trainer', {})['x'] = None\n"
+        "    return out\n"
+        "def launch(config, folder):\n    out = clear(config)\n    model = out.get('model') or {}\n"
+        "    model['path'] = folder\n    out['trainer'].update(checkpoint_dir=folder)\n"
+        "def resume(run):\n    config = clear(run.config)\n    config['trainer']['resume_from'] = 'x'\n"
+        "def place(data, logging_cfg):\n    del data['cache_dir']\n    logging_cfg['jsonl_path'] += 'x'\n"
+        "def preset():\n    p = get_preset('demo')\n    p.pop('name')\n"
+    )
+    assert config_writes(bad) == [
+        "line 4: out.setdefault('trainer', {})['x']",
+        "line 4: out.setdefault('trainer', {})",
+        "line 9: model['path']",
+        "line 10: out['trainer'].update(checkpoint_dir=folder)",
+        "line 13: config['trainer']['resume_from']",
+        "line 15: data['cache_dir']",
+        "line 16: logging_cfg['jsonl_path']",
+        "line 19: p.pop('name')",
+    ]
+    fine = tmp_path / "fine.py"
+    fine.write_text(
+        "def view(exp, fields):\n    start = {'config': exp.config}\n    start['project'] = 1\n"
+        "    fields['config'] = stored(fields['config'])\n    resp = HttpResponse(config_to_yaml(exp.config))\n"
+        "    resp['Content-Disposition'] = 'x'\n    cfg = parse_config(exp.config)\n"
+        "    return cfg.model_copy(update={'seed': 1})\n"
+    )
+    assert config_writes(fine) == []
+
+
+def test_no_import_circle_in_the_platform():
+    graph = module_graph(REPO_ROOT / "platform", *APP_ORDER)
+    assert "launcher.placement" in graph["launcher.services"]  # the real graph, across the apps
+    circles = import_circles(graph)
+    assert not circles, "import circles in platform/:\n" + "\n".join(" -> ".join(c) for c in circles)

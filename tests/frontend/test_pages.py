@@ -83,6 +83,10 @@ def test_new_experiment_page_carries_the_engine_schema_and_presets(world):
     resp = client_for(world["owner"]).get("/experiments/new/?preset=demo-cpu")
     data = page_data(resp)
     assert data["schema"] == experiment_json_schema()
+    trainer = data["schema"]["$defs"]["TrainerConfig"]["properties"]
+    assert trainer["lr"]["x-essential"] is True  # drawn first
+    assert "x-essential" not in trainer["warmup_steps"]
+    assert not {"checkpoint_dir", "resume_from"} & set(trainer)  # where a run runs is not the form's
     assert sorted(data["presets"]) == preset_names()
     assert data["start"]["preset"] == "demo-cpu"
     assert data["projects"] == [{"id": world["project"].pk, "name": "alpha"}]

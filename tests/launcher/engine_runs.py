@@ -17,18 +17,17 @@ def tiny_config(*, steps: int, **trainer: Any) -> dict:
     cfg = demo_config()
     cfg["rollout"]["n"] = 4
     cfg["trainer"].update(total_steps=steps, batch_size=16, mini_batch_size=16, **trainer)
-    cfg["logging"] = {"sinks": ["stdout", "jsonl"], "jsonl_path": "metrics.jsonl", "log_every": 1,
-                      "progress_bar": False}  # fmt: skip
+    cfg["logging"] = {"sinks": ["stdout", "jsonl"], "log_every": 1}
     return cfg
 
 
 def jsonl_records(run: Any) -> list[tuple[str, int, float]]:
     """Every (key, step, value) the run's engine logged to its JSONL file, in order (each run, a resumed
     one too, writes its own file in its own folder)."""
-    from experiments.run_files import run_folder
+    from experiments.run_files import jsonl_log
 
     out = []
-    for line in (run_folder(run) / run.config["logging"]["jsonl_path"]).read_text().splitlines():
+    for line in jsonl_log(run).read_text().splitlines():
         rec = json.loads(line)
         if rec.get("type") == "metrics":  # non-finite values are not sent (JSON has no NaN)
             out += [

@@ -44,9 +44,10 @@ def account(launcher_stack):
 
 def experiment_for(account, steps: int, **trainer):
     from experiments.services import experiment_create
+    from rl_engine.config import parse_config
 
     return experiment_create(project=account["project"], user=account["user"], name=f"client {steps}",
-                             config=tiny_config(steps=steps, **trainer))  # fmt: skip
+                             config=parse_config(tiny_config(steps=steps, **trainer)))  # fmt: skip
 
 
 def rlp(
@@ -245,7 +246,7 @@ def test_cli_wait_cancel_resume_and_the_exit_codes_of_each_final_state(account):
     resumed = json.loads(out)
     assert resumed["resumed_from"] == run_id
     checkpoint = Run.objects.get(pk=run_id).checkpoints.order_by("-step").first()
-    assert Run.objects.get(pk=resumed["id"]).config["trainer"]["resume_from"] == checkpoint.path
+    assert Run.objects.get(pk=resumed["id"]).resumed_from_checkpoint_id == checkpoint.pk
     wait_reporting(resumed["id"], timeout_s=400)
     assert rlp(account, "run", "cancel", str(resumed["id"]))[0] == 0
     wait_state(resumed["id"], "cancelled", timeout_s=30)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher import job_env, jobs, ray_local
-from rl_engine.jobspec import IngestSpec, JobSpec
+from rl_engine.config import parse_config
+from rl_engine.jobspec import IngestSpec, JobSpec, Placement
 from tests.conftest import REPO_ROOT
 
 SETTINGS_FILE = REPO_ROOT / "platform" / "config" / "settings.py"
@@ -28,7 +29,8 @@ def platform_settings() -> list[str]:
 
 def _spec() -> JobSpec:
     ingest = IngestSpec(url="http://platform.invalid:8000", run_id="7", token_file="/runs/7/ingest-token")
-    return JobSpec(config={}, checkpoint_dir="/runs/7/checkpoints", ingest=ingest, data_roots=("/data",))
+    placement = Placement(checkpoint_dir="/runs/7/checkpoints", data_roots=("/data",))
+    return JobSpec(config=parse_config({"model": {"path": "m"}}), placement=placement, ingest=ingest)
 
 
 def test_the_head_environment_is_an_allow_list(settings, monkeypatch):

@@ -16,6 +16,7 @@ from django.conf import settings
 from experiments.config_policy import built_place
 from experiments.models import Run
 from experiments.run_files import run_folder
+from rl_engine.config import parse_config
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -24,17 +25,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 @pytest.fixture
 def served_preset():
     """gsm8k-style-tiny-cpu as /api/presets serves it, made small; its dataset in a folder of its own."""
-    from experiments.config_policy import platform_preset
+    from experiments.config_policy import preset_document
 
-    cfg = platform_preset("gsm8k-style-tiny-cpu")
+    cfg = preset_document("gsm8k-style-tiny-cpu")
     data = Path(cfg["data"]["path"])
     assert data.parent == Path(settings.DATA_ROOTS[0])
     cfg["data"]["path"] = str(data.with_name(f"{data.name}-test-{os.getpid()}"))
     cfg["data"]["synthetic"].update(train_size=32, test_size=4)
     cfg["rollout"]["n"] = 4
     cfg["trainer"].update(total_steps=2, batch_size=16, mini_batch_size=16)
-    cfg["logging"] = {"sinks": ["stdout", "mlflow", "wandb"], "wandb": {"mode": "offline"}, "log_every": 1,
-                      "progress_bar": False}  # fmt: skip
+    cfg["logging"] = {"sinks": ["stdout", "mlflow", "wandb"], "wandb": {"mode": "offline"}, "log_every": 1}
     yield cfg
     shutil.rmtree(cfg["data"]["path"], ignore_errors=True)
 
@@ -48,7 +48,9 @@ def test_the_served_dataset_preset_runs_with_its_data_and_trackers_in_the_platfo
 
     user, project = UserFactory(), ProjectFactory()
     membership_set(project=project, user=user, role="member")
-    experiment = experiment_create(project=project, user=user, name="gsm8k style", config=served_preset)
+    experiment = experiment_create(
+        project=project, user=user, name="gsm8k style", config=parse_config(served_preset)
+    )
     run = run_create(experiment=experiment, user=user)
     wait_for(lambda: Run.objects.get(pk=run.pk).state in {"succeeded", "failed"}, timeout_s=300,
              interval_s=0.5, message=f"run {run.pk} to end")  # fmt: skip

@@ -10,9 +10,11 @@ from pathlib import Path
 from urllib.request import Request, urlopen
 
 import pytest
+import yaml
 from django.conf import settings
 
 from experiments.models import Run
+from experiments.run_files import run_folder
 from launcher import jobs
 from launcher.models import Supervision
 from tests.conftest import wait_for
@@ -46,8 +48,11 @@ class Api:
 
     def launch(self, config: dict, priority: int = 0) -> int:
         from experiments.services import experiment_create
+        from rl_engine.config import parse_config
 
-        exp = experiment_create(project=self.project, user=self.user, name="launcher test", config=config)
+        exp = experiment_create(
+            project=self.project, user=self.user, name="launcher test", config=parse_config(config)
+        )
         return self.post("/api/runs", {"experiment": exp.pk, "priority": priority})["id"]
 
 
@@ -152,7 +157,9 @@ def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_c
     resumed_id = api.post(f"/api/runs/{run.pk}/resume", {})["id"]
     resumed = wait_reporting(resumed_id)
     assert resumed.resumed_from_id == run.pk
-    assert resumed.config["trainer"]["resume_from"] == ckpt.path
+    assert resumed.resumed_from_checkpoint_id == ckpt.pk  # the launcher put its path in the placement
+    spec = yaml.safe_load((run_folder(resumed) / "job.yaml").read_text())
+    assert spec["placement"]["resume_from"] == ckpt.path and spec["config"] == resumed.config
     first_step = min(resumed.metric_points.values_list("step", flat=True))
     assert ckpt.step <= first_step <= ckpt.step + 1  # continues after the checkpoint, not from 0
     api.post(f"/api/runs/{resumed_id}/cancel", {})
@@ -252,9 +259,12 @@ def test_a_run_on_a_stopped_local_head_is_failed_at_once_with_the_reason(launche
 
 def test_provider_address_runs_on_an_existing_cluster_given_by_its_dashboard_url(launcher_stack):
     from experiments.services import experiment_create, run_create
+    from rl_engine.config import parse_config
     from tests.factories import ProjectFactory
 
-    exp = experiment_create(project=ProjectFactory(), user=None, name="address", config=tiny_config(steps=2))
+    exp = experiment_create(
+        project=ProjectFactory(), user=None, name="address", config=parse_config(tiny_config(steps=2))
+    )
     run = wait_state(run_create(experiment=exp, user=None, provider="address").pk, "succeeded")
     assert run.provider == "address"
     assert run.cluster_address == launcher_stack.env["RAY_ADDRESS"]  # the worker's RAY_ADDRESS

@@ -38,6 +38,7 @@ def placed_worker(cfg: Any, out_dir: str, index: int = 0) -> Any:
 def main(model_dir: str, tmp: str) -> None:
     from ray.cluster_utils import Cluster
 
+    from rl_engine.jobspec import Placement
     from rl_engine.pipeline import run_experiment
     from rl_engine.pipeline.components import Components, Factory
     from tests.pipeline.conftest import RecordingSink
@@ -58,7 +59,6 @@ def main(model_dir: str, tmp: str) -> None:
         head = ray.get_runtime_context().get_node_id()  # the driver runs on the head
         cfg = group_cfg(
             Path(model_dir),
-            Path(tmp) / "ckpt",
             "trainer.world_size=2",
             "trainer.total_steps=2",
             'resources.trainer_node_resources={"trainer_node": 1}',
@@ -68,7 +68,8 @@ def main(model_dir: str, tmp: str) -> None:
             worker=Factory("tests.pipeline.multinode_run:placed_worker", {"out_dir": str(marks)}),
             trainer=Factory("tests.pipeline.multinode_run:placed_trainer", {"out_dir": str(marks)}),
         )
-        summary = run_experiment(cfg, RecordingSink(), components=components)
+        placement = Placement(checkpoint_dir=str(Path(tmp) / "ckpt"))
+        summary = run_experiment(cfg, RecordingSink(), placement=placement, components=components)
         nodes = {p.name: p.read_text() for p in marks.iterdir()}
         report = {
             "steps_done": summary.steps_done,

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rl_engine.jobspec import Placement
 from rl_engine.pipeline import run_experiment
 from rl_engine.pipeline.checkpoint import pipeline_extra, restore_parts
 from rl_engine.types import PauseState, Prompt, QueueCounters, QueueSnapshot, Sample
@@ -78,8 +79,9 @@ def test_a_run_resumes_losslessly_from_an_old_checkpoint(ray_session):
     trained_before = set(_old_state()["trained_uids"])
     sink = RecordingSink()
     resumed = run_experiment(
-        sim_config(**{**_CFG, "trainer.resume_from": str(OLD)}),
+        sim_config(**_CFG),
         sink,
+        placement=Placement(resume_from=str(OLD)),
         components=sim_components(worker=_WORKER),
     )
     assert [s for s, _ in sink.metrics] == [3, 4] and resumed.start_step == 2

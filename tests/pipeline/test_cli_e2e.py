@@ -16,12 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cmd(tmp: Path, *sets: str) -> list[str]:
+def _cmd(tmp: Path, *sets: str, placement: tuple[str, ...] = ()) -> list[str]:
     base = [
         f"model.path={tmp / 'model'}",
         "logging.sinks=[jsonl]",
-        f"logging.jsonl_path={tmp / 'run.jsonl'}",
-        "logging.progress_bar=false",
         "logging.log_every=1",
         "rollout.n=4",
         "trainer.batch_size=16",
@@ -30,7 +28,7 @@ def _cmd(tmp: Path, *sets: str) -> list[str]:
     out = [sys.executable, "-m", "rl_engine", "train", "--config", "preset:demo-cpu"]
     for s in [*base, *sets]:
         out += ["--set", s]
-    return out
+    return [*out, "--jsonl-path", str(tmp / "run.jsonl"), "--no-progress-bar", *placement]
 
 
 def _env() -> dict[str, str]:
@@ -47,7 +45,7 @@ def _records(path: Path) -> list[dict]:
 
 def test_cli_train_runs_the_pipeline_and_exits_zero(tmp_path):
     proc = subprocess.run(
-        _cmd(tmp_path, "trainer.total_steps=3", f"trainer.checkpoint_dir={tmp_path / 'ck'}"),
+        _cmd(tmp_path, "trainer.total_steps=3", placement=("--checkpoint-dir", str(tmp_path / "ck"))),
         cwd=ROOT,
         env=_env(),
         capture_output=True,
@@ -66,7 +64,7 @@ def test_cli_train_with_a_crashing_actor_exits_nonzero_with_one_line(tmp_path):
     not_a_checkpoint = tmp_path / "empty"
     not_a_checkpoint.mkdir()
     proc = subprocess.run(
-        _cmd(tmp_path, "trainer.total_steps=3", f"trainer.resume_from={not_a_checkpoint}"),
+        _cmd(tmp_path, "trainer.total_steps=3", placement=("--resume-from", str(not_a_checkpoint))),
         cwd=ROOT,
         env=_env(),
         capture_output=True,
@@ -85,7 +83,7 @@ def test_cli_train_with_a_crashing_actor_exits_nonzero_with_one_line(tmp_path):
 @pytest.mark.timeout(300)
 def test_cli_sigterm_stops_gracefully_with_a_checkpoint(tmp_path):
     proc = subprocess.Popen(
-        _cmd(tmp_path, "trainer.total_steps=100000", f"trainer.checkpoint_dir={tmp_path / 'ck'}"),
+        _cmd(tmp_path, "trainer.total_steps=100000", placement=("--checkpoint-dir", str(tmp_path / "ck"))),
         cwd=ROOT,
         env=_env(),
         stdout=subprocess.PIPE,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rl_engine.config import TinyModelSpec, apply_overrides, parse_config
+from rl_engine.jobspec import Placement
 from rl_engine.models.tiny import save_tiny_model
 from rl_engine.pipeline import run_experiment
 from rl_engine.presets import get_preset
@@ -51,10 +52,10 @@ def test_a_resumed_run_continues_the_dataset_epoch(ray_session, tmp_path):
     assert _positions(straight.trained_uids) == list(range(24))
 
     ckpts = tmp_path / "ck"
-    first = run_experiment(_cfg(tmp_path, model, "trainer.total_steps=3", f"trainer.checkpoint_dir={ckpts}"),
-                           RecordingSink())  # fmt: skip
-    resumed = run_experiment(_cfg(tmp_path, model, "trainer.total_steps=6",
-                                  f"trainer.resume_from={first.last_checkpoint}"), RecordingSink())  # fmt: skip
+    first = run_experiment(_cfg(tmp_path, model, "trainer.total_steps=3"), RecordingSink(),
+                           placement=Placement(checkpoint_dir=str(ckpts)))  # fmt: skip
+    resumed = run_experiment(_cfg(tmp_path, model, "trainer.total_steps=6"), RecordingSink(),
+                             placement=Placement(resume_from=first.last_checkpoint))  # fmt: skip
     assert resumed.start_step == 3 and resumed.steps_done == 6
     both = _positions(first.trained_uids) + _positions(resumed.trained_uids)
     counts = collections.Counter(both)

@@ -21,6 +21,7 @@ import pytest
 import ray
 
 from rl_engine.config import apply_overrides, parse_config
+from rl_engine.jobspec import Placement
 from rl_engine.pipeline import run_experiment
 from rl_engine.pipeline.components import Components, Factory
 from rl_engine.pipeline.knobs import knobs_from_config
@@ -111,9 +112,9 @@ def test_a_stop_does_not_wait_for_a_running_evaluation(ray_session, tiny_dir, tm
     components, _gate = _gated(tmp_path)  # never opened: the evaluation of step 2 cannot finish
     stop = threading.Event()
     sink = _AtStep(3, stop.set)
-    cfg = _cfg(tiny_dir, "trainer.total_steps=20", "eval.every=2", "eval.at_end=true",
-               f"trainer.checkpoint_dir={tmp_path / 'ck'}")  # fmt: skip
-    summary = run_experiment(cfg, sink, stop_event=stop, components=components)
+    cfg = _cfg(tiny_dir, "trainer.total_steps=20", "eval.every=2", "eval.at_end=true")
+    placement = Placement(checkpoint_dir=str(tmp_path / "ck"))
+    summary = run_experiment(cfg, sink, placement=placement, stop_event=stop, components=components)
     assert summary.stopped and summary.last_checkpoint  # the final checkpoint was still written
     assert not _val(sink)  # neither awaited (it would finish when the gate gives up) nor evaluated at the end
     assert any(

@@ -1,7 +1,8 @@
 """The real-shaped workflow on CPU, end to end: ``train --config preset:gsm8k-style-tiny-cpu`` (a generated
 GSM8K-format dataset through ``datasets``, the tiny model's chat template, math-verify scoring in the
 rollouter's thread, held-out evaluation before training and at the end, MLflow and W&B mirrors in their
-offline forms), then ``export`` of the final checkpoint and a held-out evaluation of the exported model."""
+offline forms, all in the run folder the placement names: ``--run-dir``, as a platform job gets it), then
+``export`` of the final checkpoint and a held-out evaluation of the exported model."""
 
 from __future__ import annotations
 
@@ -21,14 +22,11 @@ def test_gsm8k_style_preset_trains_exports_and_evaluates(tmp_path):
     sets = [
         f"model.path={tmp_path / 'model'}", f"data.path={tmp_path / 'data'}", f"data.cache_dir={tmp_path / 'hf'}",
         "data.synthetic.train_size=64", "data.synthetic.test_size=8", "rollout.n=4", "trainer.batch_size=16",
-        "trainer.mini_batch_size=16", "trainer.total_steps=3", f"trainer.checkpoint_dir={tmp_path / 'ck'}",
-        "logging.sinks=[jsonl,mlflow,wandb]", f"logging.jsonl_path={tmp_path / 'run.jsonl'}",
-        "logging.progress_bar=false", "logging.log_every=1",
-        f"logging.mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        f"logging.mlflow.artifact_location={tmp_path / 'mlartifacts'}",
-        "logging.wandb.mode=offline", f"logging.wandb.dir={tmp_path}",
+        "trainer.mini_batch_size=16", "trainer.total_steps=3", "logging.sinks=[jsonl,mlflow,wandb]",
+        "logging.log_every=1", "logging.wandb.mode=offline",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "rl_engine", "train", "--config", "preset:gsm8k-style-tiny-cpu"]
+    cmd = [sys.executable, "-m", "rl_engine", "train", "--config", "preset:gsm8k-style-tiny-cpu",
+           "--run-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path / "ck"), "--no-progress-bar"]  # fmt: skip
     for s in sets:
         cmd += ["--set", s]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
@@ -38,7 +36,7 @@ def test_gsm8k_style_preset_trains_exports_and_evaluates(tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps_done"] == 3
     assert "reward 'math_verify' failed" not in proc.stderr
 
-    records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     metrics = [(r["step"], r["metrics"]) for r in records if r["type"] == "metrics"]
     assert [s for s, m in metrics if "reward/mean" in m] == [1, 2, 3]
     assert all(m["data/epoch"] == 0 and m["reward/errors"] == 0 for _, m in metrics if "reward/mean" in m)
@@ -61,7 +59,8 @@ def test_gsm8k_style_preset_trains_exports_and_evaluates(tmp_path):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val/pass_at_1")] == [0, 3]
     assert run.data.params["reward.name"] == "math_verify"
-    assert len(list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+    assert len(list((tmp_path / "wandb").glob("wandb/offline-run-*/run-*.wandb"))) == 1
+    assert (tmp_path / "mlflow-artifacts").is_dir()
 
     out = tmp_path / "exported"
     export = subprocess.run([sys.executable, "-m", "rl_engine", "export", "--checkpoint", str(tmp_path / "ck"),

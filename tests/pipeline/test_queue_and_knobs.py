@@ -94,10 +94,13 @@ def test_queue_max_size_bounds_queued_plus_in_flight(ray_session):
 
 
 @pytest.mark.smoke
-def test_a_queue_bound_that_can_never_fill_a_pull_is_a_config_error():
-    cfg = sim_config(**{"pipeline.queue_max_size": 8})  # one generate call is 4 prompts x 4 = 16 samples
-    with pytest.raises(ConfigError, match=r"pipeline.queue_max_size: must be 0 or at least 16 samples"):
-        knobs_from_config(cfg)
+def test_a_queue_bound_that_can_never_fill_a_pull_is_a_config_error_at_its_field():
+    # one generate call is 4 prompts x 4 = 16 samples: refused by the config itself, before any knob
+    with pytest.raises(
+        ConfigError, match=r"pipeline.queue_max_size: must be 0 or at least 16 samples"
+    ) as exc:
+        sim_config(**{"pipeline.queue_max_size": 8})
+    assert [path for path, _ in exc.value.errors] == ["pipeline.queue_max_size"]
     ok = sim_config(
         **{"pipeline.queue_max_size": 8, "pipeline.prompts_per_call": 1, "trainer.mini_batch_size": 8}
     )

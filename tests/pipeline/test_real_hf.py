@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from rl_engine.config import apply_overrides, parse_config
+from rl_engine.jobspec import Placement
 from rl_engine.pipeline import run_experiment
 from rl_engine.presets import get_preset
 from rl_engine.rewards import build_reward
@@ -21,7 +22,7 @@ from rl_engine.types import Sample
 from tests.pipeline.conftest import RecordingSink
 
 
-def _cfg(model_dir: Path, ckpt_dir: Path, *overrides: str):
+def _cfg(model_dir: Path, *overrides: str):
     data = get_preset("demo-cpu")
     data["model"].pop("tiny")
     # a dense reward (a letter a-m anywhere in the 2-token response: ~40% of random-init samples), so
@@ -36,7 +37,6 @@ def _cfg(model_dir: Path, ckpt_dir: Path, *overrides: str):
                 "trainer.batch_size=16",
                 "trainer.mini_batch_size=8",
                 "trainer.total_steps=3",
-                f"trainer.checkpoint_dir={ckpt_dir}",
                 "logging.sinks=[]",
                 "logging.log_every=1",
                 "algorithm.entropy_coef=0",
@@ -97,8 +97,8 @@ def test_fully_async_on_policy_reproduces_sync_parameters(ray_session, tiny_dir,
         ],
     }.items():
         sink = RecordingSink()
-        cfg = _cfg(tiny_dir, tmp_path / name, *extra)
-        summary = run_experiment(cfg, sink)
+        cfg = _cfg(tiny_dir, *extra)
+        summary = run_experiment(cfg, sink, placement=Placement(checkpoint_dir=str(tmp_path / name)))
         assert summary.steps_done == 3
         _check_rewards(cfg, sink)
         runs[name] = (_final_params(summary), sink)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_engine.jobspec import Placement
 from rl_engine.pipeline import PipelineError, run_experiment
 from rl_engine.pipeline.checkpoint import list_checkpoints
 from tests.pipeline.conftest import RecordingSink, sim_components, sim_config
@@ -37,8 +38,9 @@ class _StopAfter(RecordingSink):
 def test_stop_event_checkpoints_announces_and_returns(ray_session, tmp_path):
     stop = threading.Event()
     sink = _StopAfter(stop, 2)
-    cfg = sim_config(**{**_BASE, "trainer.total_steps": 50, "trainer.checkpoint_dir": str(tmp_path)})
-    summary = run_experiment(cfg, sink, stop_event=stop, components=sim_components(worker=_SLOW_WORKER))
+    cfg = sim_config(**{**_BASE, "trainer.total_steps": 50})
+    summary = run_experiment(cfg, sink, placement=Placement(checkpoint_dir=str(tmp_path)), stop_event=stop,
+                             components=sim_components(worker=_SLOW_WORKER))  # fmt: skip
     assert summary.stopped and 2 <= summary.steps_done < 50
     ((_, _, data),) = sink.kinds("checkpoint")
     assert data["step"] == summary.steps_done and Path(data["path"]).is_dir() and data["size_bytes"] > 0
@@ -71,13 +73,12 @@ def test_crash_then_resume_is_lossless(ray_session, tmp_path):
     assert reference.samples_trained == 8 * bs
 
     # the same run, checkpointing every 3 steps, dies at step 5 (its trainer raises: process state is lost)
-    crash_cfg = sim_config(
-        **{**_BASE, "trainer.checkpoint_dir": str(tmp_path), "trainer.checkpoint_every": 3}
-    )
+    crash_cfg = sim_config(**{**_BASE, "trainer.checkpoint_every": 3})
     with pytest.raises(PipelineError, match="simulated trainer failure"):
         run_experiment(
             crash_cfg,
             RecordingSink(),
+            placement=Placement(checkpoint_dir=str(tmp_path)),
             components=sim_components(worker=_SLOW_WORKER, trainer={"fail_at_step": 5}),
         )
     ((step, path),) = list_checkpoints(tmp_path)
@@ -88,8 +89,9 @@ def test_crash_then_resume_is_lossless(ray_session, tmp_path):
 
     sink = RecordingSink()
     resumed = run_experiment(
-        sim_config(**{**_BASE, "trainer.resume_from": str(path)}),
+        sim_config(**_BASE),
         sink,
+        placement=Placement(resume_from=str(path)),
         components=sim_components(worker=_SLOW_WORKER),
     )
     assert [s for s, _ in sink.metrics] == [4, 5, 6, 7, 8]  # the step counter continues, no jump

@@ -17,6 +17,7 @@ import pytest
 
 from rl_engine.config import apply_overrides, parse_config
 from rl_engine.export import export_checkpoint
+from rl_engine.jobspec import Placement
 from rl_engine.pipeline import run_experiment
 from rl_engine.presets import get_preset
 from rl_engine.trainer.checkpoint import load_safetensors_dir
@@ -25,7 +26,7 @@ from tests.pipeline.conftest import RecordingSink
 LR = 3e-4
 
 
-def group_cfg(model_dir: Path, ckpt_dir: Path, *overrides: str):
+def group_cfg(model_dir: Path, *overrides: str):
     data = get_preset("demo-cpu")
     data["model"].pop("tiny")
     data["reward"] = {"name": "format", "kwargs": {"pattern": "[a-m]", "full": False}}
@@ -41,7 +42,6 @@ def group_cfg(model_dir: Path, ckpt_dir: Path, *overrides: str):
                 "trainer.total_steps=3",
                 f"trainer.lr={LR}",
                 "trainer.precision=fp32",
-                f"trainer.checkpoint_dir={ckpt_dir}",
                 "resources.cpus_per_actor=0.5",
                 "logging.sinks=[]",
                 "logging.log_every=1",
@@ -53,9 +53,15 @@ def group_cfg(model_dir: Path, ckpt_dir: Path, *overrides: str):
 
 @pytest.mark.slow
 def test_two_rank_group_trains_syncs_checkpoints_like_one_rank(ray_session, tiny_dir, tmp_path):
-    one = run_experiment(group_cfg(tiny_dir, tmp_path / "one"), RecordingSink())
+    one = run_experiment(
+        group_cfg(tiny_dir), RecordingSink(), placement=Placement(checkpoint_dir=str(tmp_path / "one"))
+    )
     sink = RecordingSink()
-    two = run_experiment(group_cfg(tiny_dir, tmp_path / "two", "trainer.world_size=2"), sink)
+    two = run_experiment(
+        group_cfg(tiny_dir, "trainer.world_size=2"),
+        sink,
+        placement=Placement(checkpoint_dir=str(tmp_path / "two")),
+    )
     assert one.steps_done == two.steps_done == 3
     ckpt = Path(two.last_checkpoint)
     assert (ckpt / "dcp").is_dir() and json.loads((ckpt / "trainer_state.json").read_text())[

@@ -37,7 +37,7 @@ def test_create_experiment_stores_the_normalised_config(team, member):
     exp = Experiment.objects.get(pk=resp.json()["id"])
     assert exp.created_by == team["member"] and exp.tags == ["a", "b"]
     assert exp.config["trainer"]["total_steps"] == 3
-    assert exp.config["trainer"]["resume_from"] is None  # defaults made explicit
+    assert exp.config["trainer"]["micro_batch_size"] is None  # defaults made explicit
     assert resp.json()["config"] == exp.config
 
 
@@ -55,6 +55,20 @@ def test_invalid_config_is_a_400_with_pydantic_field_paths(team, member):
     resp = member.post("/api/experiments", create_body(team, config=cfg), format="json")
     assert resp.status_code == 400
     assert any("rollout.n" in m for m in resp.json()["errors"]["config"])  # a cross-field (root) error
+
+
+def test_a_queue_bound_that_cannot_hold_a_pull_is_a_400_at_its_field(team, member):
+    """A cross-section rule whose fix is one field's (the engine used to find it only at launch)."""
+    cfg = demo_config()
+    cfg["pipeline"]["queue_max_size"] = 8  # one generate call is 8 prompts x rollout.n 8 = 64 samples
+    resp = member.post("/api/experiments", create_body(team, config=cfg), format="json")
+    assert resp.status_code == 400
+    assert list(resp.json()["errors"]) == ["config.pipeline.queue_max_size"]
+    assert resp.json()["errors"]["config.pipeline.queue_max_size"][0].startswith(
+        "must be 0 or at least 64 samples"
+    )
+    cfg["pipeline"]["queue_max_size"] = 64
+    assert member.post("/api/experiments", create_body(team, config=cfg), format="json").status_code == 201
 
 
 @pytest.mark.parametrize(
@@ -192,4 +206,4 @@ def test_resume_creates_a_linked_run_from_the_latest_checkpoint(team, member, ex
     assert resp.status_code == 201
     new = resp.json()
     assert new["resumed_from"] == run["id"] and new["resumed_from_checkpoint"] == ckpt.pk
-    assert new["config"]["trainer"]["resume_from"] == path and new["priority"] == 9 and new["number"] == 2
+    assert new["config"] == run["config"] and new["priority"] == 9 and new["number"] == 2

@@ -1,10 +1,10 @@
 """The path policy for configs that come through the platform (docs/api.md, "Trust boundary"): models and
-data only under the configured roots (or an allowed model name), checkpoints / JSONL logs / the Ray
-address / resume set by the platform, trust_remote_code only where an administrator allowed it."""
+data only under the configured roots (or an allowed model name), trust_remote_code only where an
+administrator allowed it; checkpoints / JSONL logs / the Ray address / resume / the trackers' folders are
+not in the config at all: the launcher's placement of each run says where they are."""
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -12,11 +12,16 @@ import pytest
 from django.conf import settings as django_settings
 
 from accounts.services import project_create
-from experiments.config_policy import check_config, launch_config, platform_preset
+from experiments.config_policy import CheckpointRefused, check_resume_checkpoint, preset_document
 from experiments.models import Experiment, Run, RunState
+from experiments.path_policy import PathPolicy
 from experiments.run_files import checkpoint_folder, run_folder
-from experiments.services import normalise_config, run_create, run_transition
-from rl_engine.config import ConfigError, parse_config
+from experiments.services import run_create, run_transition
+from launcher.placement import input_paths, run_placement
+from launcher.services import job_spec
+from rl_engine.config import parse_config
+from rl_engine.jobspec import JobSpec, Placement
+from rl_engine.moved_fields import MOVED
 from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tests.platform.conftest import client_for
 from tracking.services import checkpoint_record
@@ -43,12 +48,6 @@ REFUSED = [
     ("model.path", str(MODEL_ROOT / ".." / ".." / "etc")),
     ("model.path", "../../../../../../etc"),
     ("model.tokenizer_path", "/root/.ssh"),
-    ("trainer.checkpoint_dir", "/tmp/shared-checkpoints"),
-    ("trainer.checkpoint_dir", "checkpoints/gsm8k"),
-    ("trainer.resume_from", "/etc/passwd"),
-    ("logging.jsonl_path", "/work/platform/settings.py"),
-    ("logging.jsonl_path", "../escape.jsonl"),
-    ("pipeline.ray_address", "ray://attacker:10001"),
 ]
 
 
@@ -57,9 +56,40 @@ def test_a_config_naming_a_path_outside_its_roots_is_a_400_naming_the_field(team
     resp = client_for(team["member"]).post("/api/experiments", body(team, with_(field, value)), format="json")
     assert resp.status_code == 400, resp.json()
     messages = resp.json()["errors"][f"config.{field}"]
-    if field.startswith("model."):
-        assert str(MODEL_ROOT) in messages[0] and "MODEL_ROOTS" in messages[0]
+    assert str(MODEL_ROOT) in messages[0] and "MODEL_ROOTS" in messages[0]
     assert not Experiment.objects.exists()
+
+
+MOVED_VALUES = {
+    "trainer.checkpoint_dir": "/tmp/shared-checkpoints",
+    "trainer.resume_from": "/etc/passwd",
+    "pipeline.ray_address": "ray://attacker:10001",
+    "logging.jsonl_path": "../escape.jsonl",
+    "logging.progress_bar": False,
+    "logging.mlflow.artifact_location": "file:///etc",
+    "logging.wandb.dir": "/tmp/w",
+}
+
+
+@pytest.mark.parametrize("field", [f.path for f in MOVED])
+def test_where_a_run_runs_is_not_the_configs_to_say(team, field):
+    """The fields that moved to the placement are refused at their path, naming their new place; the
+    value an old normalised export held for them (null; true for the progress bar) is dropped."""
+    resp = client_for(team["member"]).post(
+        "/api/experiments", body(team, with_(field, MOVED_VALUES[field])), format="json"
+    )
+    assert resp.status_code == 400, resp.json()
+    assert resp.json()["errors"][f"config.{field}"] == [
+        "moved out of the config: it says where a run runs (its placement), not what it trains; the platform "
+        f"sets it for every run, the engine's CLI takes {next(f.flag for f in MOVED if f.path == field)}"
+    ]
+    old_default = next(f.old_default for f in MOVED if f.path == field)
+    resp = client_for(team["member"]).post(
+        "/api/experiments", body(team, with_(field, old_default)), format="json"
+    )
+    assert resp.status_code == 201, resp.json()
+    section, *_, name = field.split(".")
+    assert name not in str(Experiment.objects.get(pk=resp.json()["id"]).config[section])
 
 
 def test_data_must_come_from_the_data_roots(team):
@@ -79,7 +109,7 @@ def test_data_must_come_from_the_data_roots(team):
 def test_paths_under_the_roots_and_allowed_model_names_are_accepted(team, settings):
     member = client_for(team["member"])
     assert member.post("/api/experiments", body(team, demo_config()), format="json").status_code == 201
-    cfg = with_("logging", {"sinks": ["stdout", "jsonl"], "jsonl_path": "metrics.jsonl"})
+    cfg = with_("logging", {"sinks": ["stdout", "jsonl"]})  # the launcher places the log in the run's folder
     assert member.post("/api/experiments", body(team, cfg), format="json").status_code == 201
     named = with_("model", {"path": "/models/Qwen2.5-1.5B-Instruct"})
     assert member.post("/api/experiments", body(team, named), format="json").status_code == 400
@@ -127,10 +157,10 @@ def test_update_and_yaml_import_are_held_to_the_same_policy(team):
 
 
 def test_launch_checks_a_config_stored_before_the_policy(team):
-    cfg = normalise_config(with_("trainer.checkpoint_dir", "/tmp/anywhere"))
+    cfg = parse_config(with_("model.path", "/etc")).model_dump(mode="json")
     old = ExperimentFactory(project=team["project"], config=cfg)  # written directly, as an old row would be
     resp = client_for(team["member"]).post("/api/runs", {"experiment": old.pk}, format="json")
-    assert resp.status_code == 400 and "config.trainer.checkpoint_dir" in resp.json()["errors"]
+    assert resp.status_code == 400 and "config.model.path" in resp.json()["errors"]
     assert not Run.objects.exists()
 
 
@@ -168,48 +198,44 @@ def test_resume_only_from_a_checkpoint_in_the_runs_own_folder(team, experiment):
     run_transition(run_id=run.pk, to=RunState.FAILED, error="x")
     checkpoint_record(run_id=run.pk, step=5, path="/etc/cron.d/evil")  # e.g. a member posting events
     resp = member.post(f"/api/runs/{run.pk}/resume", {}, format="json")
-    assert resp.status_code == 400 and "config.trainer.resume_from" in resp.json()["errors"]
+    assert resp.status_code == 400 and "resumed_from_checkpoint" in resp.json()["errors"]
     good = checkpoint_record(run_id=run.pk, step=6, path=checkpoint_path(run, 6))
     resp = member.post(f"/api/runs/{run.pk}/resume", {}, format="json")
-    assert resp.status_code == 201 and resp.json()["config"]["trainer"]["resume_from"] == good.path
+    assert resp.status_code == 201 and resp.json()["resumed_from_checkpoint"] == good.pk
+    resumed = Run.objects.get(pk=resp.json()["id"])
+    assert resp.json()["config"] == run.config  # the same config: where it resumes from is not in it
+    assert job_spec(resumed, run_folder(resumed) / "token").placement.resume_from == good.path
 
 
 def test_a_checkpoint_of_another_projects_run_is_refused(team):
     foreign = ExperimentFactory(project=project_create(name="gamma", user=team["stranger"]))
     foreign_run = run_create(experiment=foreign, user=team["stranger"])
     ckpt = checkpoint_record(run_id=foreign_run.pk, step=1, path=checkpoint_path(foreign_run, 1))
-    cfg = normalise_config(with_("trainer.resume_from", ckpt.path))
-    with pytest.raises(ConfigError, match="of this project"):
-        check_config(cfg, project=team["project"], resume_checkpoint=ckpt)
-    check_config(cfg, project=foreign.project, resume_checkpoint=ckpt)  # its own project: fine
+    with pytest.raises(CheckpointRefused, match="of this project"):
+        check_resume_checkpoint(ckpt, project=team["project"])
+    check_resume_checkpoint(ckpt, project=foreign.project)  # its own project: fine
 
 
-def test_the_launcher_sets_the_platforms_fields_whatever_the_stored_config_says(team, experiment):
+def test_the_launcher_places_every_run_in_its_own_folder_and_leaves_the_config_alone(team, experiment):
     run = run_create(experiment=experiment, user=None)
-    stored = copy.deepcopy(run.config)
-    stored["trainer"].update(checkpoint_dir="/shared", resume_from="/etc/passwd")
-    stored["pipeline"]["ray_address"] = "ray://elsewhere:10001"
-    stored["logging"]["jsonl_path"] = "/etc/x.jsonl"
-    out = launch_config(stored, folder=run_folder(run), resume_from=None, project_id=team["project"].pk)
-    assert out["trainer"]["checkpoint_dir"] == str(checkpoint_folder(run))
-    assert out["trainer"]["resume_from"] is None and out["pipeline"]["ray_address"] is None
-    assert out["logging"]["jsonl_path"] == str(run_folder(run) / "x.jsonl")
+    spec = job_spec(run, run_folder(run) / "token")
+    assert spec.config.model_dump(mode="json") == run.config  # what to train: the user's, untouched
+    assert spec.placement.checkpoint_dir == str(checkpoint_folder(run))
+    assert spec.placement.run_dir == str(run_folder(run)) and spec.placement.resume_from is None
+    assert spec.placement.ray_address is None  # a run joins the cluster it was submitted to
+    assert spec.placement.jsonl_file() == str(run_folder(run) / "metrics.jsonl")
+    assert spec.placement.sinks == ("http",) and spec.placement.progress_bar is False
 
 
 def test_two_runs_of_the_gsm8k_preset_checkpoint_into_different_folders(team, settings):
     settings.MODEL_ROOTS = ["/models"]
     settings.DATA_ROOTS = ["/data"]
-    preset = platform_preset("gsm8k-qwen2.5-1.5b-vllm")
-    assert preset["trainer"]["checkpoint_dir"] is None  # the engine preset no longer names a shared folder
+    preset = preset_document("gsm8k-qwen2.5-1.5b-vllm")
+    assert "checkpoint_dir" not in preset["trainer"]  # the engine preset names no shared folder
     exp = client_for(team["member"]).post("/api/experiments", body(team, preset), format="json")
     assert exp.status_code == 201, exp.json()
     runs = [run_create(experiment=Experiment.objects.get(pk=exp.json()["id"]), user=None) for _ in range(2)]
-    folders = {
-        launch_config(r.config, folder=run_folder(r), resume_from=None, project_id=team["project"].pk)[
-            "trainer"
-        ]["checkpoint_dir"]
-        for r in runs
-    }
+    folders = {run_placement(r, parse_config(r.config)).checkpoint_dir for r in runs}
     assert len(folders) == 2
 
 
@@ -224,10 +250,9 @@ def test_the_served_presets_build_their_tiny_model_under_a_model_root(team):
 
 
 def test_the_engines_own_cli_is_not_bound_by_the_platforms_policy():
-    cfg = with_("model", {"path": "/anywhere/model", "trust_remote_code": True})
-    cfg["trainer"]["checkpoint_dir"] = "/tmp/ck"
-    cfg["pipeline"]["ray_address"] = "auto"
-    assert parse_config(cfg).trainer.checkpoint_dir == "/tmp/ck"
+    cfg = parse_config(with_("model", {"path": "/anywhere/model", "trust_remote_code": True}))
+    spec = JobSpec(config=cfg, placement=Placement(checkpoint_dir="/tmp/ck", ray_address="auto"))
+    assert (spec.placement.checkpoint_dir, spec.run_config().model.path) == ("/tmp/ck", "/anywhere/model")
 
 
 # --- data (source: dataset / jsonl), trackers ------------------------------------------------------------
@@ -362,41 +387,36 @@ def test_an_allow_list_entry_the_strict_parser_refuses_allows_nothing(team, sett
         refused(team, with_("logging.mlflow", {"tracking_uri": uri}), "logging.mlflow.tracking_uri")
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("logging.mlflow.artifact_location", "file:///etc"), ("logging.wandb.dir", "/tmp/w")]
-)
-def test_tracker_folders_belong_to_the_platform(team, field, value):
-    assert "set by the platform" in refused(team, with_(field, value), field)
-
-
-def test_the_job_gets_the_checked_paths_and_its_trackers_write_into_its_folder(team, experiment, settings):
+def test_the_job_reads_the_checked_paths_and_its_trackers_write_into_its_folder(team, experiment, settings):
     settings.ENGINE_WORKDIR = str(DATA_ROOT.parent)
     run = run_create(experiment=experiment, user=None)
     folder = run_folder(run)
-    cfg = normalise_config(
-        dataset(path=f"{DATA_ROOT.name}/x/../gsm", validation_path="var/runs", cache_dir=None)
-    )
-    cfg["logging"].update(sinks=["stdout", "mlflow", "wandb"])
-    cfg["logging"]["mlflow"]["tracking_uri"] = "sqlite:///team.db"
-    cfg["model"]["path"] = f"{MODEL_ROOT.relative_to(DATA_ROOT.parent)}/tiny"
-    out = launch_config(cfg, folder=folder, resume_from=None, project_id=team["project"].pk)
+    raw = dataset(path=f"{DATA_ROOT.name}/x/../gsm", validation_path="var/runs", cache_dir=None)
+    raw["logging"] = {"sinks": ["stdout", "mlflow", "wandb"], "mlflow": {"tracking_uri": "sqlite:///team.db"}}
+    raw["model"]["path"] = f"{MODEL_ROOT.relative_to(DATA_ROOT.parent)}/tiny"
+    cfg = parse_config(raw)
+    placement = run_placement(run, cfg)
+    spec = JobSpec(config=cfg, placement=placement).run_config()
     # model.tiny builds in the project's own folder (tests/platform/test_trust_boundary_paths.py)
-    assert out["model"]["path"] == str(MODEL_ROOT / "projects" / f"project-{team['project'].pk}" / "tiny")
-    assert out["data"]["path"] == str(DATA_ROOT / "gsm")  # absolute, as checked
-    assert out["data"]["validation_path"] == "hf://datasets/var/runs"  # the hub's, never a local folder
-    assert out["logging"]["mlflow"] == {**cfg["logging"]["mlflow"], "tracking_uri": f"sqlite:///{folder}/team.db",
-                                        "artifact_location": str(folder / "mlflow-artifacts")}  # fmt: skip
-    assert out["logging"]["wandb"]["dir"] == str(folder / "wandb")
-    cfg["logging"]["mlflow"]["tracking_uri"] = None  # the default: a store in the run's folder too
-    assert launch_config(cfg, folder=folder, resume_from=None, project_id=team["project"].pk)["logging"][
-        "mlflow"
-    ]["tracking_uri"] == (f"sqlite:///{folder}/mlflow.db")
-    cfg["logging"]["mlflow"]["tracking_uri"] = "http://mlflow:5000"
-    cfg["logging"]["mlflow"]["artifact_location"] = "/elsewhere"  # a row stored before the policy
-    server = launch_config(cfg, folder=folder, resume_from=None, project_id=team["project"].pk)["logging"][
-        "mlflow"
-    ]
-    assert server["tracking_uri"] == "http://mlflow:5000" and server["artifact_location"] is None
+    assert spec.model.path == str(MODEL_ROOT / "projects" / f"project-{team['project'].pk}" / "tiny")
+    assert spec.data.path == str(DATA_ROOT / "gsm")  # absolute, as checked
+    assert spec.data.validation_path == "hf://datasets/var/runs"  # the hub's, never a local folder
+    assert cfg.data.path == f"{DATA_ROOT.name}/x/../gsm"  # the user's config is not edited
+    assert placement.mlflow_store("sqlite:///team.db") == (
+        f"sqlite:///{folder}/team.db",
+        str(folder / "mlflow-artifacts"),
+    )
+    assert placement.wandb_folder() == str(folder / "wandb")
+    # the default: a store in the run's folder too; a server keeps its own artifact root
+    assert placement.mlflow_store(None)[0] == f"sqlite:///{folder}/mlflow.db"
+    assert placement.mlflow_store("http://mlflow:5000") == ("http://mlflow:5000", None)
+    # nothing to resolve: an allowed model by name, a built-in task
+    plain = parse_config({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}})
+    settings.ALLOWED_MODELS = ["Qwen/Qwen2.5-0.5B-Instruct"]
+    assert (
+        input_paths(plain, team["project"].pk, PathPolicy.from_settings()).model_dump(exclude_defaults=True)
+        == {}
+    )
 
 
 def test_the_served_dataset_preset_generates_its_data_under_a_data_root(team):

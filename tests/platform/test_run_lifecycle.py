@@ -19,6 +19,7 @@ from experiments.services import (
     run_transition,
 )
 from launcher.lifecycle import enqueue_start
+from rl_engine.config import parse_config
 from tests.factories import RunFactory, checkpoint_path
 from tracking.models import RunEvent
 from tracking.services import checkpoint_record
@@ -27,7 +28,7 @@ from tracking.services import checkpoint_record
 @pytest.mark.smoke
 def test_run_create_freezes_config_numbers_runs_and_logs_queued(team, experiment):
     first = run_create(experiment=experiment, user=team["member"])
-    experiment_update(experiment=experiment, config={**experiment.config, "seed": 99})
+    experiment_update(experiment=experiment, config=parse_config({**experiment.config, "seed": 99}))
     second = run_create(experiment=experiment, user=team["member"], priority=5)
     assert (first.number, second.number) == (1, 2)
     assert first.config["seed"] == 0 and second.config["seed"] == 99
@@ -116,8 +117,7 @@ def test_resume_links_the_new_run_to_the_latest_checkpoint(team, experiment):
     latest = checkpoint_record(run_id=old.pk, step=20, path=checkpoint_path(old, 20), size_bytes=123)
     new = run_resume(run=old, user=team["member"])
     assert new.resumed_from_id == old.pk and new.resumed_from_checkpoint_id == latest.pk
-    assert new.config["trainer"]["resume_from"] == latest.path
-    assert old.config["trainer"]["resume_from"] is None  # the old run's frozen config is untouched
+    assert new.config == old.config  # where it resumes from is the launcher's placement, not the config
 
 
 @pytest.mark.django_db(transaction=True)

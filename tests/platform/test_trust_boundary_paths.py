@@ -87,10 +87,11 @@ def test_a_jsonl_validation_file_is_checked_by_real_path_too(team, roots):
 
 
 def _job_config(team, cfg, tmp_path) -> dict:
+    """The config the job runs: the user's, its inputs read where the launcher's placement says."""
     resp = _post(team, cfg)
     assert resp.status_code == 201, resp.json()
     run = run_create(experiment=Experiment.objects.get(pk=resp.json()["id"]), user=team["member"])
-    return services.job_spec(run, tmp_path / "token").engine_config()
+    return services.job_spec(run, tmp_path / "token").run_config().model_dump(mode="json")
 
 
 def test_a_tiny_model_named_like_an_allowed_model_is_built_in_the_projects_own_folder(team, roots, tmp_path):

@@ -7,6 +7,10 @@
 // The form keeps a plain JS value as its model; every input writes into it at its field path. The server
 // is the judge of validity: numbers that do not parse are sent as typed so the API answers with a field
 // error, which `showErrors` places next to the field whose data-path matches (or its nearest ancestor).
+//
+// Layout: the fields the schema marks "x-essential" (direct fields of a section, and the variant choice of
+// a marked union) come first, unfolded, in one card; every section below holds the other fields and is
+// folded until the user opens it (or an error in it opens it).
 
 import { el } from "./api.js";
 
@@ -26,7 +30,7 @@ export class SchemaForm {
     this.schema = schema;
     this.defs = schema.$defs || {};
     this.value = {};
-    this.closed = new Set(); // paths of sections the user collapsed (kept across re-renders)
+    this.opened = new Set(); // paths of the folded sections the user opened (kept across re-renders)
     this.onChange = null;
   }
 
@@ -214,46 +218,83 @@ export class SchemaForm {
     const top = this.deref(this.schema);
     const general = el("div", { class: "alert error", hidden: true, "data-testid": "form-errors" },
       el("strong", {}, "The config has errors:"), el("ul", { class: "sf-general-errors" }));
+    const essentials = [];
     const scalars = [];
     const sections = [];
     for (const [key, prop] of Object.entries(top.properties)) {
       const k = this.kind(prop);
       const req = (top.required || []).includes(key);
-      if (k.kind === "object" || k.kind === "union") sections.push(this.section(key, prop, k));
-      else scalars.push(this.field(key, key, prop, k, req));
+      if (k.kind === "object" || k.kind === "union") {
+        essentials.push(...this.essentialFields(key, prop, k));
+        sections.push(this.section(key, prop, k));
+      } else if (isEssential(prop)) {
+        essentials.push(this.field(key, key, prop, k, req));
+      } else {
+        scalars.push(this.field(key, key, prop, k, req));
+      }
     }
-    const generalSection = el("details", { class: "sf-section", open: true },
-      el("summary", {}, "general"), el("div", { class: "sf-body" }, el("div", { class: "sf-fields" }, scalars)));
-    this.root.replaceChildren(general, generalSection, ...sections);
+    const card = el("div", { class: "sf-essentials", "data-testid": "essentials" },
+      el("div", { class: "sf-essentials-title" }, "Essentials"), el("div", { class: "sf-fields" }, essentials));
+    const generalSection = this.folded("general", el("summary", {}, "general"),
+      el("div", { class: "sf-body" }, el("div", { class: "sf-fields" }, scalars)));
+    const advanced = el("div", { class: "sf-advanced-title muted small" }, "Advanced (folded: open a section to change it)");
+    this.root.replaceChildren(general, card, advanced, generalSection, ...sections);
   }
 
-  /** A top-level section (a collapsible card) for an object or a union. */
+  /** A folded card: open only once the user opened it (or an error in it did: see `mark`). */
+  folded(path, ...children) {
+    const d = el("details", { class: "sf-section", "data-section": path, open: this.opened.has(path) }, ...children);
+    d.addEventListener("toggle", () => (d.open ? this.opened.add(path) : this.opened.delete(path)));
+    return d;
+  }
+
+  /** The essential fields of a top-level section, labelled by their path: its variant choice when the
+   * union is marked, then its (current variant's) direct fields that are marked. */
+  essentialFields(path, prop, k) {
+    const out = [];
+    let s = k.s;
+    if (k.kind === "union") {
+      const tag = (this.get(path) || {})[s.discriminator.propertyName];
+      if (isEssential(prop)) out.push(this.unionSelect(join(path, s.discriminator.propertyName), path, s, tag, true));
+      s = this.variant(s, tag);
+    }
+    for (const [key, child] of Object.entries(s.properties)) {
+      const ck = this.kind(child);
+      if (!isEssential(child) || ck.kind === "const" || ck.kind === "object" || ck.kind === "union") continue;
+      const cpath = join(path, key);
+      out.push(this.field(cpath, cpath, child, ck, (s.required || []).includes(key)));
+    }
+    return out;
+  }
+
+  /** A top-level section (a folded card) for an object or a union: the fields that are not essential. */
   section(path, prop, k) {
-    const d = el("details", { class: "sf-section", "data-path": path, open: !this.closed.has(path) });
-    d.addEventListener("toggle", () => (d.open ? this.closed.delete(path) : this.closed.add(path)));
     const title = el("summary", {}, path);
     const desc = this.deref(prop).description;
     if (desc) title.append(el("span", { class: "sf-union-tag" }, desc));
     const body = el("div", { class: "sf-body" }, el("div", { class: "sf-error" }));
-    body.append(...this.objectContent(path, prop, k));
-    d.append(title, body);
+    body.append(...this.objectContent(path, prop, k, true));
+    const d = this.folded(path, title, body);
+    d.dataset.path = path;
     return d;
   }
 
-  /** The fields of an object or the selected variant of a union: scalars in a grid, then sub-objects. */
-  objectContent(path, prop, k) {
+  /** The fields of an object or the selected variant of a union: scalars in a grid, then sub-objects.
+   * `topLevel`: a section's, whose essential fields (and marked variant choice) are drawn above instead. */
+  objectContent(path, prop, k, topLevel = false) {
     let s = k.s;
     const grid = [];
     const nested = [];
     if (k.kind === "union") {
       const prop0 = s.discriminator.propertyName;
       const tag = (this.get(path) || {})[prop0];
-      grid.push(this.unionSelect(join(path, prop0), path, s, tag));
+      if (!(topLevel && isEssential(prop))) grid.push(this.unionSelect(join(path, prop0), path, s, tag));
       s = this.variant(s, tag);
     }
     for (const [key, child] of Object.entries(s.properties)) {
       const ck = this.kind(child);
       if (ck.kind === "const") continue; // the union's tag, drawn as the select above
+      if (topLevel && isEssential(child) && ck.kind !== "object" && ck.kind !== "union") continue;
       const cpath = join(path, key);
       const req = (s.required || []).includes(key);
       if (ck.kind === "object" || ck.kind === "union") nested.push(this.subObject(key, cpath, child, ck));
@@ -262,7 +303,7 @@ export class SchemaForm {
     return [el("div", { class: "sf-fields" }, grid), ...nested];
   }
 
-  unionSelect(tagPath, unionPath, s, tag) {
+  unionSelect(tagPath, unionPath, s, tag, fullLabel = false) {
     const select = el("select", { id: `f-${tagPath}`, name: tagPath },
       this.unionTags(s).map((t) => el("option", { value: t, selected: t === tag }, t)));
     select.addEventListener("change", () => {
@@ -276,7 +317,7 @@ export class SchemaForm {
       this.render();
     });
     return el("div", { class: "sf-field", "data-path": tagPath },
-      el("label", { for: `f-${tagPath}` }, s.discriminator.propertyName),
+      el("label", { for: `f-${tagPath}` }, fullLabel ? tagPath : s.discriminator.propertyName),
       select, el("span", { class: "sf-hint" }, "variant"), el("div", { class: "sf-error" }));
   }
 
@@ -401,6 +442,11 @@ export class SchemaForm {
       }
     }
   }
+}
+
+/** Whether the schema marks a property as one of the essentials (drawn first, unfolded). */
+function isEssential(node) {
+  return Boolean(node && node["x-essential"]);
 }
 
 /** The bounds of a number schema in words: "≥ 1, ≤ 1024". */

@@ -16,12 +16,13 @@ from accounts.services import project_create
 from experiments.config_policy import platform_preset
 from experiments.models import Experiment
 from experiments.services import experiment_create, run_create
+from rl_engine.config import ExperimentConfig
 
 DEMO_PROJECT = "Demo"
 DEMO_EXPERIMENT = "demo-cpu"
 
 
-def demo_config() -> dict:
+def demo_config() -> ExperimentConfig:
     # The tiny model is built under the first model root (absolute: the job's working dir may differ).
     return platform_preset("demo-cpu")
 
