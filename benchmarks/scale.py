@@ -23,11 +23,21 @@ that moment):
   The whole-model numpy copy that syncs used before is measured once for comparison.
 * ``bf16``: fraction of parameters changed by 10 AdamW steps at lr 1e-6: fp32, bf16 (fp32 master
   weights), and the naive bf16 this replaced (bf16 parameters and AdamW state).
+* ``rollout``: the HF rollouter's memory inside a real Ray actor (the ``Rollouter`` class a run creates,
+  on a one-node ``ray start`` Ray, no ``MALLOC_*`` variable): 16 prompts of 128 tokens x 256 new tokens
+  (quick: 64) in one micro-batch on a hidden-64 Llama with the 151,936-token vocabulary, on a thread of
+  the actor as its generation loop runs them. Its peak RSS (absolute and above the start) against the
+  weights it holds, what stays after, minor page faults per token. ``old``: the loop before (the model's
+  own output layer and a [16, V] tensor per sampling operation; glibc's dynamic mmap threshold);
+  ``buffers_only`` / ``heap_only``: one half of the change each; ``new``: logits and sampling in
+  preallocated buffers and the rollouter's fixed mmap threshold (rl_engine.rollout.heap). Each variant
+  ``--rollout-repeats`` times (quick: once), interleaved, each in a fresh actor, in the same invocation.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -297,60 +307,140 @@ class _PlainSampler:
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def child_rollout(model_dir: str, path: str, seqs: int, new_tokens: int, top_p: float) -> dict[str, Any]:
-    """The HF rollout worker decoding ``seqs`` x ``new_tokens`` in a non-main thread (as in a Ray
-    actor), glibc's allocator left at its defaults: peak RSS over the weights it holds."""
-    import threading
+ROLLOUT_PROMPT_TOKENS = 128
+# name -> (loop, heap): loop "plain" is the decode loop before (the model's own output layer, a [B, V]
+# tensor per sampling operation), "in_place" today's (logits and sampling in preallocated buffers);
+# heap False runs the actor with glibc's dynamic mmap threshold (RL_ENGINE_MALLOC_MMAP_THRESHOLD=0).
+ROLLOUT_VARIANTS = {
+    "old": ("plain", False),
+    "buffers_only": ("in_place", False),
+    "heap_only": ("plain", True),
+    "new": ("in_place", True),
+}
 
-    from rl_engine.rollout.hf import HFRolloutWorker
-    from rl_engine.types import Prompt
 
-    cfg = _cfg(
-        model_dir,
-        f"rollout.max_new_tokens={new_tokens}",
-        f"rollout.micro_batch_size={seqs}",
-        f"rollout.top_p={top_p}",
-        "rollout.num_threads=2",
-        "model.generation_config.eos_token_id=151935",  # random weights: practically never drawn
+def _rollout_probe() -> type:
+    """The Rollouter with one method more (``decode``); a class made here, where Ray is imported."""
+    from rl_engine.pipeline.rollouter import Rollouter
+
+    class RolloutProbe(Rollouter):
+        """The Rollouter actor as a run builds it (its constructor fixes the heap, then builds the HF
+        worker); ``decode`` generates on a thread of its own, as the actor's generation loop does."""
+
+        def decode(self, seqs: int, prompt_tokens: int, loop: str) -> dict[str, Any]:
+            import resource
+            import threading
+
+            from rl_engine.types import Prompt
+
+            worker = self.worker
+            if loop == "plain":  # the model's own output layer, the allocating sampling
+                worker._body = None
+                worker._sampler_for = lambda rows, vocab: _PlainSampler(self.cfg.rollout.top_p)
+            weights_mb = sum(p.numel() * p.element_size() for p in worker.model.parameters()) / 2**20
+            prompts = [
+                Prompt(f"p{i}", [4 + (i * 131 + j * 7) % 4000 for j in range(prompt_tokens)], "", "", i)
+                for i in range(seqs)
+            ]
+            out: dict[str, Any] = {}
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            with PeakRSS() as peak:
+                t = threading.Thread(target=lambda: out.update(samples=worker.generate(prompts, 1)))
+                t.start()
+                t.join()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            tokens = sum(len(s.response_ids) for s in out["samples"])
+            return {
+                "heap": {"mmap_threshold": self.heap.threshold, "applied": self.heap.applied},
+                "weights_mb": weights_mb,
+                "rss_start_mb": peak.base,
+                "peak_rss_mb": _status_mb("VmHWM"),
+                "peak_extra_mb": peak.extra_mb,
+                "peak_extra_over_weights": peak.extra_mb / weights_mb,
+                "peak_rss_over_weights": _status_mb("VmHWM") / weights_mb,
+                "after_extra_mb": _status_mb("VmRSS") - peak.base,
+                "tokens": tokens,
+                "minor_faults_per_token": faults / tokens,
+                "seconds": peak.seconds,
+            }
+
+    return RolloutProbe
+
+
+def measure_rollout(
+    model_dir: str, variants: list[str], top_p: float, seqs: int, new_tokens: int, repeats: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Each variant ``repeats`` times, interleaved, each in a fresh Rollouter actor of the private Ray (one
+    at a time): the HF worker decodes ``seqs`` prompts of ``ROLLOUT_PROMPT_TOKENS`` x ``new_tokens`` in one
+    micro-batch. (Whether glibc's dynamic threshold lets the heap grow depends on the order of frees: the
+    same run is flat once and grows by 1.6 GB the next; hence the repeats.)"""
+    import ray
+
+    from rl_engine.config import apply_overrides, parse_config
+    from rl_engine.pipeline.components import Components
+    from rl_engine.pipeline.knobs import knobs_from_config
+    from rl_engine.presets import get_preset
+    from rl_engine.rollout.heap import MMAP_THRESHOLD_ENV
+
+    data = get_preset("demo-cpu")
+    # eos outside what random weights practically draw: every row decodes all its tokens
+    data["model"] = {"path": model_dir, "generation_config": {"eos_token_id": 151935}}
+    cfg = parse_config(
+        apply_overrides(
+            data,
+            [
+                f"rollout.max_new_tokens={new_tokens}",
+                f"rollout.micro_batch_size={seqs}",
+                f"rollout.top_p={top_p}",
+                "rollout.num_threads=2",
+            ],
+        )
     )
-    worker = HFRolloutWorker(cfg.rollout, cfg.model)
-    if path == "plain":
-        worker._sampler_for = lambda rows, vocab: _PlainSampler(top_p)
-    weights_mb = sum(p.numel() * p.element_size() for p in worker.model.parameters()) / 2**20
-    prompts = [Prompt(uid=f"p{i}", token_ids=[5 + i] * 16, text="", answer="", index=i) for i in range(seqs)]
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        out["samples"] = worker.generate(prompts, 1)
-
-    with PeakRSS() as peak:
-        t = threading.Thread(target=run)
-        t.start()
-        t.join()
-    tokens = sum(len(s.response_ids) for s in out["samples"])
-    return {
-        "weights_mb": weights_mb,
-        "peak_extra_mb": peak.extra_mb,
-        "peak_over_weights": peak.extra_mb / weights_mb,
-        "rss_after_mb": _status_mb("VmRSS"),
-        "tokens": tokens,
-        "seconds": peak.seconds,
-    }
+    probe = ray.remote(_rollout_probe())
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name in variants:
+            loop, heap = ROLLOUT_VARIANTS[name]
+            env = {"PYTHONPATH": str(ROOT)} | ({} if heap else {MMAP_THRESHOLD_ENV: "0"})
+            actor = probe.options(num_cpus=0, max_concurrency=6, runtime_env={"env_vars": env}).remote(
+                cfg, knobs_from_config(cfg), 0, 1, None, Components(prepare=None)
+            )
+            try:
+                out[name].append(ray.get(actor.decode.remote(seqs, ROLLOUT_PROMPT_TOKENS, loop)))
+            finally:
+                ray.kill(actor)
+    return out
 
 
-CHILDREN = {"logprobs": child_logprobs, "sync": child_sync, "bf16": child_bf16, "rollout": child_rollout}
+@contextlib.contextmanager
+def _private_ray(logs: Path) -> Any:
+    """A one-node Ray of this benchmark (``ray start``, tests.ray_cluster: it starts under load too); its
+    actors see no ``MALLOC_*`` variable (glibc as in a run)."""
+    import ray
+
+    from rl_engine.rollout.heap import MMAP_THRESHOLD_ENV
+    from tests.ray_cluster import LocalRayCluster
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != MMAP_THRESHOLD_ENV}
+    with LocalRayCluster(logs, env=env).started(head_cpus=2) as cluster:
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
-def _run_child(name: str, *, malloc_defaults: bool = False, **kwargs: Any) -> dict[str, Any]:
+CHILDREN = {"logprobs": child_logprobs, "sync": child_sync, "bf16": child_bf16}
+
+
+def _run_child(name: str, **kwargs: Any) -> dict[str, Any]:
     """Run ``CHILDREN[name](**kwargs)`` in a fresh interpreter (its own peak RSS); returns its JSON."""
     cmd = [sys.executable, __file__, "--child", name, "--child-args", json.dumps(kwargs)]
     # A fixed mmap threshold: every buffer over 128 KB is mapped and unmapped, so RSS follows live
     # memory (glibc's dynamic threshold would keep freed chunks of up to 32 MB in the heap, and a later
     # allocation would reuse them without raising RSS: the peak would depend on what ran before).
-    # ``malloc_defaults``: glibc as a Ray actor has it (what the rollout part measures).
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    if not malloc_defaults:
-        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False, env=env)
     if proc.returncode:
         raise RuntimeError(f"child {name} failed:\n{proc.stderr[-3000:]}")
@@ -362,6 +452,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller shapes: under a minute")
     ap.add_argument("--parts", default="logprobs,sync,bf16,rollout")
     ap.add_argument("--repeats", type=int, default=3, help="sync vs bare load_state_dict pairs")
+    ap.add_argument("--rollout-repeats", type=int, default=2, help="runs of each rollout variant")
     ap.add_argument("--json", type=Path, help="also write the JSON here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-args", help=argparse.SUPPRESS)
@@ -409,21 +500,21 @@ def main() -> None:
                 "bf16", model_dir=str(save_tiny_model(TinyModelSpec(), Path(tmp) / "tiny"))
             )
         if "rollout" in parts:
-            d = str(save_shaped_model(Path(tmp) / "h64r", dtype="float32", **HIDDEN_64))
+            shape = {**HIDDEN_64, "vocab_size": 151936}
+            d = str(save_shaped_model(Path(tmp) / "llama", dtype="float32", architecture="llama", **shape))
             new_tokens = 64 if args.quick else 256
-            res = {}
-            for top_p in (1.0, 0.9):
-                for p in ("plain", "new"):
-                    res[f"{p}_top_p_{top_p}"] = _run_child(
-                        "rollout",
-                        malloc_defaults=True,
-                        model_dir=d,
-                        path=p,
-                        seqs=16,
-                        new_tokens=new_tokens,
-                        top_p=top_p,
-                    )
-            res["sequences"], res["new_tokens"], res["vocab"] = 16, new_tokens, 151936
+            runs = (
+                [(1.0, ["old", "new"])]
+                if args.quick
+                else [(1.0, list(ROLLOUT_VARIANTS)), (0.9, ["old", "new"])]
+            )
+            repeats = 1 if args.quick else args.rollout_repeats
+            res: dict[str, Any] = {}
+            with _private_ray(Path(tmp) / "ray"):
+                for top_p, variants in runs:
+                    res[f"top_p_{top_p}"] = measure_rollout(d, variants, top_p, 16, new_tokens, repeats)
+            res["sequences"], res["prompt_tokens"], res["new_tokens"] = 16, ROLLOUT_PROMPT_TOKENS, new_tokens
+            res["shape"] = "Llama, hidden 64, 2 layers, vocabulary 151,936"
             out["rollout"] = res
     out["load_avg_end"], out["seconds"] = os.getloadavg()[0], time.time() - t0
     text = json.dumps(out, default=float)

@@ -35,6 +35,7 @@ import ray
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
+from rl_engine.rollout.heap import fix_mmap_threshold
 from rl_engine.types import (
     EvalSummary,
     PauseState,
@@ -63,6 +64,8 @@ class Rollouter:
         self, cfg: ExperimentConfig, knobs: Knobs, index: int, count: int, queue: Any, components: Components
     ) -> None:
         self.cfg, self.knobs, self.index, self.count, self.queue = cfg, knobs, index, count, queue
+        # before the worker allocates: freed decode buffers go back to the OS (rl_engine.rollout.heap)
+        self.heap = fix_mmap_threshold()
         self.worker = components.worker.build(cfg, index=index)
         self.prompts = components.prompts.build(cfg, index=index)
         self.reward_fn = components.reward.build(cfg, index=index)

@@ -20,6 +20,7 @@ import torch
 from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
+from rl_engine.models.logprobs import linear_head_of
 from rl_engine.rollout.common import eos_floor, extend_sample, needs_continuation, sample_template
 from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.types import FinishReason, Prompt, Sample
@@ -98,6 +99,12 @@ class HFRolloutWorker(HFWeights):
         self._group: Any = None  # the broadcast weight group (init_weight_transfer), if any
         self._group_device = self.device
         self._sampler: DecodeSampler | None = None  # per-step sampling buffers (rl_engine.rollout.sampling)
+        # A plain output layer is applied here, into the sampler's logits buffer, after the model's body:
+        # no [B, V] tensor per decode step. None (soft-capped or scaled logits): the model's own forward.
+        # (Modules looked up once; their weights are read at each step.)
+        plain_head = linear_head_of(self.model) is not None
+        self._body = self.model.get_decoder() if plain_head else None
+        self._head = self.model.get_output_embeddings() if plain_head else None
 
     # --- public API -------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
@@ -163,10 +170,7 @@ class HFRolloutWorker(HFWeights):
         ids, mask = left_pad([r.prompt_ids + r.prefix_ids for r in reqs], pad)
         ids, mask = ids.to(dev), mask.to(dev)
         pos = position_ids_from_mask(mask)
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
-        )
-        past, logits = _cache_of(out), out.logits[:, -1, :]
+        past, logits, sampler = self._forward(input_ids=ids, attention_mask=mask, position_ids=pos)
         next_pos = pos[:, -1] + 1
         budgets = torch.tensor([r.budget for r in reqs], device=dev)
         hold = max(r.eos_floor for r in reqs)  # steps during which some row may not sample eos
@@ -174,7 +178,6 @@ class HFRolloutWorker(HFWeights):
         done = torch.zeros(len(reqs), dtype=torch.bool, device=dev)
         toks, lps = [], []
         chunk, temp = self.cfg.chunk_tokens, self.cfg.temperature
-        sampler = self._sampler_for(*logits.shape)
         for step in range(int(budgets.max())):
             if step < hold:
                 _mask_eos(logits, self._eos, floors > step)
@@ -186,22 +189,38 @@ class HFRolloutWorker(HFWeights):
             if bool(done.all()) or ((step + 1) % chunk == 0 and self.interrupted):
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self.model(
+            past, logits, sampler = self._forward(
                 input_ids=tok[:, None],
                 attention_mask=mask,
                 position_ids=next_pos[:, None],
                 **{self._cache_kwarg: past},
-                use_cache=True,
             )
-            past, logits = _cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
         self._collect(reqs, torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist())
 
+    def _forward(self, **inputs: Any) -> tuple[Any, torch.Tensor, DecodeSampler]:
+        """One cached forward -> (KV cache, the last position's logits [B, V], the sampler for them).
+        With a plain output layer the logits are written into the sampler's ``logits`` buffer, by the
+        matmul the model's own head runs (``F.linear``: ``mm``, or ``addmm`` with a bias)."""
+        if self._body is None:
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1, :]
+            return _cache_of(out), logits, self._sampler_for(*logits.shape)
+        out = self._body(**inputs, use_cache=True)
+        hidden, weight, bias = out.last_hidden_state[:, -1, :], self._head.weight, self._head.bias
+        sampler = self._sampler_for(hidden.shape[0], weight.shape[0])
+        if bias is None:
+            torch.mm(hidden, weight.t(), out=sampler.logits)
+        else:
+            torch.addmm(bias, hidden, weight.t(), out=sampler.logits)
+        return _cache_of(out), sampler.logits, sampler
+
     def _sampler_for(self, rows: int, vocab: int) -> DecodeSampler:
         """The sampling buffers of a [rows, vocab] micro-batch, kept for the next one of that shape."""
-        if self._sampler is None or not self._sampler.fits(rows, vocab, self.device, self.cfg.top_p):
+        dtype = self.model.dtype
+        if self._sampler is None or not self._sampler.fits(rows, vocab, self.device, self.cfg.top_p, dtype):
             self._sampler = None  # the old buffers go before the new ones are allocated
-            self._sampler = DecodeSampler(rows, vocab, self.device, self.cfg.top_p)
+            self._sampler = DecodeSampler(rows, vocab, self.device, self.cfg.top_p, logits_dtype=dtype)
         return self._sampler
 
     def _collect(self, reqs: list[_Request], toks: list[list[int]], lps: list[list[float]]) -> None:

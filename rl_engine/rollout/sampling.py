@@ -4,12 +4,13 @@ made and dropped per step.
 One decode step turns the last position's logits [B, V] into one sampled token and its log-prob per
 row: logits / temperature, log-softmax, exp, (top-p: sort, cumulative sum, mask, scatter back), a
 multinomial draw. Written naively each of those allocates a [B, V] float32 tensor (9.7 MB at B = 16
-and a 151,936 vocabulary) and frees it a moment later; in a Ray actor's threads glibc's allocator
-keeps such freed blocks in per-thread arenas instead of reusing them, and the rollout process grew by
-~8-10 MB a step. ``DecodeSampler`` owns the [B, V] buffers of a micro-batch shape and does every
-step in place, with exactly the same numerics: the same ops in the same order, and the draw is
-``torch.multinomial``'s own single-sample algorithm (``q ~ Exp(1)``, ``argmax(p / q)``) with the
-same generator calls, so a fixed seed gives the same tokens and log-probs as the allocating version.
+and a 151,936 vocabulary), and so does the model's output layer, and frees it a moment later: in a Ray
+actor's decoding thread glibc's heap then grew step after step (rl_engine.rollout.heap has why and the
+allocator setting that keeps it flat). ``DecodeSampler`` owns the [B, V] buffers of a micro-batch shape,
+the one the decode loop writes the logits into included, and does every step in place, with exactly the
+same numerics: the same ops in the same order, and the draw is ``torch.multinomial``'s own single-sample
+algorithm (``q ~ Exp(1)``, ``argmax(p / q)``) with the same generator calls, so a fixed seed gives the
+same tokens and log-probs as the allocating version.
 """
 
 from __future__ import annotations
@@ -20,23 +21,51 @@ import torch
 class DecodeSampler:
     """Buffers for ``rows`` x ``vocab`` logits on ``device``; ``step`` samples one token per row.
 
-    Memory: three [rows, vocab] float32 buffers, plus (``top_p < 1``) a float32, an int64 and a bool
-    one for the sorted nucleus. Reused for every step and every micro-batch of the same shape.
+    ``logits``: a [rows, vocab] buffer of ``logits_dtype`` the decode loop writes each step's logits into
+    (the output layer's ``out=``); with float32 logits it is the work buffer itself, which ``step``
+    overwrites. Memory: three [rows, vocab] float32 buffers (four with other logits dtypes), plus
+    (``top_p < 1``) a float32, an int64 and a bool one for the sorted nucleus. Reused for every step and
+    every micro-batch of the same shape.
     """
 
-    def __init__(self, rows: int, vocab: int, device: torch.device, top_p: float) -> None:
+    def __init__(
+        self,
+        rows: int,
+        vocab: int,
+        device: torch.device,
+        top_p: float,
+        logits_dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.shape, self.device, self.top_p = (rows, vocab), torch.device(device), top_p
+        self.logits_dtype = logits_dtype
         f32 = {"dtype": torch.float32, "device": self.device}
         self._work = torch.empty(rows, vocab, **f32)  # logits / T, then the probabilities
         self._logp = torch.empty(rows, vocab, **f32)
         self._aux = torch.empty(rows, vocab, **f32)  # the nucleus' cumulative mass, then the Exp(1) noise
+        self.logits = (
+            self._work
+            if logits_dtype == torch.float32
+            else torch.empty(rows, vocab, dtype=logits_dtype, device=self.device)
+        )
         if top_p < 1.0:
             self._sorted = torch.empty(rows, vocab, **f32)
             self._order = torch.empty(rows, vocab, dtype=torch.long, device=self.device)
             self._drop = torch.empty(rows, vocab, dtype=torch.bool, device=self.device)
 
-    def fits(self, rows: int, vocab: int, device: torch.device, top_p: float) -> bool:
-        return self.shape == (rows, vocab) and self.device == torch.device(device) and self.top_p == top_p
+    def fits(
+        self,
+        rows: int,
+        vocab: int,
+        device: torch.device,
+        top_p: float,
+        logits_dtype: torch.dtype = torch.float32,
+    ) -> bool:
+        return (
+            self.shape == (rows, vocab)
+            and self.device == torch.device(device)
+            and self.top_p == top_p
+            and self.logits_dtype == logits_dtype
+        )
 
     @torch.no_grad()
     def step(
@@ -45,7 +74,8 @@ class DecodeSampler:
         """logits [rows, vocab] (any float dtype) -> (tokens [rows] int64, their log-probs [rows]
         float32 under softmax(logits / temperature), before any top-p cut)."""
         work, logp = self._work, self._logp
-        work.copy_(logits)  # == logits.float()
+        if logits is not work:  # (float32 logits written into ``self.logits`` are already there)
+            work.copy_(logits)  # == logits.float()
         work.div_(temperature)
         torch.log_softmax(work, dim=-1, out=logp)
         probs = torch.exp(logp, out=work)

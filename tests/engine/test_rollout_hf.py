@@ -73,7 +73,9 @@ def test_rollout_logprobs_match_trainer_recomputation(make_cfg, temperature):
 
 
 def _interrupt_after_forwards(worker, n: int) -> None:
-    """Call ``worker.interrupt()`` from inside the n-th model forward, as another thread would mid-decode."""
+    """Call ``worker.interrupt()`` from inside the n-th model forward, as another thread would mid-decode.
+    (Hooked on the model's body: every decode forward runs it; the output layer may be applied outside
+    the model's own forward, see ``HFRolloutWorker._forward``.)"""
     calls = {"n": 0}
 
     def hook(*_):
@@ -81,7 +83,7 @@ def _interrupt_after_forwards(worker, n: int) -> None:
         if calls["n"] == n:
             worker.interrupt()
 
-    worker.model.register_forward_hook(hook)
+    worker.model.get_decoder().register_forward_hook(hook)
 
 
 def test_interrupt_then_resume_continues_the_prefix(make_cfg):
@@ -257,6 +259,7 @@ def test_generate_samples_and_logprobs_match_the_plain_sampling_loop(make_cfg):
     overrides = ("rollout.max_new_tokens=12", "rollout.temperature=0.8", "rollout.top_p=0.95")
     cfg, worker, prompts = _worker_and_prompts(make_cfg, *overrides, "rollout.micro_batch_size=3")
     ref = build_rollout_worker(cfg)  # the same seed, weights and micro-batches
+    ref._body = None  # the model's own forward makes the logits
     ref._sampler_for = lambda rows, vocab: _PlainSampler(cfg.rollout.top_p)
     got, want = worker.generate(prompts, 2), ref.generate(prompts, 2)
     assert [s.response_ids for s in got] == [s.response_ids for s in want]
@@ -264,10 +267,83 @@ def test_generate_samples_and_logprobs_match_the_plain_sampling_loop(make_cfg):
     assert len({tuple(s.response_ids) for s in got}) > 1  # really sampled
 
 
+def _reference_decode(worker, prompts, n: int, temperature: float, top_p: float, state: torch.Tensor):
+    """The decode loop written from its definitions, independently of the worker's code: each row on its
+    own (no padding), a full forward of prompt + tokens so far (no KV cache) through the model's own
+    output layer, the log-softmax of logits / T in float64, the nucleus cut in float64, and the draw as
+    ``torch.multinomial`` makes it, ``argmax(p / q)`` with ``q ~ Exp(1)``: one [rows, V] float32 draw
+    per step from the generator, for every row, finished or not, until all rows are finished."""
+    g = torch.Generator().set_state(state)
+    eos = set(worker.special.eos_ids)
+    rows = [list(p.token_ids) for p in prompts for _ in range(n)]
+    new: list[list[int]] = [[] for _ in rows]
+    lps: list[list[float]] = [[] for _ in rows]
+    done = [False] * len(rows)
+    vocab = worker.model.config.vocab_size
+    for _ in range(worker.cfg.max_new_tokens):
+        q = torch.empty(len(rows), vocab).exponential_(1.0, generator=g).double()
+        for i, ids in enumerate(rows):
+            if done[i]:
+                continue
+            with torch.no_grad():
+                logits = worker.model(input_ids=torch.tensor([ids + new[i]]), use_cache=False).logits[0, -1]
+            logp = torch.log_softmax(logits.double() / temperature, dim=-1)
+            p = logp.exp()
+            if top_p < 1.0:
+                srt, order = p.sort(descending=True)
+                p = torch.zeros_like(p).scatter(0, order, srt.masked_fill(srt.cumsum(0) - srt >= top_p, 0.0))
+            tok = int((p / q[i]).argmax())
+            new[i].append(tok)
+            lps[i].append(float(logp[tok]))
+            done[i] = tok in eos or len(new[i]) == worker.cfg.max_new_tokens
+        if all(done):
+            break
+    return new, lps
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_generate_draws_what_an_independent_reference_draws(make_cfg, top_p):
+    """Same seed, same tokens and log-probs as the reference decode above (float64, no cache, no
+    padding): the in-place sampler, the output layer applied into its buffer and the generator calls
+    change nothing of what is sampled."""
+    overrides = ("rollout.max_new_tokens=10", "rollout.temperature=0.7", f"rollout.top_p={top_p}")
+    _, worker, prompts = _worker_and_prompts(make_cfg, *overrides, "data.task=add", k=3)
+    assert worker._body is not None  # the tiny model's plain output layer: applied by the worker
+    state = worker.generator.get_state()
+    got = worker.generate(prompts, 3)  # one micro-batch of 9 rows, prompts of several lengths
+    assert len({len(p.token_ids) for p in prompts}) > 1
+    ids, lps = _reference_decode(worker, prompts, 3, 0.7, top_p, state)
+    assert [s.response_ids for s in got] == ids
+    assert len({tuple(r) for r in ids}) > 1  # really sampled
+    for s, ref in zip(got, lps, strict=True):
+        assert max(abs(a - b) for a, b in zip(s.logprobs, ref, strict=True)) < LOGPROB_ATOL
+
+
+def test_an_output_layer_with_a_bias_is_applied_as_the_model_applies_it(make_cfg):
+    """A plain output layer with a bias (``addmm`` into the logits buffer) gives bit for bit the tokens
+    and log-probs of the model's own forward."""
+    cfg, worker, prompts = _worker_and_prompts(make_cfg, "rollout.max_new_tokens=8", "rollout.top_p=0.95")
+    ref = build_rollout_worker(cfg)
+    bias = torch.randn(worker.model.config.vocab_size, generator=torch.Generator().manual_seed(5))
+    for w in (worker, ref):
+        weight = w.model.get_output_embeddings().weight
+        head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=True)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+            head.bias.copy_(bias)
+        w.model.set_output_embeddings(head)
+        w._head = head
+    ref._body = None  # the model's own forward makes the logits
+    assert worker._body is not None and worker._head.bias is not None
+    got, want = worker.generate(prompts, 2), ref.generate(prompts, 2)
+    assert [s.response_ids for s in got] == [s.response_ids for s in want]
+    assert [s.logprobs for s in got] == [s.logprobs for s in want]
+
+
 def test_generation_builds_no_autograd_graph(make_cfg):
     _, worker, prompts = _worker_and_prompts(make_cfg)
     grad_modes: list[bool] = []
-    worker.model.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
+    worker.model.get_decoder().register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
     samples = worker.generate(prompts, 2)
     worker.resume([s for s in samples if s.finish_reason == "abort"])
     assert grad_modes and not any(grad_modes)
@@ -279,7 +355,7 @@ def test_weights_updated_from_another_thread_apply_between_micro_batches(make_cf
     )
     new_weights = {k: v * 1.01 for k, v in PolicyTrainer(cfg).weights_numpy().items()}
     started = threading.Event()
-    worker.model.register_forward_hook(lambda *_: started.set())
+    worker.model.get_decoder().register_forward_hook(lambda *_: started.set())
     result: list = []
     gen = threading.Thread(target=lambda: result.extend(worker.generate(prompts, 4)))
     gen.start()

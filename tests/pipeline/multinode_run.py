@@ -1,8 +1,9 @@
-"""A whole run on a real two-node Ray cluster on this machine (``ray.cluster_utils.Cluster``): the head
-node has the custom resource ``trainer_node``, the other ``rollout_node``; the config asks for them per
-role, so Ray must place both trainer ranks on the head and the rollouter on the other node. The factories
-record where each actor was built. Prints one JSON line. Usage: python -m tests.pipeline.multinode_run
-MODEL_DIR TMP_DIR (the test runs it in its own process: it starts and stops its own cluster)."""
+"""A whole run on a real two-node Ray cluster on this machine (``tests.ray_cluster``: ``ray start`` a head
+and a worker node): the head has the custom resource ``trainer_node``, the other node ``rollout_node``;
+the config asks for them per role, so Ray must place both trainer ranks on the head and the rollouter
+on the other node. The factories record where each actor was built. Prints one JSON line. Usage:
+python -m tests.pipeline.multinode_run MODEL_DIR TMP_DIR (the test runs it in its own process: it
+starts and stops its own cluster)."""
 
 from __future__ import annotations
 
@@ -36,52 +37,47 @@ def placed_worker(cfg: Any, out_dir: str, index: int = 0) -> Any:
 
 
 def main(model_dir: str, tmp: str) -> None:
-    from ray.cluster_utils import Cluster
-
     from rl_engine.jobspec import Placement
     from rl_engine.pipeline import run_experiment
     from rl_engine.pipeline.components import Components, Factory
     from tests.pipeline.conftest import RecordingSink
     from tests.pipeline.test_trainer_group_pipeline import group_cfg
+    from tests.ray_cluster import LocalRayCluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     marks = Path(tmp) / "placed"
     marks.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "resources": {"trainer_node": 2}, "include_dashboard": False},
-    )
-    worker = cluster.add_node(num_cpus=2, resources={"rollout_node": 1})
-    try:
+    # each node: one CPU, enough for its role (two trainer ranks of 0.5 CPU; one rollouter of 0.5)
+    cluster = LocalRayCluster(Path(tmp) / "ray")
+    with cluster.started(head_cpus=1, head_resources={"trainer_node": 2}, workers=[(1, {"rollout_node": 1})]):
+        head, worker = cluster.nodes
         ray.init(address=cluster.address, log_to_driver=False)
-        cluster.wait_for_nodes()
-        head = ray.get_runtime_context().get_node_id()  # the driver runs on the head
-        cfg = group_cfg(
-            Path(model_dir),
-            "trainer.world_size=2",
-            "trainer.total_steps=2",
-            'resources.trainer_node_resources={"trainer_node": 1}',
-            'resources.rollout_node_resources={"rollout_node": 1}',
-        )
-        components = Components(
-            worker=Factory("tests.pipeline.multinode_run:placed_worker", {"out_dir": str(marks)}),
-            trainer=Factory("tests.pipeline.multinode_run:placed_trainer", {"out_dir": str(marks)}),
-        )
-        placement = Placement(checkpoint_dir=str(Path(tmp) / "ckpt"))
-        summary = run_experiment(cfg, RecordingSink(), placement=placement, components=components)
+        try:
+            cfg = group_cfg(
+                Path(model_dir),
+                "trainer.world_size=2",
+                "trainer.total_steps=2",
+                'resources.trainer_node_resources={"trainer_node": 1}',
+                'resources.rollout_node_resources={"rollout_node": 1}',
+            )
+            components = Components(
+                worker=Factory("tests.pipeline.multinode_run:placed_worker", {"out_dir": str(marks)}),
+                trainer=Factory("tests.pipeline.multinode_run:placed_trainer", {"out_dir": str(marks)}),
+            )
+            placement = Placement(checkpoint_dir=str(Path(tmp) / "ckpt"))
+            summary = run_experiment(cfg, RecordingSink(), placement=placement, components=components)
+        finally:
+            ray.shutdown()
         nodes = {p.name: p.read_text() for p in marks.iterdir()}
         report = {
             "steps_done": summary.steps_done,
-            "head": head,
+            "head": head.node_id,
             "worker": worker.node_id,
             "trainer_nodes": [v for k, v in sorted(nodes.items()) if k.startswith("trainer")],
             "rollout_nodes": [v for k, v in sorted(nodes.items()) if k.startswith("rollout")],
         }
-        print(json.dumps(report))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

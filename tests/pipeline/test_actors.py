@@ -168,3 +168,18 @@ def test_a_pause_that_the_engine_ignores_fails_clearly_instead_of_hanging(ray_se
     with pytest.raises(RuntimeError, match=r"rollouter 0: the running call did not return within 1 s"):
         r.pause()
     assert r._hold == 0
+
+
+def test_a_rollouter_sets_its_processs_heap_from_the_environment(monkeypatch):
+    """Every Rollouter actor fixes glibc's mmap threshold at its start (rl_engine.rollout.heap: the HF
+    decode loop's heap stays flat); a bad value fails its construction, naming the variable."""
+    from rl_engine.rollout.heap import DEFAULT_MMAP_THRESHOLD, MMAP_THRESHOLD_ENV
+
+    cfg = sim_config()
+    knobs = knobs_from_config(cfg)
+    monkeypatch.delenv(MMAP_THRESHOLD_ENV, raising=False)
+    heap = Rollouter(cfg, knobs, 0, 1, None, sim_components()).heap
+    assert (heap.threshold, heap.applied) == (DEFAULT_MMAP_THRESHOLD, True)
+    monkeypatch.setenv(MMAP_THRESHOLD_ENV, "lots")
+    with pytest.raises(ValueError, match=MMAP_THRESHOLD_ENV):
+        Rollouter(cfg, knobs, 0, 1, None, sim_components())

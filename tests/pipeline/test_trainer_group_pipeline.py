@@ -84,11 +84,12 @@ def test_trainer_ranks_and_rollouter_on_different_nodes_of_a_real_cluster(tiny_d
         [sys.executable, "-m", "tests.pipeline.multinode_run", str(tiny_dir), str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,  # the nodes start in ~30 s each at a load of 15 on 2 cores; the run takes minutes
         cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["steps_done"] == 2
+    assert report["head"] != report["worker"]
     assert report["trainer_nodes"] == [report["head"]] * 2  # both ranks on the trainer node
     assert report["rollout_nodes"] == [report["worker"]]
