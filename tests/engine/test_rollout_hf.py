@@ -254,10 +254,16 @@ def test_sampler_step_allocates_no_vocabulary_sized_tensor():
     assert [e for e in prof.events() if e.cpu_memory_usage >= rows * vocab]
 
 
-def test_generate_samples_and_logprobs_match_the_plain_sampling_loop(make_cfg):
-    """The whole worker, one seed: the in-place sampler against the plain one, same tokens and log-probs."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_generate_samples_and_logprobs_match_the_plain_sampling_loop(make_cfg, dtype):
+    """The whole worker, one seed: the output layer into the sampler's buffer and the in-place sampler
+    against the model's own forward and the plain sampling, same tokens and log-probs, bit for bit
+    (bfloat16: the logits buffer is a bfloat16 one, cast into the float32 work buffer as before)."""
     overrides = ("rollout.max_new_tokens=12", "rollout.temperature=0.8", "rollout.top_p=0.95")
-    cfg, worker, prompts = _worker_and_prompts(make_cfg, *overrides, "rollout.micro_batch_size=3")
+    cfg, worker, prompts = _worker_and_prompts(
+        make_cfg, *overrides, "rollout.micro_batch_size=3", f"model.dtype={dtype}"
+    )
+    assert worker.model.dtype == getattr(torch, dtype) and worker._body is not None
     ref = build_rollout_worker(cfg)  # the same seed, weights and micro-batches
     ref._body = None  # the model's own forward makes the logits
     ref._sampler_for = lambda rows, vocab: _PlainSampler(cfg.rollout.top_p)
