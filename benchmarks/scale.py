@@ -373,7 +373,7 @@ def measure_rollout(
     """Each variant ``repeats`` times, interleaved, each in a fresh Rollouter actor of the private Ray (one
     at a time): the HF worker decodes ``seqs`` prompts of ``ROLLOUT_PROMPT_TOKENS`` x ``new_tokens`` in one
     micro-batch. (Whether glibc's dynamic threshold lets the heap grow depends on the order of frees: the
-    same run is flat once and grows by 1.6 GB the next; hence the repeats.)"""
+    same run is flat once and grows by 1.76 GB the next; hence the repeats.)"""
     import ray
 
     from rl_engine.config import apply_overrides, parse_config

@@ -1,8 +1,8 @@
 """Random-weight models with a real model's shapes, for the scale benchmark and the GPU check.
 
 Shape decides memory and time, not the weights: ``save_shaped_model`` writes a standard model
-directory (Qwen2 or Llama architecture, random init from a seed, the tiny model's character tokenizer, eos id
-2) that ``load_model`` / ``PolicyTrainer`` / ``HFRolloutWorker`` load like any other. Nothing is
+directory (Qwen2 or Llama architecture, random init from a seed, the tiny model's character tokenizer,
+eos id 2) that ``load_model`` / ``PolicyTrainer`` / ``HFRolloutWorker`` load like any other. Nothing is
 downloaded.
 """
 

@@ -1,15 +1,16 @@
 """The rollout process's C heap: a fixed glibc mmap threshold, so that memory a decode loop frees goes
 back to the OS instead of piling up in the heap.
 
-Every decode step allocates and frees buffers of a vocabulary's size (the model's ``[B, 1, V]`` logits:
-9.7 MB at B = 16 and a 151,936 vocabulary) between smaller ones that grow by a token a step (the KV
-cache, the attention mask). glibc serves a freed large mmapped block's size from the heap from then on
-(its *dynamic* mmap threshold rises to the largest block freed, up to 32 MB), and in the heap of the
-decoding thread the growing small blocks split the holes the large ones leave: the next large block no
-longer fits any hole and the heap grows by it, step after step (measured in a Rollouter-like Ray actor:
-+1.5 GB over 256 steps). A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, which also turns the dynamic
-one off) gives every block over it its own mapping, returned to the OS when freed: the heap then holds
-only the small blocks and stays flat (docs/benchmarks.md, "Rollout memory").
+A decode loop that allocates and frees buffers of a vocabulary's size every step (9.7 MB at B = 16 and a
+151,936 vocabulary: the HF loop's logits and sampling temporaries before it kept them in buffers,
+top-p's sort scratch still) between smaller ones that grow by a token a step (the KV cache, the
+attention mask) makes glibc grow its heap: its *dynamic* mmap threshold rises to the largest block
+freed (up to 32 MB), so such blocks are served from the decoding thread's heap from then on, the
+growing small blocks split the holes they leave, and the next large block no longer fits any hole
+(measured in a Rollouter actor over 256 steps: +1.76 GB in one run, flat in another; which one depends
+on the order of the first frees). A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, which also turns the
+dynamic one off) gives every block over it its own mapping, returned to the OS when freed: the heap
+holds only the small blocks and stays flat (docs/benchmarks.md, "Rollout memory").
 
 ``RL_ENGINE_MALLOC_MMAP_THRESHOLD`` (bytes; default 1 MiB; 0 leaves glibc's dynamic threshold) is read
 in the process the rollout runs in. Not glibc (musl, macOS): nothing is changed.
