@@ -33,6 +33,7 @@ def test_provider_address_runs_a_trainer_group_across_the_nodes_of_a_multi_node_
 ):
     from experiments.services import experiment_create, run_create
     from launcher import job_env, ray_local
+    from rl_engine.config import parse_config
     from tests.factories import ProjectFactory
 
     head = ray_local.read_state()
@@ -47,7 +48,9 @@ def test_provider_address_runs_a_trainer_group_across_the_nodes_of_a_multi_node_
             "trainer_node_resources": {"trainer_node": 1},
             "rollout_node_resources": {"rollout_node": 1},
         }
-        exp = experiment_create(project=ProjectFactory(), user=None, name="multi-node", config=cfg)
+        exp = experiment_create(
+            project=ProjectFactory(), user=None, name="multi-node", config=parse_config(cfg)
+        )
         run = wait_state(
             run_create(experiment=exp, user=None, provider="address").pk, "succeeded", timeout_s=900
         )
