@@ -170,11 +170,12 @@ def test_a_redis_restart_under_the_live_stack_loses_nothing_and_new_runs_start(p
     time.sleep(3)
     production.redis.start()
     time.sleep(5)
-    t0 = time.monotonic()
     later = launch(api, project, tiny_config(steps=20))
     ws_later = follow(production, later, cookie)
-    ws_later.wait_for(lambda f: steps_seen(f) >= 1, 30, "the run launched after the restart to stream")
-    assert time.monotonic() - t0 < 30
+    # What this catches is a worker or a web process that never recovers from the outage (the task not
+    # taken, the socket never fed). The bound allows a Ray job's start and its first step on a loaded
+    # 2-core machine beside the training run (on a quiet stack it starts in about a second).
+    ws_later.wait_for(lambda f: steps_seen(f) >= 1, 90, "the run launched after the restart to stream")
 
     for run_id, f in ((training, ws), (later, ws_later)):
         f.wait_for(lambda f: f.states()[-1:] == ["succeeded"], 240, f"run {run_id} to succeed")
