@@ -224,9 +224,32 @@ def test_a_websocket_on_either_web_process_sees_points_posted_to_the_other(produ
         # Through the layer, not the database poll: the points carried by live messages alone hold every
         # posted point. (A safety poll that happens to run between a point's commit and its live message
         # may send it first; the live message still comes, and that is what this test is about.)
-        f.wait_for(lambda f: live_points(f) >= sent, 20, "every posted point at every follower, live")
+        try:
+            f.wait_for(lambda f: live_points(f) >= sent, 20, "every posted point at every follower, live")
+        except TimeoutError as exc:
+            raise AssertionError(delivery_report(production, followers, served, sent)) from exc
         assert len(live_points(f)) == len(sent)  # each once, with its stored value
+    for f in followers:
         f.close()
+
+
+def delivery_report(
+    production: Production, followers: list[Follower], served: dict[int, set[int]], sent: set
+) -> str:
+    """What each follower received, by web process and source, and what the web processes logged about
+    the layer: enough to tell a lost publish from a consumer that stopped reading."""
+    process = {port: pid for pid, ports in served.items() for port in ports}
+    lines = [f"posted: {sorted(s for _, s, _ in sent)}"]
+    for f in followers:
+        polled = {s for m in f.of_kind("metrics") if m.get("source") == "poll" for s in m["series"].get("cross/x", {}).get("steps", [])}  # fmt: skip
+        lines.append(
+            f"follower :{f.local_port} on web pid {process.get(f.local_port)}: live steps "
+            f"{sorted(s for _, s, _ in live_points(f))}, polled steps {sorted(polled)}, closed: {f.closed}"
+        )
+    logged = [ln for ln in production.stack.log("web").splitlines() if "layer" in ln or "publish" in ln]
+    lines.append("web log lines about the layer or publishing (last 30):")
+    lines.extend(logged[-30:])
+    return "\n".join(lines)
 
 
 def live_points(f: Follower) -> set[tuple[str, int, float]]:
