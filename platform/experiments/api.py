@@ -19,12 +19,13 @@ from accounts.parsers import JsonOnly, query_int, query_str
 from experiments import services
 from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
 from experiments.models import Experiment, Run, RunState
-from experiments.selectors import visible_experiments, visible_runs, with_tag
+from experiments.selectors import runs_compared, visible_experiments, visible_runs, with_tag
 from experiments.serializers import (
     CloneSerializer,
     ExperimentListSerializer,
     ExperimentSerializer,
     ResumeSerializer,
+    RunCompareSerializer,
     RunCreateSerializer,
     RunListSerializer,
     RunSerializer,
@@ -300,3 +301,63 @@ class RunResumeView(JsonOnly, APIView):
         except CheckpointRefused as exc:
             raise exceptions.ValidationError({"resumed_from_checkpoint": [str(exc)]}) from None
         return Response(RunSerializer(new).data, status=status.HTTP_201_CREATED)
+
+
+# --- Config diff of runs: GET /api/runs/compare?ids=1,2,3 ---------------------------------------------
+
+COMPARE_MAX_IDS = 20
+IDS_Q = OpenApiParameter(
+    "ids",
+    str,
+    required=True,
+    description=f"Comma-separated ids of 1 to {COMPARE_MAX_IDS} different runs, e.g. 1,2,3.",
+)
+
+
+def compare_ids(request: Request) -> list[int]:
+    """The ``ids`` parameter: distinct positive run ids, 1 to COMPARE_MAX_IDS of them; else a 400 at ``ids``."""
+
+    def refuse(message: str) -> exceptions.ValidationError:
+        return exceptions.ValidationError({"ids": [message]})
+
+    raw = ",".join(request.query_params.getlist("ids"))
+    if not raw.strip(" ,"):
+        raise refuse(f"required: comma-separated run ids (1 to {COMPARE_MAX_IDS}), e.g. ids=1,2,3")
+    items = [item.strip() for item in raw.split(",")]
+    if len(items) > COMPARE_MAX_IDS:
+        raise refuse(f"at most {COMPARE_MAX_IDS} runs can be compared, got {len(items)}")
+    ids: list[int] = []
+    for item in items:
+        if not (item.isascii() and item.isdigit() and len(item) <= 19) or not 1 <= int(item) <= 2**62:
+            shown = item if len(item) <= 30 else item[:30] + "…"
+            raise refuse(f"{shown!r} is not a run id (a positive integer)")
+        ids.append(int(item))
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise refuse(f"each run may be listed once; repeated: {', '.join(map(str, repeated))}")
+    return ids
+
+
+class RunCompareView(JsonOnly, APIView):
+    @extend_schema(
+        operation_id="runs_compare",
+        parameters=[IDS_Q],
+        responses={
+            200: RunCompareSerializer,
+            400: OpenApiResponse(description="ids missing, not run ids, repeated, or more than 20."),
+            404: OpenApiResponse(description="A run that does not exist or is not in your projects."),
+        },
+        description="How the runs' configs differ: every leaf field (a dotted path; a list is one value) "
+        "whose value is not the same in all the runs, with each run's value; a run lacking the field is "
+        "listed in `absent`, never given a null. Each run is compared by its stored config validated with "
+        "the engine's schema (defaults explicit), or, where that no longer parses, as stored "
+        "(`config_basis`, `config_problem`).",
+    )
+    def get(self, request: Request) -> Response:
+        ids = compare_ids(request)
+        found = {r.pk: r for r in visible_runs(request).select_related("project").filter(pk__in=ids)}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise exceptions.NotFound(f"no run {', '.join(map(str, missing))} in your projects")
+        comparison = runs_compared([found[i] for i in ids])
+        return Response(RunCompareSerializer(comparison).data)

@@ -1,17 +1,20 @@
 """Reads of the experiments app: what a user may see (the API's and the pages' one visibility rule), tag
-filters, the home page's counts, a run's checkpoints for its page, a stored config as the typed config."""
+filters, the home page's counts, a run's checkpoints for its page, a stored config as the typed config,
+and how the configs of runs differ."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from django.db import connection
 from django.db.models import Count, Max, Q, QuerySet
 from django.http import HttpRequest
 
 from accounts.access import visible_project_ids
+from experiments.config_diff import Difference, config_differences
 from experiments.models import ACTIVE_STATES, Experiment, Run
-from rl_engine.config import ExperimentConfig, parse_config
+from rl_engine.config import ConfigError, ExperimentConfig, parse_config
 
 
 def visible_experiments(request: HttpRequest) -> QuerySet[Experiment]:
@@ -52,3 +55,46 @@ def run_checkpoints(run: Run) -> list[dict[str, Any]]:
     """The run's checkpoints, latest step first, JSON-ready."""
     rows = run.checkpoints.order_by("-step").values("step", "path", "size_bytes", "created")
     return [{**c, "created": c["created"].isoformat()} for c in rows]
+
+
+# --- Config diff of runs (GET /api/runs/compare, the compare page) ------------------------------------
+
+
+@dataclass(frozen=True)
+class ComparedConfig:
+    """The config a run is compared by: its stored config validated and dumped (every default explicit,
+    so a default written out equals one left implicit), or, where the stored config no longer parses
+    (an older schema), the stored document as it is, with the reason."""
+
+    document: dict[str, Any]
+    basis: Literal["validated", "stored"]
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ComparedRun:
+    run: Run
+    config: ComparedConfig
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    runs: list[ComparedRun]
+    differences: list[Difference[int]]
+
+
+def compared_config(run: Run) -> ComparedConfig:
+    try:
+        return ComparedConfig(document=stored_config(run).model_dump(mode="json"), basis="validated")
+    except ConfigError as exc:
+        document = run.config if isinstance(run.config, dict) else {}
+        return ComparedConfig(document=document, basis="stored", problem=str(exc))
+
+
+def runs_compared(runs: list[Run]) -> RunComparison:
+    """``runs`` (in the order given) with the leaf config fields whose value is not the same in all."""
+    compared = [ComparedRun(run=run, config=compared_config(run)) for run in runs]
+    return RunComparison(
+        runs=compared,
+        differences=config_differences({c.run.pk: c.config.document for c in compared}),
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from experiments.models import Experiment, Run
@@ -152,3 +153,57 @@ class RunCreateSerializer(serializers.Serializer):
 
 class ResumeSerializer(serializers.Serializer):
     priority = serializers.IntegerField(required=False, min_value=-1000, max_value=1000)
+
+
+# --- Config diff of runs (GET /api/runs/compare) -------------------------------------------------------
+
+
+class IdNameSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+
+
+class ComparedRunSerializer(serializers.Serializer):
+    """One run of a comparison (renders ``selectors.ComparedRun``)."""
+
+    id = serializers.IntegerField(source="run.pk")
+    number = serializers.IntegerField(source="run.number")
+    label = serializers.SerializerMethodField(help_text='"<experiment name> #<run number>"')
+    state = serializers.CharField(source="run.state")
+    experiment = IdNameSerializer(source="run.experiment")
+    project = IdNameSerializer(source="run.project")
+    config_basis = serializers.ChoiceField(
+        choices=["validated", "stored"],
+        source="config.basis",
+        help_text="validated: the stored config parsed with the engine's schema and dumped (every default "
+        "explicit); stored: it no longer parses (an older schema), compared as stored.",
+    )
+    config_problem = serializers.CharField(
+        source="config.problem",
+        allow_null=True,
+        help_text="Why the stored config no longer parses (null when config_basis is validated).",
+    )
+
+    def get_label(self, obj: Any) -> str:
+        return f"{obj.run.experiment.name} #{obj.run.number}"
+
+
+class ConfigDifferenceSerializer(serializers.Serializer):
+    """One leaf config field whose value is not the same in every run (renders ``config_diff.Difference``)."""
+
+    path = serializers.CharField(help_text='Dotted field path, e.g. "trainer.lr" (a list is one value).')
+    values = serializers.SerializerMethodField(
+        help_text="{run id: value} for the runs that have the field (null is a value)."
+    )
+    absent = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Ids of the runs whose config lacks the field."
+    )
+
+    @extend_schema_field({"type": "object", "additionalProperties": {}})
+    def get_values(self, obj: Any) -> dict[str, Any]:
+        return {str(run_id): value for run_id, value in obj.present().items()}
+
+
+class RunCompareSerializer(serializers.Serializer):
+    runs = ComparedRunSerializer(many=True)
+    differences = ConfigDifferenceSerializer(many=True)

@@ -12,6 +12,7 @@ urlpatterns = [
     path("experiments/<int:pk>/clone", api.ExperimentCloneView.as_view(), name="api-experiment-clone"),
     path("experiments/<int:pk>/yaml", api.ExperimentYamlView.as_view(), name="api-experiment-yaml"),
     path("runs", api.RunListView.as_view(), name="api-runs"),
+    path("runs/compare", api.RunCompareView.as_view(), name="api-runs-compare"),  # config diff
     path("runs/<int:pk>", api.RunDetailView.as_view(), name="api-run"),
     path("runs/<int:pk>/cancel", api.RunCancelView.as_view(), name="api-run-cancel"),
     path("runs/<int:pk>/resume", api.RunResumeView.as_view(), name="api-run-resume"),

@@ -99,6 +99,8 @@ ENDPOINTS = [
     ),
     Endpoint("GET", "/api/runs/{run}/samples", "viewer", 200),
     Endpoint("GET", "/api/runs/{run}/checkpoints", "viewer", 200),
+    # Config diff (issue 22): several runs at once; one the caller cannot see makes it a 404.
+    Endpoint("GET", "/api/runs/compare?ids={run},{done_run}", "viewer", 200),
 ]
 
 
@@ -216,6 +218,7 @@ def _template(path: str) -> str:
     """Our placeholders -> the OpenAPI document's parameter names."""
     import re
 
+    path = path.split("?", 1)[0]  # a query string is not part of the documented path
     path = re.sub(r"^/api/projects/\{project\}", "/api/projects/{id}", path)
     path = path.replace("/api/projects/{id}/", "/api/projects/{project_id}/")
     path = path.replace("{membership}", "{membership_id}").replace("{ingest_token}", "{token_id}")
