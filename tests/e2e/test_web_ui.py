@@ -338,6 +338,9 @@ def test_resume_from_a_checkpoint_then_compare_the_two_runs(page, asgi_server, t
     expect(legend).to_contain_text("copy-task #2")
     expect(page.locator("#compare-note")).to_contain_text("no reward/mean yet: copy-task #2")
     expect(page.locator("#compare-runs option")).to_have_count(2)
+    # A resumed run runs its parent's config: the config diff says so (tests/e2e/test_compare_config_diff.py).
+    expect(page.locator("#diff-note")).to_have_text("The runs' configs are identical.")
+    expect(page.get_by_test_id("config-diff").locator("tbody tr")).to_have_count(0)
     page.screenshot(path=str(screenshot_dir(tmp_path) / "compare.png"), full_page=False)
     assert page.js_errors == []
 

@@ -1,4 +1,5 @@
-// Compare view: one metric of several runs overlaid on a shared step axis.
+// Compare view: one metric of several runs overlaid on a shared step axis, and the config fields in which
+// the runs differ (GET /api/runs/compare).
 import { api, el, fmtNum, pageData } from "./api.js";
 import { STEP_INCRS, yAxisSize } from "./charts.js";
 
@@ -43,6 +44,57 @@ export function alignSeries(seriesList) {
   return [steps, ...columns];
 }
 
+/** A config value as text, exactly (never rounded: 1e-6 and 1.1e-6 stay apart): JSON, with a small
+ * fraction in exponent form ("3e-6", not "0.000003"). */
+export function configText(value) {
+  if (typeof value === "number" && !Number.isInteger(value) && Math.abs(value) < 1e-3) {
+    return value.toExponential();
+  }
+  return JSON.stringify(value);
+}
+
+/** One run's cell of a difference: its value, or "(absent)" where its config lacks the field (not null). */
+function diffCell(difference, runId) {
+  if (difference.absent.includes(runId)) {
+    return el("td", { class: "muted", title: "this run's config has no such field" }, "(absent)");
+  }
+  return el("td", { class: "mono" }, configText(difference.values[String(runId)]));
+}
+
+let diffToken = 0;
+
+/** The "Config differences" table: one row per differing field path, one column per run. */
+async function loadDiff(ids) {
+  const token = ++diffToken;
+  const note = $("diff-note");
+  const clear = () => { $("diff-head").replaceChildren(); $("diff-rows").replaceChildren(); $("diff-basis").replaceChildren(); };
+  if (ids.length < 2) {
+    clear();
+    note.textContent = "Pick two runs or more to see how their configs differ.";
+    return;
+  }
+  note.textContent = "loading…";
+  let answer;
+  try {
+    answer = await api("/api/runs/compare", { params: { ids: ids.join(",") } });
+  } catch (err) {
+    if (token !== diffToken) return;
+    clear();
+    note.textContent = `could not compare the configs: ${err.message}`;
+    return;
+  }
+  if (token !== diffToken) return;  // a later choice of runs is on its way
+  clear();
+  $("diff-head").append(el("tr", {}, el("th", {}, "field"), answer.runs.map((r, i) =>
+    el("th", { style: `border-bottom: 3px solid ${PALETTE[i % PALETTE.length]}` }, r.label))));
+  $("diff-rows").append(...answer.differences.map((d) => el("tr", { dataset: { path: d.path } },
+    el("td", {}, el("code", {}, d.path)), answer.runs.map((r) => diffCell(d, r.id)))));
+  const n = answer.differences.length;
+  note.textContent = n ? `${n} field${n === 1 ? " differs" : "s differ"}` : "The runs' configs are identical.";
+  $("diff-basis").append(...answer.runs.filter((r) => r.config_basis !== "validated").map((r) =>
+    el("li", {}, `${r.label}: compared as stored (it no longer parses: ${r.config_problem})`)));
+}
+
 async function draw() {
   const ids = [...runSelect.selectedOptions].map((o) => Number(o.value)).slice(0, data.max_runs);
   const key = $("compare-key").value;
@@ -51,6 +103,7 @@ async function draw() {
   url.searchParams.set("runs", ids.join(","));
   if (key) url.searchParams.set("key", key);
   window.history.replaceState(null, "", url);
+  loadDiff(ids);
   if (!ids.length || !key) {
     $("compare-note").textContent = "Pick runs and a metric.";
     return;
@@ -94,4 +147,5 @@ window.addEventListener("resize", () => { if (plot) plot.setSize({ width: $("com
 (async () => {
   await loadKeys([...chosen]);
   if (chosen.size) await draw();
+  else loadDiff([]);
 })();
