@@ -371,11 +371,11 @@ def test_fork_from_a_checkpoint_with_an_override_then_the_new_run_continues_the_
     post_json(
         asgi_server.url, f"/api/runs/{first.pk}/metrics", token, {"points": points(range(1, 11), time.time())}
     )
-    at_4 = checkpoint_record(run_id=first.pk, step=4, path=checkpoint_path(first, 4))
-    as_worker(run_transition, run_id=first.pk, to="succeeded")
+    as_worker(checkpoint_record, run_id=first.pk, step=10, path=checkpoint_path(first, 10))
     login(page, "fran")
     page.goto(f"/runs/{first.pk}/")
-    # A checkpoint the engine reports live gets its button too (its id is looked up when it is used).
+    # A checkpoint the engine reports live gets its button too (its id is looked up when it is used),
+    # enabled once the run has finished.
     post_json(
         asgi_server.url,
         f"/api/runs/{first.pk}/events",
@@ -385,12 +385,17 @@ def test_fork_from_a_checkpoint_with_an_override_then_the_new_run_continues_the_
                 {
                     "kind": "checkpoint",
                     "message": "c",
-                    "data": {"step": 10, "path": checkpoint_path(first, 10)},
+                    "data": {"step": 4, "path": checkpoint_path(first, 4)},
                 }
             ]
         },
     )
+    expect(page.get_by_test_id("fork-4")).to_be_disabled()
+    as_worker(run_transition, run_id=first.pk, to="succeeded")
+    expect(page.get_by_test_id("run-state")).to_have_text("succeeded")
+    expect(page.get_by_test_id("fork-4")).to_be_enabled()
     expect(page.get_by_test_id("fork-10")).to_be_enabled()
+    at_4 = first.checkpoints.get(step=4)
     expect(page.get_by_test_id("fork-panel")).to_be_hidden()
 
     page.click("[data-testid=fork-4]")
