@@ -24,7 +24,15 @@ from typing import Any, NoReturn
 import yaml
 
 from rlp_client import cli_run
-from rlp_client.cli_common import EXIT_BAD_INPUT, CliError, Output, client_from_config, parse_id, run_cli
+from rlp_client.cli_common import (
+    EXIT_BAD_INPUT,
+    CliError,
+    Output,
+    client_from_config,
+    parse_id,
+    run_cli,
+    set_path,
+)
 from rlp_client.client import Client
 from rlp_client.config import save_credentials
 
@@ -34,25 +42,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{self.prog.split(' ', 1)[-1]}: {message}", EXIT_BAD_INPUT)
-
-
-def _set_path(config: dict[str, Any], assignment: str) -> None:
-    """``a.b.c=value``: the value parsed as YAML (``3`` an int, ``true`` a bool, ``x`` a string)."""
-    path, sep, raw = assignment.partition("=")
-    if not sep or not path or any(not part for part in path.split(".")):
-        raise CliError(f"--set: expected KEY.PATH=VALUE, got {assignment!r}", EXIT_BAD_INPUT)
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
-        value = raw
-    node = config
-    parts = path.split(".")
-    for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise CliError(f"--set {path}: {'.'.join(parts[: i + 1])} is not a mapping", EXIT_BAD_INPUT)
-        node = child
-    node[parts[-1]] = value
 
 
 def _read_config(path: str) -> tuple[str, dict[str, Any] | None]:
@@ -107,7 +96,7 @@ def cmd_experiment_create(args: argparse.Namespace, out: Output) -> int:
         if data is None:
             raise CliError(f"-f: {args.file} is not a YAML mapping, cannot apply --set", EXIT_BAD_INPUT)
         for assignment in args.set:
-            _set_path(data, assignment)
+            set_path(data, assignment)
         text = yaml.safe_dump(data, sort_keys=False)
     name = args.name or (Path(args.file).stem if args.file != "-" else "experiment")
     with client_from_config() as client:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import yaml
+
 from rlp_client.client import Client
 from rlp_client.config import NotLoggedIn, load_credentials
 from rlp_client.errors import (
@@ -123,3 +125,22 @@ def run_cli(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[
         line, code = error_exit(exc)
         print(f"error: {' '.join(line.split())}", file=sys.stderr, flush=True)
         return code
+
+
+def set_path(config: dict[str, Any], assignment: str) -> None:
+    """``a.b.c=value``: the value parsed as YAML (``3`` an int, ``true`` a bool, ``x`` a string)."""
+    path, sep, raw = assignment.partition("=")
+    if not sep or not path or any(not part for part in path.split(".")):
+        raise CliError(f"--set: expected KEY.PATH=VALUE, got {assignment!r}", EXIT_BAD_INPUT)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    node = config
+    parts = path.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise CliError(f"--set {path}: {'.'.join(parts[: i + 1])} is not a mapping", EXIT_BAD_INPUT)
+        node = child
+    node[parts[-1]] = value

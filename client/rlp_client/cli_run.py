@@ -1,4 +1,4 @@
-"""``rlp run ...``: launch, follow (a live progress bar), wait, cancel, resume, metrics, list, show."""
+"""``rlp run ...``: launch, follow (a live progress bar), wait, cancel, resume, fork, metrics, list, show."""
 
 from __future__ import annotations
 
@@ -7,9 +7,20 @@ import csv
 import io
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from rlp_client.cli_common import EXIT_BAD_INPUT, STATE_EXIT, CliError, Output, client_from_config, parse_id
+import yaml
+
+from rlp_client.cli_common import (
+    EXIT_BAD_INPUT,
+    STATE_EXIT,
+    CliError,
+    Output,
+    client_from_config,
+    parse_id,
+    set_path,
+)
 from rlp_client.models import ACTIVE_STATES, FINAL_STATES, Event, MetricPoint, RunInfo
 from rlp_client.runs import Run
 
@@ -137,6 +148,35 @@ def cmd_resume(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def cmd_fork(args: argparse.Namespace, out: Output) -> int:
+    run_id = parse_id(args.run, "run")
+    checkpoint = parse_id(args.checkpoint, "--checkpoint") if args.checkpoint is not None else None
+    overrides: dict[str, Any] = {}
+    if args.file:
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        except OSError as exc:
+            raise CliError(f"-f: cannot read {args.file}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
+        try:
+            overrides = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            raise CliError(f"-f: {args.file} is not valid YAML", EXIT_BAD_INPUT) from None
+        if not isinstance(overrides, dict):
+            raise CliError(f"-f: {args.file} is not a YAML mapping of config overrides", EXIT_BAD_INPUT)
+    for assignment in args.set or []:
+        set_path(overrides, assignment)
+    with client_from_config() as client:
+        new = client.run(run_id).fork(
+            checkpoint=checkpoint, config_overrides=overrides, priority=args.priority
+        )
+        if args.follow:
+            if not out.json_mode:
+                out.say(f"run {new.id} launched (forks run {args.run})")
+            return follow(new, out)
+    _show(new, out, f"launched (forks run {args.run})")
+    return 0
+
+
 def cmd_metrics(args: argparse.Namespace, out: Output) -> int:
     keys = [k for k in (args.keys or "").split(",") if k] or None
     run_id = parse_id(args.run, "run")
@@ -219,6 +259,19 @@ def add_commands(
     p.add_argument("--priority", type=int)
     p.add_argument("--follow", action="store_true")
     p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser(
+        "fork", parents=[common], help="a new run from one of this run's checkpoints with a changed config"
+    )
+    p.add_argument("run")
+    p.add_argument("--checkpoint", metavar="ID", help="a checkpoint id of the run (default: its latest)")
+    p.add_argument(
+        "-f", "--file", help="a YAML file of config overrides, nested like the config ('-': stdin)"
+    )
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="one override (repeatable)")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--follow", action="store_true")
+    p.set_defaults(func=cmd_fork)
 
     p = sub.add_parser("metrics", parents=[common], help="every stored point, as CSV or JSON")
     p.add_argument("run")

@@ -62,6 +62,23 @@ class Run:
         body = {"priority": priority} if priority is not None else {}
         return Run(self.client, RunInfo.from_api(self.client.transport.post(f"{self._path}/resume", body)))
 
+    def fork(
+        self,
+        checkpoint: int | None = None,
+        config_overrides: dict[str, Any] | None = None,
+        priority: int | None = None,
+    ) -> Run:
+        """A new run of the same experiment from one of this run's checkpoints (an id; default its
+        latest) with this run's config and ``config_overrides`` (a nested partial config, e.g.
+        ``{"trainer": {"lr": 5e-7}}``) merged in. Raises :class:`~rlp_client.errors.BadRequest` naming
+        the field (``config_overrides.trainer.lr``, ``checkpoint``) or ``Conflict`` (the run is active)."""
+        body: dict[str, Any] = {"config_overrides": config_overrides or {}}
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint
+        if priority is not None:
+            body["priority"] = priority
+        return Run(self.client, RunInfo.from_api(self.client.transport.post(f"{self._path}/fork", body)))
+
     def wait(self, timeout_s: float | None = None, poll_s: float = 2.0) -> str:
         """Block until the run is in a final state and return it (``succeeded``, ``failed`` or
         ``cancelled``). Raises ``TimeoutError`` after ``timeout_s``."""

@@ -19,11 +19,12 @@ from accounts.parsers import JsonOnly, query_int, query_str
 from experiments import services
 from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
 from experiments.models import Experiment, Run, RunState
-from experiments.selectors import runs_compared, visible_experiments, visible_runs, with_tag
+from experiments.selectors import runs_compared, stored_config, visible_experiments, visible_runs, with_tag
 from experiments.serializers import (
     CloneSerializer,
     ExperimentListSerializer,
     ExperimentSerializer,
+    ForkSerializer,
     ResumeSerializer,
     RunCompareSerializer,
     RunCreateSerializer,
@@ -31,6 +32,7 @@ from experiments.serializers import (
     RunSerializer,
     YamlImportSerializer,
     config_error_dict,
+    fork_error_dict,
 )
 from rl_engine import presets
 from rl_engine.config import ConfigError, experiment_json_schema
@@ -361,3 +363,50 @@ class RunCompareView(JsonOnly, APIView):
             raise exceptions.NotFound(f"no run {', '.join(map(str, missing))} in your projects")
         comparison = runs_compared([found[i] for i in ids])
         return Response(RunCompareSerializer(comparison).data)
+
+
+# --- fork (issue 22) -----------------------------------------------------------------------------------
+
+
+class RunForkView(JsonOnly, APIView):
+    """A resume with knobs: from a chosen checkpoint of the run, with a changed config."""
+
+    @extend_schema(
+        request=ForkSerializer,
+        responses={
+            201: RunSerializer,
+            400: OpenApiResponse(
+                description="Field paths: config_overrides.<path> (an invalid value, an unknown field, a "
+                "change of the model section or of pipeline.num_rollouters, a value the platform's policy "
+                "refuses), config.<path> (the run's own config is refused now), checkpoint (not one of "
+                "the run's checkpoints)."
+            ),
+            409: OpenApiResponse(description="The run is still active, or has no checkpoint."),
+        },
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        run = _run_for_write(request, pk)
+        try:
+            parent = stored_config(run)
+        except ConfigError as exc:
+            raise _config_refused(exc) from None
+        ser = ForkSerializer(data=request.data, context={"parent": parent})
+        ser.is_valid(raise_exception=True)
+        data = ser.validated_data
+        try:
+            new = services.run_resume(
+                run=run,
+                user=request.user,
+                priority=data.get("priority"),
+                checkpoint_id=data.get("checkpoint"),
+                config=data["config"],
+            )
+        except services.InvalidTransition as exc:
+            raise Conflict(f"run {run.pk} is {exc.current}: only a finished run can be forked") from None
+        except services.NoCheckpoint as exc:
+            raise Conflict(str(exc)) from None
+        except ConfigError as exc:
+            raise exceptions.ValidationError(fork_error_dict(exc, data["config_overrides"])) from None
+        except CheckpointRefused as exc:
+            raise exceptions.ValidationError({"checkpoint": [str(exc)]}) from None
+        return Response(RunSerializer(new).data, status=status.HTTP_201_CREATED)

@@ -53,7 +53,7 @@ def stored_config(row: Experiment | Run) -> ExperimentConfig:
 
 def run_checkpoints(run: Run) -> list[dict[str, Any]]:
     """The run's checkpoints, latest step first, JSON-ready."""
-    rows = run.checkpoints.order_by("-step").values("step", "path", "size_bytes", "created")
+    rows = run.checkpoints.order_by("-step").values("id", "step", "path", "size_bytes", "created")
     return [{**c, "created": c["created"].isoformat()} for c in rows]
 
 
@@ -98,3 +98,29 @@ def runs_compared(runs: list[Run]) -> RunComparison:
         runs=compared,
         differences=config_differences({c.run.pk: c.config.document for c in compared}),
     )
+
+
+LINEAGE_MAX = 20
+
+
+def run_lineage(run: Run) -> list[dict[str, Any]]:
+    """The runs ``run`` continues (resumed or forked from, nearest first, at most LINEAGE_MAX), each
+    with ``up_to_step``: the step of the checkpoint its successor started from (capped by the later
+    ones), so that each curve is drawn up to where the next one takes over. Stops at a run without a
+    recorded checkpoint or one of another project."""
+    out: list[dict[str, Any]] = []
+    current, cut, seen = run, None, {run.pk}
+    while len(out) < LINEAGE_MAX and current.resumed_from_id and current.resumed_from_checkpoint_id:
+        ckpt = current.resumed_from_checkpoint
+        parent = (
+            Run.objects.select_related("resumed_from_checkpoint")
+            .filter(pk=current.resumed_from_id, project_id=run.project_id)
+            .first()
+        )
+        if parent is None or ckpt is None or parent.pk in seen:
+            break
+        cut = ckpt.step if cut is None else min(cut, ckpt.step)
+        out.append({"id": parent.pk, "number": parent.number, "up_to_step": cut})
+        seen.add(parent.pk)
+        current = parent
+    return out

@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from experiments.models import Experiment, Run
 from experiments.services import clean_tags
-from rl_engine.config import ConfigError, ExperimentConfig, parse_config
+from rl_engine.config import FORK_FIXED, ConfigError, ExperimentConfig, fork_config, parse_config
 
 
 def config_error_dict(exc: ConfigError, prefix: str = "config") -> dict[str, list[str]]:
@@ -207,3 +207,54 @@ class ConfigDifferenceSerializer(serializers.Serializer):
 class RunCompareSerializer(serializers.Serializer):
     runs = ComparedRunSerializer(many=True)
     differences = ConfigDifferenceSerializer(many=True)
+
+
+# --- fork (issue 22) -----------------------------------------------------------------------------------
+
+
+class ForkSerializer(ResumeSerializer):
+    """A fork's body. Needs ``context["parent"]``: the parent run's config (an ExperimentConfig); the
+    merged, validated config comes back as ``validated_data["config"]``."""
+
+    checkpoint = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="Id of one of the run's checkpoints (GET /api/runs/{id}/checkpoints); default: its latest.",
+    )
+    config_overrides = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text=(
+            "A nested partial config, merged into the run's (mappings key by key, other values replace); "
+            f"the result is validated as an ExperimentConfig. Fixed: {', '.join(FORK_FIXED)}."
+        ),
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            attrs["config"] = fork_config(self.context["parent"], attrs.get("config_overrides", {}))
+        except ConfigError as exc:
+            raise serializers.ValidationError(config_error_dict(exc, prefix="config_overrides")) from None
+        return attrs
+
+
+def _set_by(overrides: dict[str, Any], path: str) -> bool:
+    """Whether the overrides set the field at ``path`` (or a value above it)."""
+    node: Any = overrides
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return True
+        if part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def fork_error_dict(exc: ConfigError, overrides: dict[str, Any]) -> dict[str, list[str]]:
+    """A policy refusal of a fork's config: at ``config_overrides.<path>`` where the overrides set that
+    field, else at ``config.<path>`` (the parent's own value, which the platform refuses now)."""
+    out: dict[str, list[str]] = {}
+    for path, msg in exc.errors:
+        where = "config_overrides" if path and _set_by(overrides, path) else "config"
+        out.setdefault(f"{where}.{path}" if path else where, []).append(msg)
+    return out

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounts.models import Project
 from accounts.services import ingest_tokens_renew, ingest_tokens_revoke_for_run
-from experiments.config_policy import check_config, check_resume_checkpoint
+from experiments.config_policy import CheckpointRefused, check_config, check_resume_checkpoint
 from experiments.lifecycle import CancelRequested, RunQueued, StateChanged, announce
 from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, RunState
 from experiments.selectors import stored_config
@@ -187,6 +187,8 @@ def run_create(
             resumed_from_checkpoint=resumed_from_checkpoint,
         )
         what = f"resumed from run #{resumed_from.number}" if resumed_from else "created"
+        if resumed_from_checkpoint is not None:
+            what += f" at step {resumed_from_checkpoint.step}"
         announce(StateChanged(run.pk, None, RunState.QUEUED, f"queued ({what})"))
         announce(RunQueued(run.pk))
     return run
@@ -275,24 +277,40 @@ def run_heartbeat(*, run_id: int) -> bool:
     return alive
 
 
-def run_resume(*, run: Run, user: AbstractBaseUser | None, priority: int | None = None) -> Run:
-    """A new run of the same experiment continuing from ``run``'s latest checkpoint.
+def run_resume(
+    *,
+    run: Run,
+    user: AbstractBaseUser | None,
+    priority: int | None = None,
+    checkpoint_id: int | None = None,
+    config: ExperimentConfig | None = None,
+) -> Run:
+    """A new run of the same experiment continuing from a checkpoint of ``run``: a resume, or with the
+    knobs a fork.
 
-    The new run has the old one's config and its own folder; it resumes from the checkpoint recorded
-    as its ``resumed_from_checkpoint`` (the launcher puts it in the job's placement). Raises
-    InvalidTransition (the run is active), NoCheckpoint, ConfigError (the platform's policy refuses the
-    frozen config) or CheckpointRefused (the checkpoint lies outside the run's folder)."""
+    The new run has its own folder; it resumes from the checkpoint recorded as its
+    ``resumed_from_checkpoint`` (the launcher puts it in the job's placement): ``checkpoint_id``, one of
+    ``run``'s, else its latest. Its config is ``config`` (a fork's: the parent's with overrides applied,
+    ``rl_engine.config.fork_config``), else ``run``'s own. Raises InvalidTransition (the run is active),
+    NoCheckpoint, ConfigError (the platform's policy refuses the config) or CheckpointRefused (not one
+    of ``run``'s checkpoints, or it lies outside the run's folder)."""
     if run.state not in TERMINAL_STATES:
         raise InvalidTransition(run.pk, run.state, "resumed")
-    ckpt = run.checkpoints.select_related("run").order_by("-step").first()
-    if ckpt is None:
-        raise NoCheckpoint(f"run {run.pk} has no checkpoint to resume from")
+    checkpoints = run.checkpoints.select_related("run")
+    if checkpoint_id is not None:
+        ckpt = checkpoints.filter(pk=checkpoint_id).first()
+        if ckpt is None:  # the same answer for another run's checkpoint and for none at all
+            raise CheckpointRefused(f"checkpoint {checkpoint_id} is not one of run {run.pk}'s checkpoints")
+    else:
+        ckpt = checkpoints.order_by("-step").first()
+        if ckpt is None:
+            raise NoCheckpoint(f"run {run.pk} has no checkpoint to resume from")
     return run_create(
         experiment=run.experiment,
         user=user,
         priority=run.priority if priority is None else priority,
         resumed_from=run,
         resumed_from_checkpoint=ckpt,
-        config=stored_config(run),
+        config=config if config is not None else stored_config(run),
         provider=run.provider,
     )

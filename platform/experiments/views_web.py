@@ -18,7 +18,13 @@ from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
 from experiments.config_policy import platform_presets
 from experiments.models import Experiment, Run
-from experiments.selectors import run_checkpoints, visible_experiments, visible_runs, with_run_counts
+from experiments.selectors import (
+    run_checkpoints,
+    run_lineage,
+    visible_experiments,
+    visible_runs,
+    with_run_counts,
+)
 from experiments.services import config_to_yaml
 from experiments.summary import run_states, run_summary
 from rl_engine.config import experiment_json_schema
@@ -137,6 +143,7 @@ def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
                 "run": run_summary(run),
                 "checkpoints": run_checkpoints(run),
                 "can_write": has_role(request, run.project_id, Role.MEMBER),
+                "lineage": run_lineage(run),  # fork (issue 22): the curves this run continues
             },
         },
     )

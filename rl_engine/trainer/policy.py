@@ -437,9 +437,29 @@ class PolicyTrainer:
 
         ckpt.write_atomically_group(Path(path), write, rank, world)
 
+    def _apply_config_hyperparameters(self) -> None:
+        """The config's optimizer hyper-parameters win over a checkpoint's: loading the optimizer puts
+        back each param group's ``lr``, ``initial_lr``, ``betas`` and ``weight_decay`` as they were saved,
+        and loading the scheduler its ``base_lrs``. A run that resumes with a changed config (a fork)
+        gets its own: the base learning rate is ``trainer.lr``, scaled by the config's schedule at the
+        optimizer step the checkpoint reached; AdamW's moments and step counts are kept."""
+        tc = self.cfg.trainer
+        groups = self.optimizer.param_groups
+        self.scheduler.base_lrs = [tc.lr for _ in groups]
+        k = self.scheduler.last_epoch
+        for group, fn in zip(groups, self.scheduler.lr_lambdas, strict=True):
+            group["initial_lr"] = tc.lr
+            group["lr"] = tc.lr * fn(k)
+            group["betas"] = tuple(tc.betas)
+            group["weight_decay"] = tc.weight_decay
+        self.scheduler._last_lr = [group["lr"] for group in groups]
+
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict. A sharded
         checkpoint loads on any number of ranks (resharded); one rank's only on one rank.
+
+        The config's optimizer hyper-parameters (``trainer.lr`` and its schedule, ``betas``,
+        ``weight_decay``) replace the checkpoint's (:meth:`_apply_config_hyperparameters`).
 
         A ``proximal.safetensors`` written by earlier versions (decoupled mode kept a proximal copy) is
         ignored: the proximal log-probs now come from the current weights.
@@ -465,6 +485,7 @@ class PolicyTrainer:
                 torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
             )
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        self._apply_config_hyperparameters()
         ckpt.set_rng_state(torch.load(path / "rng.pt", weights_only=False), self.generator)
         self.version = int(state["version"])
         self.optimizer_steps = int(state["optimizer_steps"])

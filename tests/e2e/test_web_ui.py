@@ -354,3 +354,90 @@ def test_strangers_get_404_and_anonymous_users_the_login_page(page, asgi_server)
     login(page, "dave")
     resp = page.goto(f"/runs/{run.pk}/")
     assert resp.status == 404
+
+
+# --- fork (issue 22) -----------------------------------------------------------------------------------
+
+
+def test_fork_from_a_checkpoint_with_an_override_then_the_new_run_continues_the_parents_curve(
+    page, asgi_server, tmp_path
+):
+    from tracking.services import checkpoint_record
+
+    user = UserFactory(username="fran")
+    project = project_create(name="rl", user=user)
+    exp = ExperimentFactory(project=project, name="copy-task", run_counter=1)
+    first = RunFactory(experiment=exp, number=1, created_by=user)
+    token = ingest_token_issue(run=first).secret
+    as_worker(run_transition, run_id=first.pk, to="starting")
+    as_worker(run_transition, run_id=first.pk, to="running")
+    post_json(
+        asgi_server.url, f"/api/runs/{first.pk}/metrics", token, {"points": points(range(1, 11), time.time())}
+    )
+    as_worker(checkpoint_record, run_id=first.pk, step=10, path=checkpoint_path(first, 10))
+    login(page, "fran")
+    page.goto(f"/runs/{first.pk}/")
+    # A checkpoint the engine reports live gets its button too (its id is looked up when it is used),
+    # enabled once the run has finished.
+    post_json(
+        asgi_server.url,
+        f"/api/runs/{first.pk}/events",
+        token,
+        {
+            "events": [
+                {
+                    "kind": "checkpoint",
+                    "message": "c",
+                    "data": {"step": 4, "path": checkpoint_path(first, 4)},
+                }
+            ]
+        },
+    )
+    expect(page.get_by_test_id("fork-4")).to_be_disabled()
+    as_worker(run_transition, run_id=first.pk, to="succeeded")
+    expect(page.get_by_test_id("run-state")).to_have_text("succeeded")
+    expect(page.get_by_test_id("fork-4")).to_be_enabled()
+    expect(page.get_by_test_id("fork-10")).to_be_enabled()
+    at_4 = first.checkpoints.get(step=4)
+    expect(page.get_by_test_id("fork-panel")).to_be_hidden()
+
+    page.click("[data-testid=fork-4]")
+    expect(page.get_by_test_id("fork-panel")).to_be_visible()
+    expect(page.locator("#fork-title")).to_have_text("Fork from step 4")
+    editor = page.get_by_test_id("fork-overrides")
+    for text, path in [
+        ("trainer:\n  lr: -1\n", "config_overrides.trainer.lr"),
+        ("trainer:\n  lrr: 1.0e-6\n", "config_overrides.trainer.lrr"),
+        ("model:\n  dtype: bfloat16\n", "config_overrides.model.dtype"),
+        ("trainer: [1\n", "not valid YAML"),
+    ]:
+        editor.fill(text)
+        page.click("[data-testid=fork-submit]")
+        expect(page.get_by_test_id("fork-errors")).to_contain_text(path)
+    assert Run.objects.count() == 1
+
+    editor.fill("trainer:\n  lr: 5.0e-7\nalgorithm:\n  kl_coef: 0.01\n")
+    page.click("[data-testid=fork-submit]")
+    page.wait_for_url(re.compile(rf"/runs/(?!{first.pk}/)\d+/$"))
+    fork = Run.objects.exclude(pk=first.pk).get()
+    assert page.url.endswith(f"/runs/{fork.pk}/")
+    assert fork.resumed_from_id == first.pk and fork.resumed_from_checkpoint_id == at_4.pk
+    assert fork.config["trainer"]["lr"] == 5e-7 and fork.config["algorithm"]["kl_coef"] == 0.01
+    expect(page.get_by_test_id("run-state")).to_have_text(re.compile("queued|starting|running"))
+    # The parent's curve up to the fork's checkpoint, then the fork's own points as they arrive.
+    chart = page.locator('[data-metric="reward/mean"]')
+    expect(chart).to_have_attribute("data-earlier-points", "4")
+    fork_token = ingest_token_issue(run=fork).secret
+    as_worker(run_transition, run_id=fork.pk, to="starting")
+    as_worker(run_transition, run_id=fork.pk, to="running")
+    expect(page.locator("#charts")).to_have_attribute("data-history", "loaded")
+    post_json(
+        asgi_server.url,
+        f"/api/runs/{fork.pk}/metrics",
+        fork_token,
+        {"points": points(range(5, 8), time.time())},
+    )
+    expect(chart).to_have_attribute("data-points", "3")
+    expect(chart).to_have_attribute("data-earlier-points", "4")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "fork.png"), full_page=False)
+    assert page.js_errors == []

@@ -9,6 +9,7 @@ from rl_engine.config import (
     apply_overrides,
     dump_yaml,
     experiment_json_schema,
+    fork_config,
     load_yaml,
     parse_config,
 )
@@ -136,3 +137,30 @@ def test_json_schema_exposes_the_discriminated_backends_for_the_form():
     assert rollout["discriminator"]["propertyName"] == "backend"
     assert set(rollout["discriminator"]["mapping"]) == {"hf", "vllm", "sglang"}
     assert "model" in schema["required"]
+
+
+def test_fork_config_merges_nested_overrides_and_keeps_what_a_checkpoint_needs():
+    parent = parse_config(get_preset("demo-cpu"))
+    child = fork_config(parent, {"trainer": {"lr": 5e-7}, "algorithm": {"kl_coef": 0.01}})
+    assert child.trainer.lr == 5e-7 and child.algorithm.kl_coef == 0.01
+    # everything else is the parent's
+    expected = parent.model_dump(mode="json")
+    expected["trainer"]["lr"], expected["algorithm"]["kl_coef"] = 5e-7, 0.01
+    assert child.model_dump(mode="json") == expected
+    assert fork_config(parent, {}) == parent
+    assert fork_config(parent, {"model": {"dtype": parent.model.dtype}}) == parent  # unchanged: fine
+
+    def paths(overrides) -> set[str]:
+        with pytest.raises(ConfigError) as info:
+            fork_config(parent, overrides)
+        return {p for p, _ in info.value.errors}
+
+    assert paths({"trainer": {"lr": -1}}) == {"trainer.lr"}
+    assert paths({"trainer": {"lrr": 1e-6}}) == {"trainer.lrr"}
+    assert paths({"model": {"tiny": {"hidden_size": 128}}}) == {"model.tiny"}
+    assert paths({"model": {"path": "/elsewhere"}, "trainer": {"lr": 1e-6}}) == {"model.path"}
+    assert paths({"pipeline": {"num_rollouters": parent.pipeline.num_rollouters + 1}}) == {
+        "pipeline.num_rollouters"
+    }
+    assert paths({"trainer": {"betas": {"first": 0.9}}}) == {"trainer.betas"}
+    assert paths([1]) == {""}  # type: ignore[arg-type]

@@ -303,3 +303,70 @@ def test_reinforce_pp_with_one_response_per_prompt_still_learns(make_cfg):
     trainer.train_step(batch)
     moved = sum(not torch.equal(before[k], p) for k, p in trainer.model.named_parameters())
     assert moved == len(before)  # every parameter got a gradient: advantages are not all zero
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_a_resume_with_a_changed_config_trains_with_the_configs_optimizer_settings(
+    make_cfg, tmp_path: Path, schedule: str
+):
+    """A fork: saved at lr A, restored with a config at lr B (and other betas and weight decay). The
+    param groups carry B (scaled by the schedule at the checkpoint's optimizer step) and the next step
+    moves the weights exactly as a fresh torch AdamW with the checkpoint's state at lr B would."""
+    common = (
+        "trainer.batch_size=8",
+        "trainer.mini_batch_size=8",
+        "trainer.ppo_epochs=1",
+        "rollout.max_new_tokens=4",
+        f"trainer.lr_schedule={schedule}",
+        "trainer.total_steps=6",
+    )
+    lr_a, lr_b = 1e-3, 5e-5
+    cfg_a = make_cfg(*common, f"trainer.lr={lr_a}")
+    cfg_b = make_cfg(*common, f"trainer.lr={lr_b}", "trainer.betas=[0.8,0.95]", "trainer.weight_decay=0.1")
+    worker = build_rollout_worker(cfg_a)
+    stream = PromptStream(cfg_a, worker.tokenizer)
+    b1, b2, b3 = (_scored_batch(cfg_a, worker, stream) for _ in range(3))
+
+    a = PolicyTrainer(cfg_a)
+    a.train_step(b1)
+    a.train_step(b2)
+    a.mark_synced()
+    a.save_checkpoint(tmp_path / "ckpt", {})
+
+    b = PolicyTrainer(cfg_b)
+    b.load_checkpoint(tmp_path / "ckpt")
+    assert b.version == 2 and b.optimizer_steps == 2
+    multiplier, _ = build_lr_multiplier(cfg_b.trainer)
+    for group in b.optimizer.param_groups:
+        assert group["lr"] == pytest.approx(lr_b * multiplier(2), rel=1e-12)
+        assert group["initial_lr"] == lr_b
+        assert tuple(group["betas"]) == (0.8, 0.95) and group["weight_decay"] == 0.1
+    assert b.scheduler.get_last_lr() == [pytest.approx(lr_b * multiplier(2), rel=1e-12)]
+
+    before = [p.detach().clone() for p in b.optimizer.param_groups[0]["params"]]
+    grads: list[torch.Tensor] = []
+    b.optimizer.register_step_pre_hook(
+        lambda opt, *_: grads.extend(p.grad.detach().clone() for p in opt.param_groups[0]["params"])
+    )
+    metrics = b.train_step(b3)
+    assert metrics["actor/lr"] == pytest.approx(lr_b * multiplier(2), rel=1e-12)
+    after = [p.detach() for p in b.optimizer.param_groups[0]["params"]]
+
+    def reference(lr: float) -> list[torch.Tensor]:
+        params = [torch.nn.Parameter(t.clone()) for t in before]
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.8, 0.95), weight_decay=0.1)
+        opt.load_state_dict(torch.load(tmp_path / "ckpt" / "optimizer.pt", weights_only=False))
+        for group in opt.param_groups:  # the checkpoint's state, the fork's hyper-parameters
+            group.update(lr=lr, betas=(0.8, 0.95), weight_decay=0.1)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+        return [p.detach() for p in params]
+
+    expected = reference(lr_b * multiplier(2))
+    for got, want in zip(after, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+    # ... and not as the checkpoint's learning rate would have moved them
+    stale = reference(lr_a * multiplier(2))
+    assert max((g - s).abs().max().item() for g, s in zip(after, stale, strict=True)) > 1e-6
+    assert b.optimizer.state[b.optimizer.param_groups[0]["params"][0]]["step"].item() == 3

@@ -120,3 +120,35 @@ def test_dashboard_hands_its_script_the_run_state_seq_and_checkpoints(world):
     assert [(c["step"], c["path"]) for c in data["checkpoints"]] == [(5, "/ckpt/step-5")]
     assert data["can_write"] is False  # a viewer gets no Cancel/Resume buttons
     assert page_data(client_for(world["owner"]).get(f"/runs/{run.pk}/"))["can_write"] is True
+
+
+# --- fork (issue 22) -----------------------------------------------------------------------------------
+
+
+def test_a_fork_of_a_fork_hands_its_script_the_runs_it_continues_and_members_the_fork_editor(world):
+    from experiments.models import Experiment
+    from experiments.services import run_resume
+    from tests.factories import checkpoint_path
+
+    def finish_with_checkpoints(run, *steps):
+        run_transition(run_id=run.pk, to="failed", error="x")
+        run.refresh_from_db()
+        return [checkpoint_record(run_id=run.pk, step=s, path=checkpoint_path(run, s)) for s in steps]
+
+    first = world["run"]
+    Experiment.objects.filter(pk=first.experiment_id).update(run_counter=first.number)  # the factory's run
+    at_4, _ = finish_with_checkpoints(first, 4, 8)
+    second = run_resume(run=first, user=None, checkpoint_id=at_4.pk)
+    _, at_6 = finish_with_checkpoints(second, 5, 6)
+    third = run_resume(run=second, user=None, checkpoint_id=at_6.pk)
+    data = page_data(client_for(world["viewer"]).get(f"/runs/{third.pk}/"))
+    assert data["lineage"] == [
+        {"id": second.pk, "number": second.number, "up_to_step": 6},
+        {"id": first.pk, "number": first.number, "up_to_step": 4},
+    ]
+    assert page_data(client_for(world["viewer"]).get(f"/runs/{first.pk}/"))["lineage"] == []
+    checkpoints = page_data(client_for(world["viewer"]).get(f"/runs/{second.pk}/"))["checkpoints"]
+    ids = list(second.checkpoints.order_by("-step").values_list("pk", flat=True))
+    assert [c["id"] for c in checkpoints] == ids  # what the fork endpoint takes
+    assert b"fork-panel" not in client_for(world["viewer"]).get(f"/runs/{first.pk}/").content
+    assert b'data-testid="fork-overrides"' in client_for(world["owner"]).get(f"/runs/{first.pk}/").content

@@ -298,3 +298,37 @@ def test_cli_bad_input_is_one_line_naming_the_field_exit_2(account, tmp_path):
     foreign = RunFactory(experiment=exp, state="succeeded")
     code, _out, err = rlp(account, "run", "show", str(foreign.pk), token=account["stranger_token"])
     assert code == 4 and "(HTTP 404)" in one_line(err)  # another project's run: as if it did not exist
+
+
+# --- fork (issue 22) -----------------------------------------------------------------------------------
+
+
+def test_cli_fork_sends_the_checkpoint_and_the_overrides_and_names_a_refused_field(account, tmp_path):
+    from tests.factories import RunFactory, checkpoint_path
+    from tracking.services import checkpoint_record
+
+    exp = experiment_for(account, steps=2)
+    parent = RunFactory(
+        experiment=exp, number=50, state="failed", config=exp.config, created_by=account["user"]
+    )
+    at_1 = checkpoint_record(run_id=parent.pk, step=1, path=checkpoint_path(parent, 1))
+    checkpoint_record(run_id=parent.pk, step=2, path=checkpoint_path(parent, 2))
+    code, _, err = rlp(account, "run", "fork", str(parent.pk), "--set", "trainer.lr=-1")
+    assert code == 2 and "config_overrides.trainer.lr" in one_line(err)
+    code, _, err = rlp(account, "run", "fork", str(parent.pk), "--checkpoint", "nine")
+    assert code == 2 and "--checkpoint" in one_line(err)
+    assert not Run.objects.filter(resumed_from=parent).exists()
+
+    overrides = tmp_path / "over.yaml"
+    overrides.write_text("algorithm:\n  kl_coef: 0.01\n")
+    args = ("run", "fork", str(parent.pk), "--checkpoint", str(at_1.pk), "-f", str(overrides))
+    code, out, err = rlp(account, *args, "--set", "trainer.lr=5e-7", "--json")
+    assert code == 0, err
+    fork = Run.objects.get(pk=json.loads(out)["id"])
+    assert fork.resumed_from_id == parent.pk and fork.resumed_from_checkpoint_id == at_1.pk
+    assert fork.config["trainer"]["lr"] == 5e-7 and fork.config["algorithm"]["kl_coef"] == 0.01
+    # the checkpoint is a row only (no engine wrote it): stop the fork whatever it got to
+    from tests.conftest import wait_for
+
+    rlp(account, "run", "cancel", str(fork.pk))
+    wait_for(lambda: state_of(fork.pk) in ("failed", "cancelled"), timeout_s=60, message="the fork to end")

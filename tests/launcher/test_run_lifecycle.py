@@ -269,3 +269,28 @@ def test_provider_address_runs_on_an_existing_cluster_given_by_its_dashboard_url
     assert run.provider == "address"
     assert run.cluster_address == launcher_stack.env["RAY_ADDRESS"]  # the worker's RAY_ADDRESS
     assert sorted(db_points(run)) == sorted(jsonl_points(run))
+
+
+# --- fork (issue 22) -----------------------------------------------------------------------------------
+
+
+def test_fork_from_a_middle_checkpoint_continues_its_steps_with_the_changed_learning_rate(api):
+    parent = wait_state(api.launch(tiny_config(steps=4, checkpoint_every=2, keep_checkpoints=3)), "succeeded")
+    at_2 = parent.checkpoints.get(step=2)
+    assert parent.config["trainer"]["lr"] != 5e-7
+    body = {"checkpoint": at_2.pk, "config_overrides": {"trainer": {"lr": 5e-7}}}
+    fork = wait_state(api.post(f"/api/runs/{parent.pk}/fork", body)["id"], "succeeded")
+    assert fork.resumed_from_id == parent.pk and fork.resumed_from_checkpoint_id == at_2.pk
+    assert fork.config["trainer"]["lr"] == 5e-7
+    assert {**fork.config, "trainer": {**fork.config["trainer"], "lr": parent.config["trainer"]["lr"]}} == (
+        parent.config
+    )
+    spec = yaml.safe_load((run_folder(fork) / "job.yaml").read_text())
+    assert spec["placement"]["resume_from"] == at_2.path and spec["config"] == fork.config
+    steps = sorted(set(fork.metric_points.values_list("step", flat=True)))
+    assert steps[0] == at_2.step + 1 and steps[-1] == 4, steps
+    # the engine trained at the fork's learning rate, not the checkpoint's (constant schedule)
+    lrs = dict(fork.metric_points.filter(key="actor/lr").values_list("step", "value"))
+    assert lrs and all(v == pytest.approx(5e-7, rel=1e-9) for v in lrs.values()), lrs
+    parent_lrs = dict(parent.metric_points.filter(key="actor/lr").values_list("step", "value"))
+    assert parent_lrs[2] == pytest.approx(parent.config["trainer"]["lr"], rel=1e-9)

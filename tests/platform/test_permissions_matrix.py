@@ -101,6 +101,10 @@ ENDPOINTS = [
     Endpoint("GET", "/api/runs/{run}/checkpoints", "viewer", 200),
     # Config diff (issue 22): several runs at once; one the caller cannot see makes it a 404.
     Endpoint("GET", "/api/runs/compare?ids={run},{done_run}", "viewer", 200),
+    # fork (issue 22)
+    Endpoint(
+        "POST", "/api/runs/{done_run}/fork", "member", 201, {"config_overrides": {"trainer": {"lr": 1e-6}}}
+    ),
 ]
 
 
@@ -228,6 +232,7 @@ def _template(path: str) -> str:
     path = re.sub(r"/api/runs/\{(done_)?run\}$", "/api/runs/{id}", path)
     path = re.sub(r"/api/runs/\{run\}/(cancel)$", r"/api/runs/{id}/\1", path)
     path = re.sub(r"/api/runs/\{done_run\}/resume", "/api/runs/{id}/resume", path)
+    path = re.sub(r"/api/runs/\{done_run\}/fork", "/api/runs/{id}/fork", path)  # fork (issue 22)
     path = path.replace("/api/runs/{run}/", "/api/runs/{run_id}/")
     return path.replace("/api/presets/demo-cpu", "/api/presets/{name}")
 

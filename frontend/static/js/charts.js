@@ -59,6 +59,11 @@ class MetricChart {
     this.key = key;
     this.xs = [];
     this.ys = [];
+    // The run's ancestors (what it was resumed or forked from), each up to the step the next one
+    // started from: drawn dashed, so the run's curve reads as their continuation.
+    this.pxs = [];
+    this.pys = [];
+    this.drawn = [[], [], []]; // the plot's aligned data (the cursor's index points into it)
     this.last = el("span", { class: "chart-last" });
     this.plotBox = el("div");
     this.node = el("div", { class: "chart", "data-metric": key },
@@ -80,12 +85,13 @@ class MetricChart {
       series: [
         { label: "step" },
         { label: this.key, stroke: this.color, width: 1.5, fill: `${this.color}14`, spanGaps: true },
+        { label: "earlier runs", stroke: "#98a2b3", width: 1.25, dash: [4, 3], spanGaps: true },
       ],
       axes: [
         { size: 28, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#dfe3e8" }, incrs: STEP_INCRS },
         { size: yAxisSize, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#dfe3e8" }, values: axisValues },
       ],
-    }, [this.xs, this.ys], this.plotBox);
+    }, this.drawn, this.plotBox);
   }
 
   /** Replace everything with a history query's answer. */
@@ -101,18 +107,43 @@ class MetricChart {
     }
   }
 
-  /** The title's value: the hovered point while the cursor is on a chart, else the last point. */
+  /** Points of an ancestor run (already cut at the step its successor started from). */
+  appendEarlier(steps, values) {
+    for (let i = 0; i < steps.length; i++) {
+      if (mergePoint(this.pxs, this.pys, steps[i], values[i])) this.dirty = true;
+    }
+  }
+
+  /** The title's value: the hovered point while the cursor is on a chart, else the run's last point. */
   showCursor(idx) {
-    const i = idx === null || idx === undefined ? this.ys.length - 1 : idx;
-    this.last.textContent = i >= 0 && i < this.ys.length ? `${fmtNum(this.ys[i])} @ ${this.xs[i]}` : "";
+    const [xs, own, earlier] = this.drawn;
+    if (idx === null || idx === undefined) {
+      const i = this.ys.length - 1;
+      this.last.textContent = i >= 0 ? `${fmtNum(this.ys[i])} @ ${this.xs[i]}` : "";
+      return;
+    }
+    const v = own[idx] ?? earlier[idx];
+    this.last.textContent = idx >= 0 && idx < xs.length && v !== null && v !== undefined ? `${fmtNum(v)} @ ${xs[idx]}` : "";
+  }
+
+  /** [steps, own values, earlier runs' values] on one step axis (null where a series has no point). */
+  aligned() {
+    if (!this.pxs.length) return [this.xs, this.ys, this.xs.map(() => null)];
+    const byStep = new Map();
+    this.pxs.forEach((x, i) => byStep.set(x, [null, this.pys[i]]));
+    this.xs.forEach((x, i) => byStep.set(x, [this.ys[i], (byStep.get(x) || [null, null])[1]]));
+    const steps = [...byStep.keys()].sort((a, b) => a - b);
+    return [steps, steps.map((x) => byStep.get(x)[0]), steps.map((x) => byStep.get(x)[1])];
   }
 
   flush() {
     if (!this.dirty || !this.plot) return;
     this.dirty = false;
-    this.plot.setData([this.xs, this.ys]);
+    this.drawn = this.aligned();
+    this.plot.setData(this.drawn);
     this.showCursor(null);
     this.node.dataset.points = String(this.ys.length);
+    this.node.dataset.earlierPoints = String(this.pys.length);
   }
 
   resize(width) {
@@ -169,6 +200,12 @@ export class ChartBoard {
 
   setHistory(series) {
     for (const s of series) this.chart(s.key).setHistory(s.steps, s.values);
+    this.schedule();
+  }
+
+  /** An ancestor run's history (a REST answer's series, cut at the step its successor started from). */
+  setEarlier(series) {
+    for (const s of series) this.chart(s.key).appendEarlier(s.steps, s.values);
     this.schedule();
   }
 

@@ -1,5 +1,6 @@
 // Run dashboard: status badge and timeline, live charts, event tail, checkpoints (with export to a Hugging
-// Face model directory), samples, cancel/resume.
+// Face model directory), samples, cancel/resume, fork from a checkpoint (the curves of the runs this one
+// continues drawn dashed before its own).
 // Initial state comes from the page; history from the REST API; everything after from ws/runs/<id>/.
 import { api, el, fmtNum, fmtTime, pageData, results } from "./api.js";
 import { ChartBoard } from "./charts.js";
@@ -36,7 +37,7 @@ function setState(next, error) {
     $("run-error").hidden = false;
   }
   renderTimeline();
-  renderButtons();
+  renderCheckpoints(); // its buttons too (a checkpoint forks once the run has finished)
 }
 
 function renderTimeline() {
@@ -178,7 +179,7 @@ function renderCheckpoints() {
   checkpoints.sort((a, b) => b.step - a.step);
   $("checkpoints").replaceChildren(...checkpoints.map((c) => el("tr", {},
     el("td", {}, c.step), el("td", { class: "mono" }, c.path), el("td", { class: "muted" }, fmtBytes(c.size_bytes)),
-    exportCell(c))));
+    exportCell(c), ...(CAN_WRITE ? [forkCell(c)] : []))));
   $("checkpoints-empty").hidden = checkpoints.length > 0;
   renderButtons();
 }
@@ -193,6 +194,84 @@ async function loadExports() {
     for (const ex of await api(`/api/runs/${run.id}/exports`)) exportsByStep[ex.step] = ex;
     renderCheckpoints();
   } catch { /* the table still lists the checkpoints; export states are read again on the next notice */ }
+}
+
+// --- fork (issue 22) -------------------------------------------------------------------------------------
+// "Fork from here" on a checkpoint row opens the override editor; the fork is a new run of the experiment
+// from that checkpoint with this run's config and the overrides (POST /api/runs/<id>/fork).
+
+let forkStep = null; // the step of the checkpoint the open editor forks from
+
+function forkCell(c) {
+  const btn = el("button", { class: "btn small", type: "button", "data-testid": `fork-${c.step}` }, "Fork from here");
+  btn.disabled = !TERMINAL.has(state);
+  btn.title = btn.disabled ? "A run can be forked once it has finished." : "";
+  btn.addEventListener("click", () => openFork(c.step));
+  return el("td", {}, btn);
+}
+
+function openFork(step) {
+  forkStep = step;
+  $("fork-title").textContent = `Fork from step ${step}`;
+  $("fork-errors").hidden = true;
+  $("fork-panel").hidden = false;
+  $("fork-overrides").focus();
+}
+
+function showForkErrors(lines) {
+  $("fork-errors").replaceChildren(...lines.map((line) => el("li", {}, line)));
+  $("fork-errors").hidden = false;
+}
+
+/** The checkpoint's id: from the page, else (a checkpoint reported live) from the REST list. */
+async function checkpointId(step) {
+  const known = checkpoints.find((c) => c.step === step);
+  if (known && known.id) return known.id;
+  const listed = (await api(`/api/runs/${run.id}/checkpoints`)).find((c) => c.step === step);
+  if (!listed) throw new Error(`no checkpoint at step ${step}`);
+  return listed.id;
+}
+
+if ($("fork-panel")) {
+  $("fork-close").addEventListener("click", () => { $("fork-panel").hidden = true; });
+  $("fork-panel").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    let overrides;
+    try {
+      overrides = jsyaml.load($("fork-overrides").value) ?? {};
+    } catch (err) {
+      showForkErrors([`the overrides are not valid YAML: ${err.reason || err.message}`]);
+      return;
+    }
+    $("fork-submit").disabled = true;
+    try {
+      const body = { checkpoint: await checkpointId(forkStep), config_overrides: overrides };
+      const created = await api(`/api/runs/${run.id}/fork`, { method: "POST", body });
+      window.location.href = `/runs/${created.id}/`;
+    } catch (err) {
+      const fields = Object.entries(err.fieldErrors || {}).map(([k, v]) => `${k}: ${v.join(" ")}`);
+      showForkErrors(fields.length ? fields : [err.message]);
+      $("fork-submit").disabled = false;
+    }
+  });
+}
+
+/** The curves this run continues (the runs it was resumed or forked from), each up to the step where
+ *  the next one took over; drawn once, dashed (they are finished runs). */
+async function loadEarlier() {
+  for (const parent of data.lineage || []) {
+    try {
+      const { keys } = await api(`/api/runs/${parent.id}/metrics/keys`);
+      for (let i = 0; i < keys.length; i += 50) {
+        const { series } = await api(`/api/runs/${parent.id}/metrics`, { params: {
+          keys: keys.slice(i, i + 50).join(","), step_max: parent.up_to_step, max_points: HISTORY_MAX_POINTS } });
+        board.setEarlier(series);
+      }
+    } catch (err) {
+      $("metrics-note").textContent = `could not load run #${parent.number}'s metrics: ${err.message}`;
+    }
+  }
+  $("charts").dataset.earlier = "loaded";
 }
 
 // --- charts ---------------------------------------------------------------------------------------------
@@ -279,6 +358,7 @@ async function loadStatusHistory() {
 
 setState(state);
 renderCheckpoints();
+loadEarlier();
 loadExports();
 loadStatusHistory();
 loadSamples();
