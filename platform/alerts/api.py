@@ -79,9 +79,9 @@ class MetricRuleListView(JsonOnly, generics.ListCreateAPIView):
 
     def perform_create(self, serializer: MetricRuleSerializer) -> None:
         data = serializer.validated_data
-        require_role(self.request, data["project"], Role.MEMBER)
+        require_role(self.request, data["project_id"], Role.MEMBER)
         serializer.instance = services.rule_create(
-            project=Project.objects.get(pk=data["project"]),
+            project=Project.objects.get(pk=data["project_id"]),
             spec=services.RuleSpec(
                 metric=data["metric"],
                 kind=data["kind"],
@@ -102,7 +102,7 @@ class MetricRuleDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
 
     def perform_update(self, serializer: MetricRuleSerializer) -> None:
         require_role(self.request, serializer.instance.project_id, Role.MEMBER)
-        changes = {k: v for k, v in serializer.validated_data.items() if k != "project"}
+        changes = {k: v for k, v in serializer.validated_data.items() if k != "project_id"}
         serializer.instance = services.rule_update(rule=serializer.instance, changes=changes)
 
     def perform_destroy(self, instance: MetricRule) -> None:
@@ -124,10 +124,10 @@ class WebhookListView(JsonOnly, generics.ListCreateAPIView):
         serializer = WebhookSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        require_role(request, data["project"], Role.OWNER)
+        require_role(request, data["project_id"], Role.OWNER)
         try:
             hook = services.webhook_create(
-                project=Project.objects.get(pk=data["project"]),
+                project=Project.objects.get(pk=data["project_id"]),
                 url=data["url"],
                 secret=data.get("secret", ""),
                 events=data.get("events"),
@@ -157,7 +157,7 @@ class WebhookDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
         return hook
 
     def perform_update(self, serializer: WebhookSerializer) -> None:
-        changes = {k: v for k, v in serializer.validated_data.items() if k != "project"}
+        changes = {k: v for k, v in serializer.validated_data.items() if k != "project_id"}
         try:
             serializer.instance = services.webhook_update(webhook=serializer.instance, changes=changes)
         except url_guard.UrlRefused as exc:

@@ -29,7 +29,9 @@ class AlertSerializer(serializers.ModelSerializer):
 
 
 class MetricRuleSerializer(serializers.ModelSerializer):
-    project = serializers.IntegerField(min_value=1, help_text="Chosen at creation, never moved.")
+    project = serializers.IntegerField(
+        source="project_id", min_value=1, help_text="Chosen at creation, never moved."
+    )
     metric = serializers.CharField(
         max_length=200, validators=[_no_nul], help_text="A metric key, e.g. reward/mean."
     )
@@ -45,13 +47,19 @@ class MetricRuleSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if self.instance is not None and "project" in attrs and attrs["project"] != self.instance.project_id:
+        if (
+            self.instance is not None
+            and "project_id" in attrs
+            and attrs["project_id"] != self.instance.project_id
+        ):
             raise serializers.ValidationError({"project": ["a rule cannot move to another project"]})
         return attrs
 
 
 class WebhookSerializer(serializers.ModelSerializer):
-    project = serializers.IntegerField(min_value=1, help_text="Chosen at creation, never moved.")
+    project = serializers.IntegerField(
+        source="project_id", min_value=1, help_text="Chosen at creation, never moved."
+    )
     url = serializers.CharField(
         max_length=2000, help_text="http(s); see docs/api.md, Webhooks, for what is refused."
     )
@@ -76,7 +84,11 @@ class WebhookSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if self.instance is not None and "project" in attrs and attrs["project"] != self.instance.project_id:
+        if (
+            self.instance is not None
+            and "project_id" in attrs
+            and attrs["project_id"] != self.instance.project_id
+        ):
             raise serializers.ValidationError({"project": ["a webhook cannot move to another project"]})
         return attrs
 

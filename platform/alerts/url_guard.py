@@ -108,13 +108,15 @@ def _own_service_addresses() -> set[IpAddress]:
 def _why_not_public(addr: IpAddress) -> str | None:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
+    if addr.is_unspecified:
+        return "an unspecified address"
     if addr.is_loopback:
         return "a loopback address"
     if addr.is_link_local:
         return "a link-local address (e.g. the cloud metadata service)"
     if addr.is_private:
         return "a private address"
-    if addr.is_multicast or addr.is_unspecified or addr.is_reserved or not addr.is_global:
+    if addr.is_multicast or addr.is_reserved or not addr.is_global:
         return "not a public address"
     return None
 
