@@ -189,6 +189,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # issue 22: the alerts app's choice sets by name (several serializers have a "kind")
+    "ENUM_NAME_OVERRIDES": {
+        "AlertKindEnum": "alerts.models.AlertKind",
+        "RuleKindEnum": "alerts.models.RuleKind",
+        "GoalEnum": "alerts.models.Goal",
+    },
 }
 
 # --- Celery -----------------------------------------------------------------------------------------
