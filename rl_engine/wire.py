@@ -283,6 +283,7 @@ class LiveKind(StrEnum):
     EVENT = "event"  # one stored event (catch-up from the database, or live)
     METRICS = "metrics"  # stored metric points, columnar per key
     ERROR = "error"  # the client sent something the stream does not understand
+    ALERT = "alert"  # an alert of the platform's about the run was opened, repeated or resolved
 
 
 class _Live(TypedDict):
@@ -327,8 +328,25 @@ class ErrorMessage(_Live):
     message: str
 
 
+class LiveAlertOut(_Live):
+    """An alert the platform raised about the run (the platform's alerts app; GET /api/alerts)."""
+
+    id: int
+    kind: Literal["engine", "run_failed", "rule"]
+    message: str
+    first_seen: str  # ISO 8601
+    last_seen: str
+    count: int
+    resolved_at: str | None
+
+
+class AlertMessage(_Live):
+    kind: Literal[LiveKind.ALERT]
+    alert: LiveAlertOut
+
+
 LiveMessage = Annotated[
-    HelloMessage | EventMessage | MetricsMessage | ErrorMessage, Field(discriminator="kind")
+    HelloMessage | EventMessage | MetricsMessage | ErrorMessage | AlertMessage, Field(discriminator="kind")
 ]
 
 MetricRow = tuple[str, int, float, float]  # key, step, value, wall_time
@@ -362,3 +380,7 @@ def live_metrics(rows: Iterable[MetricRow], *, source: Literal["poll"] | None = 
 
 def live_error(message: str) -> ErrorMessage:
     return ErrorMessage(kind=LiveKind.ERROR, message=message)
+
+
+def live_alert(alert: LiveAlertOut) -> AlertMessage:
+    return AlertMessage(kind=LiveKind.ALERT, alert=alert)

@@ -33,6 +33,19 @@ def env_int(name: str, default: int) -> int:
         raise SystemExit(f"error: {name}={raw!r} is not an integer") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"error: {name}={raw!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SystemExit(f"error: {name}={raw!r} is not a finite number")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":

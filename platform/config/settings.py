@@ -13,6 +13,7 @@ from pathlib import Path
 
 from config.env import (
     env_bool,
+    env_float,
     env_int,
     env_list,
     env_str,
@@ -65,6 +66,7 @@ INSTALLED_APPS = [
     "experiments",
     "tracking",
     "launcher",
+    "alerts",  # issue 22: alerts, metric rules, webhooks
 ]
 
 MIDDLEWARE = [
@@ -187,6 +189,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # issue 22: the alerts app's choice sets by name (several serializers have a "kind")
+    "ENUM_NAME_OVERRIDES": {
+        "AlertKindEnum": "alerts.models.AlertKind",
+        "RuleKindEnum": "alerts.models.RuleKind",
+        "GoalEnum": "alerts.models.Goal",
+    },
 }
 
 # --- Celery -----------------------------------------------------------------------------------------
@@ -270,6 +278,25 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(LAUNCHER_SWEEP_INTERVAL_S) * 2},  # no backlog after downtime
     },
 }
+
+# --- Alerts and webhooks (issue 22; docs/deploy.md, "Alerts and webhooks") ---------------------------
+# How often the metric rules are evaluated over running runs (a beat task; 0: never).
+ALERT_RULES_INTERVAL_S = env_int("ALERT_RULES_INTERVAL_S", 60)
+# Hosts a webhook may point at although they resolve to loopback, private, link-local addresses or
+# the platform's own services (exact names or addresses; default: none).
+WEBHOOK_ALLOWED_HOSTS = env_list("WEBHOOK_ALLOWED_HOSTS", [])
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0)  # one attempt: connect + answer
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8)
+# Attempt n+1 waits base * 2**(n-1) seconds after attempt n fails, at most WEBHOOK_RETRY_MAX_S
+# (defaults: 10 s, 20 s, ... about 21 minutes in all over 8 attempts).
+WEBHOOK_RETRY_BASE_S = env_float("WEBHOOK_RETRY_BASE_S", 10.0)
+WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 600.0)
+if ALERT_RULES_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["alerts-evaluate-rules"] = {
+        "task": "alerts.evaluate_rules",
+        "schedule": float(ALERT_RULES_INTERVAL_S),
+        "options": {"expires": float(ALERT_RULES_INTERVAL_S)},  # no backlog after downtime
+    }
 
 # --- Trust boundary: path policy, throttles, request limits (docs/api.md: "Trust boundary") -----------
 # A config that comes through the platform may only name models under MODEL_ROOTS (or one of

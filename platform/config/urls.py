@@ -18,5 +18,6 @@ urlpatterns = [
     path("api/", include("experiments.urls")),
     path("api/", include("tracking.urls")),
     path("api/", include("launcher.urls")),
+    path("api/", include("alerts.urls")),  # issue 22: alerts, metric rules, webhooks
     path("", include("experiments.web_urls")),
 ]

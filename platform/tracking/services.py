@@ -19,6 +19,7 @@ from experiments.models import Run
 from rl_engine import wire
 from rl_engine.wire import EventKind
 from tracking import live
+from tracking.announcements import EngineAlertStored, announce
 from tracking.models import (
     ROLLUP_WIDTHS,
     Checkpoint,
@@ -266,6 +267,9 @@ def events_ingest(*, run_id: int, events: Sequence[NewEvent], batch_id: str = ""
             if stored:
                 return stored
         rows = events_append_many(run_id=run_id, events=events, batch_id=batch_id)
+        for row in rows:  # the alerts app decides what becomes an alert (alerts/receivers.py)
+            if row.kind == EventKind.ALERT:
+                announce(EngineAlertStored(run_id=run_id, seq=row.seq, message=row.message))
         if any(e.kind in PROGRESS_EVENT_KINDS for e in events):
             progress_record(run_id=run_id)
         for e in events:

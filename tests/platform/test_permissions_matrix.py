@@ -16,6 +16,8 @@ from drf_spectacular.generators import SchemaGenerator
 
 from accounts.models import ApiToken, Membership, Project
 from accounts.services import ingest_token_issue, member_invite, token_create
+from alerts.models import Alert, AlertKind, MetricRule, Webhook
+from alerts.services import alert_raise
 from experiments.models import Experiment, Run, RunState
 from experiments.services import config_to_yaml, run_create, run_transition
 from tests.factories import ExperimentFactory, UserFactory, checkpoint_path, demo_config
@@ -105,6 +107,20 @@ ENDPOINTS = [
     Endpoint(
         "POST", "/api/runs/{done_run}/fork", "member", 201, {"config_overrides": {"trainer": {"lr": 1e-6}}}
     ),
+    # --- alerts (issue 22): members resolve alerts and manage rules; webhooks are the owner's ---
+    Endpoint("GET", "/api/alerts", "list", 200),
+    Endpoint("POST", "/api/alerts/{alert}/resolve", "member", 200),
+    Endpoint("GET", "/api/alert-rules", "list", 200),
+    Endpoint("POST", "/api/alert-rules", "member", 201, "rule_body"),
+    Endpoint("GET", "/api/alert-rules/{rule}", "viewer", 200),
+    Endpoint("PATCH", "/api/alert-rules/{rule}", "member", 200, {"steps": 7}),
+    Endpoint("DELETE", "/api/alert-rules/{rule}", "member", 204),
+    Endpoint("GET", "/api/webhooks", "list", 200),
+    Endpoint("POST", "/api/webhooks", "owner", 201, "webhook_body"),
+    Endpoint("GET", "/api/webhooks/{webhook}", "owner", 200),
+    Endpoint("PATCH", "/api/webhooks/{webhook}", "owner", 200, {"active": False}),
+    Endpoint("DELETE", "/api/webhooks/{webhook}", "owner", 204),
+    Endpoint("GET", "/api/webhooks/{webhook}/deliveries", "owner", 200),
 ]
 
 
@@ -136,11 +152,19 @@ def world(team):
         ).pk,
         "membership": Membership.objects.get(project=team["project"], user=team["viewer"]).pk,
         "ingest_token": ingest_token_issue(run=run).token.pk,
+        # alerts (issue 22)
+        "alert": alert_raise(run_id=run.pk, kind=AlertKind.ENGINE, message="stalled").alert.pk,
+        "rule": MetricRule.objects.create(project=team["project"], metric="k", kind="missing", steps=3).pk,
+        "webhook": Webhook.objects.create(
+            project=team["project"], url="https://93.184.216.34/h", secret="s"
+        ).pk,
     }
     bodies = {
         "experiment_body": {"project": ids["project"], "name": "e", "config": demo_config()},
         "import_body": {"project": ids["project"], "name": "y", "yaml": config_to_yaml(exp.config)},
         "run_body": {"experiment": exp.pk},
+        "rule_body": {"project": ids["project"], "metric": "loss", "kind": "missing", "steps": 5},
+        "webhook_body": {"project": ids["project"], "url": "https://93.184.216.34/hook"},
     }
     return {"ids": ids, "bodies": bodies, "owner_secret": owner_client.secret, **team}
 
@@ -157,6 +181,10 @@ def fingerprint() -> tuple:
         RunEvent.objects.count(),
         Sample.objects.count(),
         Checkpoint.objects.count(),
+        # alerts (issue 22)
+        tuple(Alert.objects.order_by("pk").values_list("pk", "resolved_at", "count")),
+        tuple(MetricRule.objects.order_by("pk").values_list("pk", "steps", "active")),
+        tuple(Webhook.objects.order_by("pk").values_list("pk", "url", "active")),
     )
 
 
@@ -201,7 +229,7 @@ def test_endpoint_answers_each_role_by_the_policy(world, ep, role):
 
 
 def test_the_matrix_covers_every_endpoint_of_the_openapi_document():
-    """Every documented operation served by accounts/experiments/tracking has a row in ENDPOINTS."""
+    """Every documented operation served by accounts/experiments/tracking/alerts has a row in ENDPOINTS."""
     import re
 
     from django.urls import resolve
@@ -210,7 +238,7 @@ def test_the_matrix_covers_every_endpoint_of_the_openapi_document():
     documented = set()
     for path, ops in schema["paths"].items():
         view = resolve(re.sub(r"\{[^}]+\}", "1", path)).func
-        if view.__module__.split(".")[0] in {"accounts", "experiments", "tracking"}:
+        if view.__module__.split(".")[0] in {"accounts", "experiments", "tracking", "alerts"}:
             documented |= {(method.upper(), path) for method in ops}
     covered = {(ep.method, _template(ep.path)) for ep in ENDPOINTS}
     assert len(documented) >= 40
@@ -234,6 +262,7 @@ def _template(path: str) -> str:
     path = re.sub(r"/api/runs/\{done_run\}/resume", "/api/runs/{id}/resume", path)
     path = re.sub(r"/api/runs/\{done_run\}/fork", "/api/runs/{id}/fork", path)  # fork (issue 22)
     path = path.replace("/api/runs/{run}/", "/api/runs/{run_id}/")
+    path = re.sub(r"/api/(alerts|alert-rules|webhooks)/\{(alert|rule|webhook)\}", r"/api/\1/{id}", path)
     return path.replace("/api/presets/demo-cpu", "/api/presets/{name}")
 
 

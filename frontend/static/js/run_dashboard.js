@@ -5,6 +5,7 @@
 import { api, el, fmtNum, fmtTime, pageData, results } from "./api.js";
 import { ChartBoard } from "./charts.js";
 import { RunStream } from "./live.js";
+import { AlertBanner } from "./run_alerts.js"; // issue 22: alerts
 
 const data = pageData("page-data");
 const run = data.run;
@@ -119,6 +120,9 @@ function appendEvent(ev) {
 
 function handleEvent(ev) {
   appendEvent(ev);
+  // issue 22: an engine alert or a failure opens an alert in the process that stored it, whose live
+  // message may not reach this page's server (embedded default): read the open alerts again.
+  if (ev.kind === "alert" || (ev.kind === "status" && ev.data && ev.data.to === "failed")) alertBanner.load();
   if (ev.kind === "status" && ev.data && ev.data.to) {
     enteredAt[ev.data.to] = ev.created;
     setState(ev.data.to, ev.data.error);
@@ -356,6 +360,10 @@ async function loadStatusHistory() {
   renderTimeline();
 }
 
+// --- alerts (issue 22): the run's open alerts, loaded with the page and kept live ---
+const alertBanner = new AlertBanner($("run-alerts"), run.id, Boolean(data.can_write));
+alertBanner.load();
+
 setState(state);
 renderCheckpoints();
 loadEarlier();
@@ -364,12 +372,14 @@ loadStatusHistory();
 loadSamples();
 
 const stream = new RunStream(run.id, {
-  onHello: (info) => {
+  onHello: (info, reconnected) => {
     if (info.state !== state) setState(info.state, info.error);
     loadHistory(); // also after a reconnect: metrics are not replayed by seq, the history query covers the gap
+    if (reconnected) alertBanner.load(); // alert messages are not replayed either
   },
   onEvent: handleEvent,
   onMetrics: handleMetrics,
+  onAlert: (alert) => alertBanner.apply(alert),
   onConnection: (up) => {
     $("live-dot").classList.toggle("on", up);
     $("live-text").textContent = up ? "live" : "reconnecting…";

@@ -1,0 +1,105 @@
+"""Input/output shapes of the alerts API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from alerts.models import Alert, AlertKind, Goal, MetricRule, RuleKind, Webhook, WebhookDelivery
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise serializers.ValidationError("must not contain NUL")
+    return value
+
+
+class AlertSerializer(serializers.ModelSerializer):
+    open = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Alert
+        fields = ["id", "project", "run", "kind", "rule", "message", "detail", "first_seen", "last_seen",
+                  "count", "resolved_at", "resolved_by", "open"]  # fmt: skip
+        read_only_fields = fields
+
+    def get_open(self, obj: Alert) -> bool:
+        return obj.resolved_at is None
+
+
+class MetricRuleSerializer(serializers.ModelSerializer):
+    project = serializers.IntegerField(
+        source="project_id", min_value=1, help_text="Chosen at creation, never moved."
+    )
+    metric = serializers.CharField(
+        max_length=200, validators=[_no_nul], help_text="A metric key, e.g. reward/mean."
+    )
+    kind = serializers.ChoiceField(choices=RuleKind.choices)
+    goal = serializers.ChoiceField(
+        choices=Goal.choices, default=Goal.MAX, help_text="no_improvement: whether higher or lower is better."
+    )
+    steps = serializers.IntegerField(min_value=1, max_value=10_000_000)
+
+    class Meta:
+        model = MetricRule
+        fields = ["id", "project", "metric", "kind", "goal", "steps", "active", "created"]
+        read_only_fields = ["id", "created"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if (
+            self.instance is not None
+            and "project_id" in attrs
+            and attrs["project_id"] != self.instance.project_id
+        ):
+            raise serializers.ValidationError({"project": ["a rule cannot move to another project"]})
+        return attrs
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    project = serializers.IntegerField(
+        source="project_id", min_value=1, help_text="Chosen at creation, never moved."
+    )
+    url = serializers.CharField(
+        max_length=2000, help_text="http(s); see docs/api.md, Webhooks, for what is refused."
+    )
+    secret = serializers.CharField(
+        write_only=True,
+        required=False,
+        min_length=16,
+        max_length=200,
+        validators=[_no_nul],
+        help_text="The HMAC key (default: generated). Returned once, in the answer to the creation.",
+    )
+    events = serializers.ListField(
+        child=serializers.ChoiceField(choices=AlertKind.choices),
+        required=False,
+        max_length=len(AlertKind.choices),
+        help_text="Alert kinds to receive ([]: all).",
+    )
+
+    class Meta:
+        model = Webhook
+        fields = ["id", "project", "url", "secret", "active", "events", "created"]
+        read_only_fields = ["id", "created"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if (
+            self.instance is not None
+            and "project_id" in attrs
+            and attrs["project_id"] != self.instance.project_id
+        ):
+            raise serializers.ValidationError({"project": ["a webhook cannot move to another project"]})
+        return attrs
+
+
+class WebhookCreatedSerializer(WebhookSerializer):
+    secret = serializers.CharField(read_only=True, help_text="The HMAC key: shown this once.")
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookDelivery
+        fields = ["id", "delivery_id", "webhook", "alert", "status", "attempts", "status_code", "last_error",
+                  "created", "updated", "delivered_at"]  # fmt: skip
+        read_only_fields = fields
