@@ -73,6 +73,7 @@ def field(page, path: str):
     return page.locator(f'[data-path="{path}"]')
 
 
+@pytest.mark.smoke  # the demo's path in the browser: the embedded pass runs it too
 def test_create_experiment_from_the_demo_preset_with_a_field_error_first_then_launch(
     page, asgi_server, tmp_path
 ):
@@ -206,6 +207,7 @@ def test_the_queue_bound_check_shows_its_message_at_its_field(page, asgi_server)
     assert page.js_errors == []
 
 
+@pytest.mark.smoke  # live updates on the in-process layer and the poll: the embedded pass runs it too
 def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_server, tmp_path):
     user = UserFactory(username="bob")
     project = project_create(name="rl", user=user)

@@ -87,7 +87,7 @@ def make_cfg(tiny_model_dir):  # module scope for the module-scoped fixtures abo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.extended)])  # 3: an uneven split
 def test_group_reaches_the_single_rank_parameters(world, jobs, single):
     group = spawn_group(world, "rl_engine.trainer.local_group:train_on", jobs, timeout_s=900)
     for case, ref, got in zip(CASES, single, group[0], strict=True):

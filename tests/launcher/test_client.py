@@ -222,6 +222,7 @@ def test_cli_create_export_launch_follow_metrics_list(account, tmp_path):
     assert code == 0, err
 
 
+@pytest.mark.extended  # ~1.5 min; cancel and resume run in CI through tests/launcher/test_run_lifecycle.py
 def test_cli_wait_cancel_resume_and_the_exit_codes_of_each_final_state(account):
     exp = experiment_for(account, steps=2000)
     code, out, err = rlp(account, "run", "launch", str(exp.pk), "--json")
@@ -303,6 +304,7 @@ def test_cli_bad_input_is_one_line_naming_the_field_exit_2(account, tmp_path):
 # --- fork (issue 22) -----------------------------------------------------------------------------------
 
 
+@pytest.mark.extended  # a real run; the fork path runs in CI through test_run_lifecycle's fork test
 def test_cli_fork_sends_the_checkpoint_and_the_overrides_and_names_a_refused_field(account, tmp_path):
     from tests.factories import RunFactory, checkpoint_path
     from tracking.services import checkpoint_record

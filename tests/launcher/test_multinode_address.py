@@ -15,7 +15,9 @@ from tests.launcher.engine_runs import db_points, jsonl_points, tiny_config
 from tests.launcher.test_run_lifecycle import wait_state
 from tests.ray_cluster import LocalRayCluster
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# extended: 2-4 min (a real multi-node cluster); the address provider runs in CI through
+# test_run_lifecycle's existing-cluster test, the trainer group across ranks through tests/pipeline.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.extended]
 
 
 def _actor_nodes(run, class_name: str) -> list[str]:

@@ -201,6 +201,7 @@ def test_web_server_restart_mid_run_loses_and_duplicates_no_metric_point(api, la
     assert max(step for _, step, _ in points) >= 39
 
 
+@pytest.mark.extended  # ~1.5 min; the admission rules run in CI in tests/launcher/test_admission_and_reaper.py
 def test_two_runs_with_a_limit_of_one_the_second_waits_then_runs(api):
     # The stack runs with RUN_CONCURRENCY_LIMIT_PER_PROJECT=1; both runs are in one project.
     first = api.launch(tiny_config(steps=8))

@@ -60,6 +60,7 @@ def test_cli_train_runs_the_pipeline_and_exits_zero(tmp_path):
     assert (tmp_path / "ck" / "step_00000003").is_dir()
 
 
+@pytest.mark.extended  # ~1 min; a failing actor's error runs in CI in tests/pipeline/test_pipeline_invariants.py
 def test_cli_train_with_a_crashing_actor_exits_nonzero_with_one_line(tmp_path):
     not_a_checkpoint = tmp_path / "empty"
     not_a_checkpoint.mkdir()

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # ~1.3 min; CI runs the same preset through the platform (tests/launcher/test_platform_presets.py)
 def test_gsm8k_style_preset_trains_exports_and_evaluates(tmp_path):
     sets = [
         f"model.path={tmp_path / 'model'}", f"data.path={tmp_path / 'data'}", f"data.cache_dir={tmp_path / 'hf'}",

@@ -79,6 +79,7 @@ def test_two_rank_group_trains_syncs_checkpoints_like_one_rank(ray_session, tiny
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # ~1 min (two `ray start` nodes); the group in the pipeline runs in CI in the test above
 def test_trainer_ranks_and_rollouter_on_different_nodes_of_a_real_cluster(tiny_dir, tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "tests.pipeline.multinode_run", str(tiny_dir), str(tmp_path)],
