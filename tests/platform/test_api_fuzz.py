@@ -21,6 +21,8 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from accounts.models import Membership
 from accounts.services import ingest_token_issue, token_create
+from alerts.models import AlertKind, MetricRule, Webhook
+from alerts.services import alert_raise
 from experiments.services import run_create, run_transition
 from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tracking.services import Point, checkpoint_record, metrics_ingest
@@ -56,6 +58,11 @@ def fuzz_world(team, keep_db_connection):
         "membership": Membership.objects.get(project=team["project"], user=team["viewer"]).pk,
         "own_token": token.token.pk,
         "ingest_token": ingest_token_issue(run=run).token.pk,
+        "alert": alert_raise(run_id=run.pk, kind=AlertKind.ENGINE, message="stalled").alert.pk,
+        "rule": MetricRule.objects.create(project=team["project"], metric="k", kind="missing", steps=3).pk,
+        "webhook": Webhook.objects.create(
+            project=team["project"], url="https://93.184.216.34/h", secret="s"
+        ).pk,
     }
     return {"ids": ids, "auth": f"Token {token.secret}"}
 
@@ -65,6 +72,13 @@ def _real_id(path: str, param: str, ids: dict[str, int]) -> int | None:
         return ids["project"]
     if param == "id" and path.startswith("/api/experiments/"):
         return ids["experiment"]
+    for prefix, key in (
+        ("/api/alerts/", "alert"),
+        ("/api/alert-rules/", "rule"),
+        ("/api/webhooks/", "webhook"),
+    ):
+        if param == "id" and path.startswith(prefix):
+            return ids[key]
     if param in ("id", "run_id"):
         return ids["run"]
     if param == "membership_id":
