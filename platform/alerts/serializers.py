@@ -15,6 +15,21 @@ def _no_nul(value: str) -> str:
     return value
 
 
+class StaysInItsProject:
+    """An update may repeat the object's project but never move it to another (400 at ``project``)."""
+
+    instance: Any
+    noun = "it"
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if (
+            self.instance is not None
+            and attrs.get("project_id", self.instance.project_id) != self.instance.project_id
+        ):
+            raise serializers.ValidationError({"project": [f"{self.noun} cannot move to another project"]})
+        return attrs
+
+
 class AlertSerializer(serializers.ModelSerializer):
     open = serializers.SerializerMethodField()
 
@@ -28,7 +43,9 @@ class AlertSerializer(serializers.ModelSerializer):
         return obj.resolved_at is None
 
 
-class MetricRuleSerializer(serializers.ModelSerializer):
+class MetricRuleSerializer(StaysInItsProject, serializers.ModelSerializer):
+    noun = "a rule"
+
     project = serializers.IntegerField(
         source="project_id", min_value=1, help_text="Chosen at creation, never moved."
     )
@@ -46,17 +63,10 @@ class MetricRuleSerializer(serializers.ModelSerializer):
         fields = ["id", "project", "metric", "kind", "goal", "steps", "active", "created"]
         read_only_fields = ["id", "created"]
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if (
-            self.instance is not None
-            and "project_id" in attrs
-            and attrs["project_id"] != self.instance.project_id
-        ):
-            raise serializers.ValidationError({"project": ["a rule cannot move to another project"]})
-        return attrs
 
+class WebhookSerializer(StaysInItsProject, serializers.ModelSerializer):
+    noun = "a webhook"
 
-class WebhookSerializer(serializers.ModelSerializer):
     project = serializers.IntegerField(
         source="project_id", min_value=1, help_text="Chosen at creation, never moved."
     )
@@ -82,15 +92,6 @@ class WebhookSerializer(serializers.ModelSerializer):
         model = Webhook
         fields = ["id", "project", "url", "secret", "active", "events", "created"]
         read_only_fields = ["id", "created"]
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if (
-            self.instance is not None
-            and "project_id" in attrs
-            and attrs["project_id"] != self.instance.project_id
-        ):
-            raise serializers.ValidationError({"project": ["a webhook cannot move to another project"]})
-        return attrs
 
 
 class WebhookCreatedSerializer(WebhookSerializer):

@@ -249,6 +249,10 @@ def test_webhooks_are_an_owners_business_and_the_secret_is_shown_once(team, run,
         assert resp.status_code == 400 and field in resp.json()["errors"], (field, resp.content)
     resp = owner.patch(f"/api/webhooks/{hook_id}", {"url": "http://169.254.169.254/"}, format="json")
     assert resp.status_code == 400 and "link-local" in resp.json()["errors"]["url"][0]
+    moved = owner.patch(f"/api/webhooks/{hook_id}", {"project": team["other_project"].pk}, format="json")
+    assert moved.status_code == 400 and "project" in moved.json()["errors"]
+    same = owner.patch(f"/api/webhooks/{hook_id}", {"project": team["project"].pk}, format="json")
+    assert same.status_code == 200
     assert owner.patch(f"/api/webhooks/{hook_id}", {"active": False}, format="json").json()["active"] is False
     owner.patch(f"/api/webhooks/{hook_id}", {"active": True}, format="json")
     alert_raise(run_id=run.pk, kind=AlertKind.ENGINE, message="a")
