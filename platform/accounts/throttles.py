@@ -16,6 +16,8 @@ import unicodedata
 from typing import Any
 
 import redis
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+from django.core.cache import cache as default_cache
 from django.core.cache.backends.redis import RedisCache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
@@ -28,7 +30,11 @@ _redis_clients: dict[str, Any] = {}
 def count_in_window(cache: Any, key: str, ttl_s: int) -> int:
     """Count one more request under ``key`` (created with a ``ttl_s`` expiry) and return the count. On
     Redis one round trip (SET NX EX and INCR, pipelined; every ingestion request pays it); elsewhere the
-    cache API's add and incr."""
+    cache API's add and incr. ``cache`` may be ``django.core.cache.cache`` (what DRF's throttles hold): a
+    proxy to the default backend, unwrapped here (an isinstance check on the proxy itself never matched,
+    and every request paid add and incr on a Redis connection opened for it)."""
+    if cache is default_cache:
+        cache = caches[DEFAULT_CACHE_ALIAS]
     if isinstance(cache, RedisCache):
         location = cache._servers[0]
         client = _redis_clients.get(location)

@@ -139,3 +139,32 @@ def test_the_default_heartbeat_rate_leaves_room_for_an_engine_and_its_retries():
     """The sink beats every 1-10 s (RL_ENGINE_HEARTBEAT_S) plus one due beat after a 429."""
     throttle = HeartbeatThrottle()
     assert throttle.num_requests / throttle.duration >= 2
+
+
+def test_on_redis_the_throttle_counts_with_one_pipelined_round_trip_not_the_cache_api(redis_url, monkeypatch):
+    """DRF's throttles hold ``django.core.cache.cache``, a proxy: the counter must still take the Redis path
+    (SET NX EX + INCR in one pipeline), never the cache API's add and incr (3 round trips, and a Redis
+    connection opened per request under ASGI)."""
+    import redis as redis_lib
+    from django.core.cache import cache as default_cache
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
+
+    from accounts.throttles import count_in_window
+
+    assert isinstance(caches["default"], RedisCache)
+    monkeypatch.setattr(RedisCache, "add", lambda *a, **k: pytest.fail("took the cache API's add"))
+    monkeypatch.setattr(RedisCache, "incr", lambda *a, **k: pytest.fail("took the cache API's incr"))
+    executed = []
+    real_execute = redis_lib.client.Pipeline.execute
+    monkeypatch.setattr(
+        redis_lib.client.Pipeline,
+        "execute",
+        lambda self, *a, **k: executed.append(1) or real_execute(self, *a, **k),
+    )
+    key = "throttle-test:window"
+    assert [count_in_window(default_cache, key, 30) for _ in range(5)] == [1, 2, 3, 4, 5]
+    assert len(executed) == 5  # one round trip each
+    full = caches["default"].make_and_validate_key(key)
+    ttl = redis_lib.Redis.from_url(redis_url).ttl(full)
+    assert 0 < ttl <= 30  # the window's key expires
