@@ -8,7 +8,8 @@ Message: ``{"type": "run.update", "payload": <a live message>}``, the payload bu
 Off the request's critical path: in the web server (a sync view running in asgiref's thread, with the
 server's event loop running beside it) a publish is handed to that loop and the request goes on at
 once; one task per process sends the messages in the order they were published (so a run's events
-leave in seq order). Elsewhere (Celery workers, management commands, the sync test client) it is sent
+leave in seq order). The same holds in the threads of the metrics ingestion front (tracking/ingest.py),
+which name their server loop with ``bind_loop``. Elsewhere (Celery workers, management commands, the sync test client) it is sent
 before ``publish`` returns. Either way a consumer that misses a message (a crash, the layer away) reads
 it from the database on its next poll.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -54,9 +56,24 @@ def publish(run_id: int, payload: wire.LiveMessage) -> bool:
         return False
 
 
+_bound = threading.local()
+
+
+def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """This thread serves requests for the server running ``loop`` (a thread of the ingestion front's
+    pool): its publishes are handed to that loop."""
+    _bound.loop, _bound.pid = loop, os.getpid()
+
+
 def _server_loop() -> asyncio.AbstractEventLoop | None:
     """The ASGI server's running event loop when called from a sync view's thread (asgiref records it
-    there), else None."""
+    there) or a thread bound to it (``bind_loop``), else None."""
+    if (
+        getattr(_bound, "pid", None) == os.getpid()
+        and _bound.loop.is_running()
+        and not _bound.loop.is_closed()
+    ):
+        return _bound.loop
     loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
     if loop is None or getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
         return None
