@@ -20,28 +20,64 @@ from accounts.services import hash_secret
 
 KEYWORDS = ("token", "bearer")
 LAST_USED_RESOLUTION = timedelta(minutes=1)  # avoid one UPDATE per ingest request
+# What ``ingest_token`` reads: the token row's own columns that the checks and the ingestion endpoints
+# use, no join (SQL built once per process from the model: the ORM would build it on every request).
+_INGEST_FIELDS = ("id", "kind", "run_id", "revoked_at", "expires_at", "last_used_at")
+_INGEST_SQL = "SELECT {columns} FROM {table} WHERE {key_hash} = %s".format(
+    columns=", ".join(ApiToken._meta.get_field(f).column for f in _INGEST_FIELDS),
+    table=ApiToken._meta.db_table,
+    key_hash=ApiToken._meta.get_field("key_hash").column,
+)
+
+
+def _secret(request: Request) -> str | None:
+    """The secret of an ``Authorization: Token <secret>`` header; None without one (not ours: session
+    authentication may try); AuthenticationFailed for a malformed one."""
+    header = authentication.get_authorization_header(request).split()
+    if not header or header[0].lower().decode(errors="replace") not in KEYWORDS:
+        return None
+    if len(header) != 2:
+        raise exceptions.AuthenticationFailed("Authorization header must be 'Token <secret>'.")
+    try:
+        return header[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise exceptions.AuthenticationFailed("Invalid token.") from None
+
+
+def _checked(token: ApiToken | None) -> ApiToken:
+    """``token`` if it may authenticate now (its last use recorded, once a minute at most)."""
+    if token is None:
+        raise exceptions.AuthenticationFailed("Invalid token.")
+    if not token.is_active:
+        raise exceptions.AuthenticationFailed("Token revoked or expired.")
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
+
+
+def ingest_token(request) -> ApiToken | None:
+    """The run ingest token a request carries, checked as ``TokenAuthentication`` checks it, without its
+    run (only ``run_id``) and in one prebuilt query: the metrics ingestion front (tracking/ingest.py).
+    None without a token header or for another kind of token; AuthenticationFailed as ``authenticate``."""
+    secret = _secret(request)
+    if secret is None:
+        return None
+    found = list(ApiToken.objects.raw(_INGEST_SQL, [hash_secret(secret)]))
+    token = _checked(found[0] if found else None)
+    return token if token.kind == TokenKind.INGEST else None
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Request):
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower().decode(errors="replace") not in KEYWORDS:
+        secret = _secret(request)
+        if secret is None:
             return None  # not ours: let session auth try
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Authorization header must be 'Token <secret>'.")
-        try:
-            secret = header[1].decode("ascii")
-        except UnicodeDecodeError:
-            raise exceptions.AuthenticationFailed("Invalid token.") from None
         try:  # key_hash is unique: get(), not first() (no ORDER BY to build and run on every request)
             token = ApiToken.objects.select_related("user", "run").get(key_hash=hash_secret(secret))
         except ApiToken.DoesNotExist:
-            raise exceptions.AuthenticationFailed("Invalid token.") from None
-        if not token.is_active:
-            raise exceptions.AuthenticationFailed("Token revoked or expired.")
-        now = timezone.now()
-        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+            token = None
+        token = _checked(token)
         if token.kind == TokenKind.INGEST:
             return AnonymousUser(), token
         if token.user is None or not token.user.is_active:

@@ -10,7 +10,7 @@ long-lived threads (each keeps its database connection):
 - the same URL (Django's resolver decides), the same host check (``ALLOWED_HOSTS``), the same HTTPS
   redirect rule and response headers (Django's SecurityMiddleware, CommonMiddleware and
   XFrameOptionsMiddleware, called directly; DRF's ``Allow`` and ``Vary``);
-- the same authentication (``TokenAuthentication``), JSON parser (``NulSafeJSONParser``), batch limit,
+- the same authentication (``TokenAuthentication``'s checks, ``ingest_token``), JSON parser (``NulSafeJSONParser``), batch limit,
   wire validation (``rl_engine.wire``), throttle (``IngestThrottle``'s key and window) and storage
   (``services.metrics_ingest``: idempotent on (run, key, step), published live after it is stored);
 - the same answer: 200 with ``{"received": n, "inserted": m}`` rendered by the API's JSON renderer.
@@ -46,8 +46,7 @@ from django.urls import Resolver404, resolve
 from django.utils.cache import patch_vary_headers
 from rest_framework import exceptions
 
-from accounts.authentication import TokenAuthentication
-from accounts.models import TokenKind
+from accounts.authentication import ingest_token
 from accounts.parsers import NulSafeJSONParser
 from accounts.throttles import IngestThrottle
 from core.renderers import SafeJSONRenderer
@@ -67,7 +66,6 @@ _ACCEPTED = {b"", b"*/*", b"application/json"}  # DRF picks the JSON renderer fo
 _JSON_TYPES = {"application/json", "application/json; charset=utf-8"}
 
 # Built once per process, not per request.
-_authentication = TokenAuthentication()
 _parser = NulSafeJSONParser()
 _renderer = SafeJSONRenderer()
 _middleware = [
@@ -105,10 +103,10 @@ def serve(scope: Scope, body: bytes) -> HttpResponse | None:
         return None
     run_id = int(match.kwargs["run_id"])
     try:
-        auth = _authentication.authenticate(request)
+        token = ingest_token(request)
     except exceptions.AuthenticationFailed:
         return None
-    if auth is None or auth[1].kind != TokenKind.INGEST or auth[1].run_id != run_id:
+    if token is None or token.run_id != run_id:
         return None
     try:
         data = _parser.parse(io.BytesIO(body), "application/json", {})
@@ -121,7 +119,7 @@ def serve(scope: Scope, body: bytes) -> HttpResponse | None:
         batch = wire.parse(wire.MetricsBody, data)
     except wire.WireError:
         return None
-    if not IngestThrottle().allow_ingest_token(auth[1].pk):
+    if not IngestThrottle().allow_ingest_token(token.pk):
         return None
     points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in batch.points]
     result = services.metrics_ingest(run_id=run_id, points=points)

@@ -6,6 +6,7 @@ other request reaches the Django application with its body and gets Django's own
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,7 +15,9 @@ from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from channels.layers import get_channel_layer
 from django.db import connections
+from django.utils import timezone
 
+from accounts.models import ApiToken
 from accounts.services import ingest_token_issue, token_create
 from config.asgi import django_asgi_app
 from experiments.services import run_create
@@ -48,10 +51,13 @@ async def front():
 
 @pytest.fixture
 def world(team, experiment):
-    runs = [run_create(experiment=experiment, user=None) for _ in range(2)]
+    runs = [run_create(experiment=experiment, user=None) for _ in range(4)]
+    issued = [ingest_token_issue(run=r) for r in runs]
+    ApiToken.objects.filter(pk=issued[2].token.pk).update(revoked_at=timezone.now())
+    ApiToken.objects.filter(pk=issued[3].token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     return {
         "runs": runs,
-        "ingest": [ingest_token_issue(run=r).secret for r in runs],
+        "ingest": [i.secret for i in issued],
         "user_token": token_create(user=team["member"], name="script").secret,
     }
 
@@ -194,6 +200,14 @@ def _refused_cases(world: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ("no credentials", {"path": url, "body": ok}),
         ("an unknown token", {"path": url, "body": ok, "token": "not-a-token"}),
         ("another run's token", {"path": url, "body": ok, "token": world["ingest"][1]}),
+        (
+            "a revoked token",
+            {"path": f"/api/runs/{world['runs'][2].pk}/metrics", "body": ok, "token": world["ingest"][2]},
+        ),
+        (
+            "an expired token",
+            {"path": f"/api/runs/{world['runs'][3].pk}/metrics", "body": ok, "token": world["ingest"][3]},
+        ),
         ("unknown run", {"path": "/api/runs/999999/metrics", "body": ok, "token": world["ingest"][0]}),
         (
             "a form body",
