@@ -5,6 +5,7 @@ Every write is stored first and published to the run's live group only after its
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -125,15 +126,15 @@ def _insert_sqlite(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoin
     return stored
 
 
-# One statement: insert the batch from arrays (ON CONFLICT keeps the first value), then fold exactly the
+# One statement: insert the batch (ON CONFLICT keeps the first value), then fold exactly the
 # rows that were inserted into the rollups, and record the run's progress (as progress_record does) when
 # any row was new. Rollup rows are upserted in (key, width, bucket) order, the progress row after them,
 # so that concurrent batches lock them in the same order (no deadlocks).
 _PG_INGEST = """
 WITH ins AS (
     INSERT INTO {points} (run_id, key, step, value, wall_time)
-    SELECT %(run)s, k, s, v, w FROM unnest(%(keys)s::text[], %(steps)s::bigint[], %(values)s::float8[],
-                                           %(walls)s::float8[]) AS t(k, s, v, w)
+    SELECT %(run)s, p->>0, (p->>1)::bigint, (p->>2)::float8, (p->>3)::float8
+    FROM json_array_elements(%(points)s::json) WITH ORDINALITY AS t(p, i) ORDER BY i
     ON CONFLICT (run_id, key, step) DO NOTHING
     RETURNING id, key, step, value, wall_time
 ), agg AS (
@@ -168,7 +169,10 @@ SELECT id, key, step, value, wall_time FROM ins
 
 
 def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoint]:
-    """One statement (the rollups CTE runs to completion whether or not its output is read)."""
+    """One statement (the rollups CTE runs to completion whether or not its output is read). The batch
+    travels as one JSON text of ``[key, step, value, wall_time]`` rows, in order: one parameter quoted
+    by C code, where four arrays were quoted element by element in Python (psycopg's client-side
+    binding). Floats are written as their shortest repr, which PostgreSQL reads back exactly."""
     cur.execute(
         _PG_INGEST.format(
             points=MetricPoint._meta.db_table,
@@ -178,10 +182,7 @@ def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPo
         {
             "run": run_id,
             "now": timezone.now(),
-            "keys": [p.key for p in points],
-            "steps": [p.step for p in points],
-            "values": [p.value for p in points],
-            "walls": [p.wall_time for p in points],
+            "points": json.dumps([(p.key, p.step, p.value, p.wall_time) for p in points], allow_nan=False),
             "widths": list(ROLLUP_WIDTHS),
         },
     )
