@@ -41,8 +41,8 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("live publish (build + hand-off)", ("publish (tracking/live.py", "_metrics_payload", "live_metrics")),
     ("live send (channel layer, on the loop)", ("_send_forever", "group_send")),
     ("SQL: the ingest statement", ("_insert_postgres",)),
-    ("token authentication (SQL)", ("authenticate (accounts/authentication.py",)),
-    ("throttle (Redis)", ("allow_request", "check_throttles")),
+    ("token authentication (SQL)", ("authenticate (accounts/authentication.py", "ingest_token (accounts/")),
+    ("throttle (Redis)", ("allow_request", "check_throttles", "allow_ingest_token")),
     (
         "JSON parse + wire validation",
         (
@@ -51,11 +51,11 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
             "parse (rl_engine/wire",
             "json_problem",
             "_load_data_and_files",
-            "ingest_body",
+            "parse (accounts/parsers.py",
         ),
     ),
     ("response rendering", ("finalize_response", "render (", "rendered_content")),
-    ("view (other)", ("dispatch (rest_framework/views.py", "ingest (tracking/ingest.py")),
+    ("view / front (other)", ("dispatch (rest_framework/views.py", "serve (tracking/ingest.py")),
     (
         "DB connection (pool get/put, close_old_connections)",
         ("close_old_connections", "ensure_connection", "putconn", "getconn", "close (django/db"),
