@@ -6,10 +6,12 @@
 For each configuration (``[REF@]SERVER:WORKERS``, as benchmarks/live_load.py) a fresh production stack
 (PostgreSQL, a private redis-server, a worker and beat, DEBUG off; one web process) serves
 ``--connections`` keep-alive clients posting ``--batch``-point metrics batches back to back while
-``py-spy record`` samples the web process (every thread, idle samples left out) for ``--seconds``.
-Each sample is put in the first bucket (``BUCKETS``, in order) whose function appears in its stack;
-reported: requests served, web CPU per request (from /proc, as live_load.py), and each bucket's
-share of the samples converted to milliseconds of CPU per request. py-spy itself needs ``ptrace``
+``py-spy record --gil`` samples the web process for ``--seconds``: only the thread holding the GIL,
+i.e. Python at work (a thread blocked on a socket or the database releases it; without ``--gil`` those
+waits count as busy and swamp the picture). Each sample is put in the first bucket (``BUCKETS``, in
+order) whose function appears in its stack; reported: requests served, web CPU per request (from
+/proc, as live_load.py: every thread, kernel time included) and each bucket's share of the samples
+scaled to that total (so the C parts that run without the GIL are spread over the buckets). py-spy itself needs ``ptrace``
 (root, or ``kernel.yama.ptrace_scope`` 0); the sampling costs the process a little.
 
 ``--flame DIR`` also keeps each configuration's collapsed stacks (``DIR/<config>.txt``, one
@@ -41,7 +43,7 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("live publish (build + hand-off)", ("publish (tracking/live.py", "_metrics_payload", "live_metrics")),
     ("live send (channel layer, on the loop)", ("_send_forever", "group_send")),
     ("SQL: the ingest statement", ("_insert_postgres",)),
-    ("token authentication (SQL)", ("authenticate (accounts/authentication.py", "ingest_token (accounts/")),
+    ("token authentication (SQL)", ("authenticate (accounts/authentication.py", "ingest_token (accounts/authentication.py")),
     ("throttle (Redis)", ("allow_request", "check_throttles", "allow_ingest_token")),
     (
         "JSON parse + wire validation",
@@ -112,7 +114,7 @@ def profile(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
         asyncio.run(load(dep, args, 3, 0))  # warm up
         spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate",
                                 str(args.rate), "--format", "raw", "--output", str(out / "stacks.txt"),
-                                "--duration", str(int(args.seconds)), "--nonblocking"],
+                                "--duration", str(int(args.seconds)), "--nonblocking", "--gil"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
         time.sleep(1)  # py-spy attached
         cpu0 = dep.stack.cpu_seconds("web")
