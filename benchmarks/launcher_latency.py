@@ -5,7 +5,8 @@ cancelled), re-attach after ``kill -9`` of the Celery worker, and reap (heartbea
     .venv/bin/python benchmarks/launcher_latency.py --repeats 5 --sweep-interval 3
 
 Everything runs in a scratch VAR_DIR (its own SQLite database, broker folders and local Ray head, all
-removed at the end): a daphne web server, one ``celery worker -B`` (threads pool) and the platform's
+removed at the end): the web tier as production runs it (gunicorn with one uvicorn worker: the
+embedded default has no Redis), one ``celery worker -B`` (threads pool) and the platform's
 local Ray head; runs are tiny ``demo-cpu`` configs (16 samples a step) launched through the REST API
 with a user token. The first launch also starts the Ray head ("cold"); the others reuse it ("warm").
 Reap: a ``running`` run whose cluster is unreachable (so nobody heartbeats it) must turn ``failed`` once
@@ -73,8 +74,9 @@ class Stack:
                                             start_new_session=True)  # fmt: skip
 
     def start_web(self) -> None:
-        self._start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                            "config.asgi:application"])  # fmt: skip
+        # production's web tier (platform/config/gunicorn.py); one uvicorn worker on the embedded default
+        self._start("web", [sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "-b",
+                            f"127.0.0.1:{self.port}", "config.asgi:application"])  # fmt: skip
         wait(lambda: _answers(f"http://127.0.0.1:{self.port}/api/schema/"), 60, "the web server")
 
     def start_worker(self) -> None:
