@@ -13,7 +13,7 @@ long-lived threads (each keeps its database connection):
 - the same authentication (``TokenAuthentication``'s checks, ``ingest_token``), JSON parser (``NulSafeJSONParser``), batch limit,
   wire validation (``rl_engine.wire``), throttle (``IngestThrottle``'s key and window) and storage
   (``services.metrics_ingest``: idempotent on (run, key, step), published live after it is stored);
-- the same answer: 200 with ``{"received": n, "inserted": m}`` rendered by the API's JSON renderer.
+- the same answer: 200 with ``{"received": n, "inserted": m}`` rendered by the view's JSON renderer.
 
 Only a success is answered here. Anything else (another token or a session, a body that does not parse
 or validate, a batch over the limit, a throttled token, a disallowed host, an ``Accept`` or a query
@@ -49,7 +49,6 @@ from rest_framework import exceptions
 from accounts.authentication import ingest_token
 from accounts.parsers import NulSafeJSONParser
 from accounts.throttles import IngestThrottle
-from core.renderers import SafeJSONRenderer
 from rl_engine import wire
 from tracking import live, services
 from tracking.api import RunMetricsView
@@ -67,7 +66,7 @@ _JSON_TYPES = {"application/json", "application/json; charset=utf-8"}
 
 # Built once per process, not per request.
 _parser = NulSafeJSONParser()
-_renderer = SafeJSONRenderer()
+_renderer = RunMetricsView.renderer_classes[0]()  # what DRF picks for these Accept values
 _middleware = [
     m(lambda request: None) for m in (SecurityMiddleware, CommonMiddleware, XFrameOptionsMiddleware)
 ]
