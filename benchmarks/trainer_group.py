@@ -106,17 +106,12 @@ def measure(ranks: Any, payload: dict[str, Any]) -> dict[str, float]:
     state = state_bytes(trainer)
     trainer.optimizer.zero_grad(set_to_none=True)  # the sync never needs gradients
 
-    live = {"max": 0}
+    bucket_max = 0
     stream = trainer.weight_stream(split=True)
-    gathered = stream.tensors
     t0 = time.perf_counter()
     with _RssPeak() as rss:
         for bucket in stream:
-            whole = getattr(gathered, "_whole", None)
-            held = (
-                _tensor_bytes(whole) if whole is not None else 0
-            ) + bucket.flat.numel() * bucket.flat.element_size()
-            live["max"] = max(live["max"], held)
+            bucket_max = max(bucket_max, bucket.flat.numel() * bucket.flat.element_size())
             if ranks.rank == 0:
                 bucket.to_bytes()  # what the object-store sync copies out
     sync_s = time.perf_counter() - t0
@@ -127,7 +122,9 @@ def measure(ranks: Any, payload: dict[str, Any]) -> dict[str, float]:
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
         "step_s": statistics.median(times),
         "sync_s": sync_s,
-        "sync_live_mib": live["max"] / 2**20,
+        # beyond its shards: what the stream's source held at once (a parameter gathered whole or a
+        # slice of rows received; 0 at one rank) + the bucket
+        "sync_live_mib": (getattr(stream.source, "peak_bytes", 0) + bucket_max) / 2**20,
         "sync_rss_mib": (rss.peak - rss.base) / 2**20,
         "params": sum(p.numel() for p in trainer.model.parameters()),
     }
