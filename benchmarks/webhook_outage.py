@@ -57,8 +57,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--outage", type=float, default=30.0, help="seconds the receiver is down")
     p.add_argument("--down-mode", choices=["refuse", "503"], default="refuse")
     p.add_argument("--kill-worker", action="store_true", help="kill -9 the worker halfway through the outage")
-    p.add_argument("--retry-base", type=float, default=10.0, help="WEBHOOK_RETRY_BASE_S (default: the platform's)")
-    p.add_argument("--retry-max", type=float, default=600.0, help="WEBHOOK_RETRY_MAX_S (default: the platform's)")
+    p.add_argument(
+        "--retry-base", type=float, default=10.0, help="WEBHOOK_RETRY_BASE_S (default: the platform's)"
+    )
+    p.add_argument(
+        "--retry-max", type=float, default=600.0, help="WEBHOOK_RETRY_MAX_S (default: the platform's)"
+    )
     p.add_argument("--sweep-interval", type=float, default=30.0, help="WEBHOOK_SWEEP_INTERVAL_S")
     p.add_argument("--concurrency", type=int, default=8, help="the worker's threads")
     p.add_argument("--settle", type=float, default=0.0, help="listen this long after the last delivery "
@@ -100,7 +104,9 @@ class Receiver:
                     ok = hmac.compare_digest(sig, "sha256=" + mac)
                     key = self.headers.get("X-RLP-Delivery", "")
                     with receiver.lock:
-                        receiver.got.append((key, time.monotonic(), ok and json.loads(body)["delivery_id"] == key))
+                        receiver.got.append(
+                            (key, time.monotonic(), ok and json.loads(body)["delivery_id"] == key)
+                        )
                     self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -168,7 +174,9 @@ class Worker:
         deadline = time.monotonic() + 90
         while self.log.read_text(errors="replace").count(" ready.") <= seen:
             if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise SystemExit("error: the worker did not start:\n" + self.log.read_text(errors="replace")[-3000:])
+                raise SystemExit(
+                    "error: the worker did not start:\n" + self.log.read_text(errors="replace")[-3000:]
+                )
             time.sleep(0.1)
 
     def kill(self) -> None:
