@@ -105,7 +105,11 @@ def test_an_attempt_whose_countdown_task_was_lost_is_delivered_exactly_once(
         ids = [json.loads(r.body)["delivery_id"] for r in receiver.received]
         assert ids == [str(delivery.delivery_id)]
         delivery.refresh_from_db()
-        assert (delivery.status, delivery.attempts, delivery.status_code) == (DeliveryStatus.SUCCEEDED, 2, 200)
+        assert (delivery.status, delivery.attempts, delivery.status_code) == (
+            DeliveryStatus.SUCCEEDED,
+            2,
+            200,
+        )
         assert delivery.next_attempt_at is None
         assert resend_due(later + timedelta(hours=1)).resent == []  # finished: never swept again
     finally:
