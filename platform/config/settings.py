@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "tracking",
     "launcher",
     "alerts",  # issue 22: alerts, metric rules, webhooks
+    "sweeps",  # issue 22: sweeps
 ]
 
 MIDDLEWARE = [
