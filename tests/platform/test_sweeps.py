@@ -10,12 +10,12 @@ import math
 import random
 
 import pytest
-from sweeps import search_space as ss
-from sweeps.models import Sweep, SweepRun
 
 from experiments.models import Run, RunState
 from experiments.services import run_create, run_transition
 from launcher.services import runs_admit
+from sweeps import search_space as ss
+from sweeps.models import Sweep, SweepRun
 from tests.platform.conftest import client_for
 from tracking.services import Point, metrics_ingest
 
