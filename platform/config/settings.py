@@ -299,6 +299,18 @@ if ALERT_RULES_INTERVAL_S > 0:
         "options": {"expires": float(ALERT_RULES_INTERVAL_S)},  # no backlog after downtime
     }
 
+# --- Sweeps (issue 22; docs/api.md, "Sweeps") ------------------------------------------------------------
+SWEEP_MAX_RUNS = env_int("SWEEP_MAX_RUNS", 100)  # the most runs one sweep may make
+# How often the median rule is applied to the running runs of sweeps that asked for early stopping
+# (a beat task; 0: never).
+SWEEP_EARLY_STOP_INTERVAL_S = env_int("SWEEP_EARLY_STOP_INTERVAL_S", 30)
+if SWEEP_EARLY_STOP_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["sweeps-early-stop"] = {
+        "task": "sweeps.early_stop",
+        "schedule": float(SWEEP_EARLY_STOP_INTERVAL_S),
+        "options": {"expires": float(SWEEP_EARLY_STOP_INTERVAL_S)},  # no backlog after downtime
+    }
+
 # --- Trust boundary: path policy, throttles, request limits (docs/api.md: "Trust boundary") -----------
 # A config that comes through the platform may only name models under MODEL_ROOTS (or one of
 # ALLOWED_MODELS, taken verbatim) and datasets under DATA_ROOTS; checkpoints and JSONL logs always go to

@@ -303,3 +303,90 @@ def test_admission_cap_against_the_rule_with_random_priorities_and_finishes(sett
                 run_transition(run_id=pk, to="running")
             else:
                 run_transition(run_id=pk, to=rng.choice(["succeeded", "failed"]), error="x")
+
+
+# --- early stopping: the median rule ---------------------------------------------------------------------
+
+
+def _brute_median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _brute_force_losers(series, running, goal, min_steps, min_runs) -> set[int]:
+    better = max if goal == "max" else min
+    losers = set()
+    for r in running:
+        if not series[r]:
+            continue
+        s = max(step for step, _ in series[r])
+        if s < min_steps:
+            continue
+        mine = better(v for step, v in series[r] if step <= s)
+        others = [
+            better(v for step, v in pts if step <= s)
+            for o, pts in series.items()
+            if o != r and pts and max(step for step, _ in pts) >= s
+        ]
+        if len(others) < min_runs:
+            continue
+        med = _brute_median(others)
+        if (mine < med) if goal == "max" else (mine > med):
+            losers.add(r)
+    return losers
+
+
+@pytest.mark.parametrize(("goal", "seed"), [("max", 1), ("max", 2), ("min", 3), ("min", 4)])
+def test_the_median_rule_stops_exactly_the_runs_a_brute_force_count_finds(member, experiment, goal, seed):
+    from sweeps.early_stopping import sweeps_early_stop
+
+    rng = random.Random(seed)
+    space = {"trainer.lr": [1e-6 * k for k in range(1, 9)]}
+    body = _create(
+        member, experiment, method="grid", search_space=space, goal=goal,
+        early_stopping={"min_steps": 5, "min_runs": 3}, max_concurrent=8,
+    ).json()  # fmt: skip
+    assert body["early_stopping"] == {"min_steps": 5, "min_runs": 3}
+    ids = [m.run_id for m in SweepRun.objects.filter(sweep_id=body["id"]).order_by("index")]
+    series = {}
+    for i, run_id in enumerate(ids):
+        length = rng.choice([0, 3, 8, 12, 20])  # some short of min_steps, some without points
+        drift = rng.uniform(-0.05, 0.05)
+        values, v = [], rng.uniform(0, 1)
+        for _ in range(length):
+            v += drift + rng.gauss(0, 0.1)
+            values.append(v)
+        _values(run_id, values)
+        series[run_id] = list(enumerate(values))
+        path = ["starting", "running"] + (["succeeded"] if i % 3 == 0 else [])
+        for to in path:
+            run_transition(run_id=run_id, to=to)
+    running = [r for i, r in enumerate(ids) if i % 3 != 0]
+    want = _brute_force_losers(series, running, goal, 5, 3)
+    stopped = sweeps_early_stop()
+    assert set(stopped) == want
+    for run_id in ids:
+        entry = SweepRun.objects.select_related("run").get(run_id=run_id)
+        if run_id in want:
+            assert entry.run.state == "cancelling" and entry.early_stopped_at is not None
+            assert "median rule" in entry.early_stop_reason
+            assert entry.run.events.filter(message__startswith="early-stopped by sweep").exists()
+        else:
+            assert entry.early_stopped_at is None and entry.run.state in ("running", "succeeded")
+    assert sweeps_early_stop() == []  # stopped once
+    shown = {r["id"]: r for r in member.get(f"/api/sweeps/{body['id']}").json()["runs"]}
+    assert {r for r, row in shown.items() if row["early_stopped_at"]} == want
+    assert member.get(f"/api/sweeps/{body['id']}").json()["early_stopped"] == len(want)
+
+
+def test_a_sweep_without_early_stopping_is_never_stopped(member, experiment):
+    from sweeps.early_stopping import sweeps_early_stop
+
+    body = _create(member, experiment, method="grid", search_space={"trainer.lr": [1e-6, 2e-6, 3e-6]}).json()
+    ids = [m.run_id for m in SweepRun.objects.filter(sweep_id=body["id"]).order_by("index")]
+    for run_id, level in zip(ids, [0.0, 1.0, 2.0], strict=True):
+        _values(run_id, [level] * 10)
+        run_transition(run_id=run_id, to="starting")
+        run_transition(run_id=run_id, to="running")
+    assert sweeps_early_stop() == []
