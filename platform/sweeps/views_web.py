@@ -22,6 +22,10 @@ def sweep_page(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "sweep": sweep,
             "can_write": has_role(request, sweep.project_id, Role.MEMBER),
-            "page_data": {"sweep_id": sweep.pk, "experiment_id": sweep.experiment_id},
+            "page_data": {
+                "sweep_id": sweep.pk,
+                "experiment_id": sweep.experiment_id,
+                "summary": sweep.summary,
+            },
         },
     )
