@@ -84,6 +84,13 @@ class PlannedRun:
     config: ExperimentConfig
 
 
+def _dotted(data: dict[str, Any], path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def _short(point: ss.Point) -> str:
     text = ", ".join(f"{k}={json.dumps(v)}" for k, v in point.items())
     return text if len(text) <= 300 else text[:297] + "..."
@@ -151,7 +158,10 @@ def sweep_plan(*, experiment: Experiment, spec: SweepSpec, seed: int) -> list[Pl
             if bad_points <= MAX_POINTS_REPORTED:
                 errors += _point_errors(index, point, exc)
             continue
-        planned.append(PlannedRun(index=index, params=point, seed=config.seed, config=config))
+        # The point as the run's config holds it (validated: "1e-6" from a YAML file is 1e-06 there).
+        dump = config.model_dump(mode="json")
+        params = {path: _dotted(dump, path) for path in point}
+        planned.append(PlannedRun(index=index, params=params, seed=config.seed, config=config))
     if errors:
         if bad_points > MAX_POINTS_REPORTED:
             errors.append(("search_space", f"{bad_points} of {n} points are invalid (the first shown)"))
