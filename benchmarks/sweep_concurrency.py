@@ -45,16 +45,17 @@ def api_get(stack: Stack, token: str, path: str) -> tuple[dict, float]:
     return body, time.monotonic() - t0
 
 
-def one_run(stack: Stack, token: str, experiment_id: int) -> float:
+def one_run(stack: Stack, token: str, experiment_id: int) -> tuple[float, float]:
+    """(API call → succeeded, running → finished) of one run alone."""
     from experiments.models import Run
 
     t0 = time.monotonic()
     run_id = api_post(stack, token, "/api/runs", {"experiment": experiment_id})["id"]
     t1 = wait(lambda: Run.objects.filter(pk=run_id, state__in=TERMINAL).exists(), 600, "the run's end", 0.1)
-    state = Run.objects.get(pk=run_id).state
-    if state != "succeeded":
-        raise SystemExit(f"error: run {run_id} ended {state}: {Run.objects.get(pk=run_id).error}")
-    return t1 - t0
+    run = Run.objects.get(pk=run_id)
+    if run.state != "succeeded":
+        raise SystemExit(f"error: run {run_id} ended {run.state}: {run.error}")
+    return t1 - t0, (run.finished_at - run.started_at).total_seconds()
 
 
 def sweep(stack: Stack, token: str, experiment_id: int, runs: int, concurrent: int) -> dict[str, Any]:
@@ -79,8 +80,13 @@ def sweep(stack: Stack, token: str, experiment_id: int, runs: int, concurrent: i
         raise SystemExit("error: the sweep did not finish within 20 minutes")
     total = time.monotonic() - t0
     final = dict(Run.objects.filter(pk__in=ids).values_list("pk", "state"))
+    spans = [
+        (f - s).total_seconds()
+        for s, f in Run.objects.filter(pk__in=ids).values_list("started_at", "finished_at")
+    ]
     return {
         "sweep_s": total,
+        "sweep_run_running_s_mean": statistics.mean(spans),  # each run's running → finished, in parallel
         "max_busy": max_busy,
         "run_states": sorted(final.values()),
         "ranked": [r["value"] for r in answer["runs"]],
@@ -120,8 +126,8 @@ def main() -> None:
     try:
         stack.start_web()
         stack.start_worker()
-        results["cold_run_s"] = one_run(stack, token, exp.pk)  # starts the Ray head: not counted
-        results["one_run_s"] = one_run(stack, token, exp.pk)
+        results["cold_run_s"] = one_run(stack, token, exp.pk)[0]  # starts the Ray head: not counted
+        results["one_run_s"], results["one_run_running_s"] = one_run(stack, token, exp.pk)
         results.update(sweep(stack, token, exp.pk, args.runs, args.concurrent))
         waves = -(-args.runs // args.concurrent)
         results["sweep_over_one_run"] = results["sweep_s"] / results["one_run_s"]
