@@ -44,6 +44,17 @@ function row(r) {
     el("td", { dataset: { field: "best" } }, r.best === null ? "–" : fmtNum(r.best)));
 }
 
+/** The x range with a margin, so that the points at its ends are drawn whole. */
+function padded(lo, hi, log) {
+  if (lo === null || hi === null) return [0, 1];
+  if (log) {
+    const f = lo === hi ? 2 : (hi / lo) ** 0.05;
+    return [lo / f, hi * f];
+  }
+  const pad = lo === hi ? Math.abs(lo) * 0.1 || 1 : (hi - lo) * 0.05;
+  return [lo - pad, hi + pad];
+}
+
 function chart() {
   const param = $("sweep-param").value;
   if (!param) return;
@@ -55,7 +66,7 @@ function chart() {
   const opts = {
     width: Math.max($("sweep-chart").clientWidth, 300),
     height: 320,
-    scales: { x: { time: false, distr: logX ? 3 : 1 } },
+    scales: { x: { time: false, distr: logX ? 3 : 1, range: (_u, lo, hi) => padded(lo, hi, logX) } },
     legend: { show: false },
     cursor: { drag: { x: false, y: false } },
     series: [{ label: param }, { label: `${sweep.ranked_by} ${sweep.metric}`, stroke: "#2f6fde",
