@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "tracking",
     "launcher",
     "alerts",  # issue 22: alerts, metric rules, webhooks
+    "sweeps",  # issue 22: sweeps
 ]
 
 MIDDLEWARE = [
@@ -305,6 +306,18 @@ if WEBHOOK_SWEEP_INTERVAL_S > 0:
         "task": "alerts.resend_due_deliveries",
         "schedule": WEBHOOK_SWEEP_INTERVAL_S,
         "options": {"expires": WEBHOOK_SWEEP_INTERVAL_S},
+    }
+
+# --- Sweeps (issue 22; docs/api.md, "Sweeps") ------------------------------------------------------------
+SWEEP_MAX_RUNS = env_int("SWEEP_MAX_RUNS", 100)  # the most runs one sweep may make
+# How often the median rule is applied to the running runs of sweeps that asked for early stopping
+# (a beat task; 0: never).
+SWEEP_EARLY_STOP_INTERVAL_S = env_int("SWEEP_EARLY_STOP_INTERVAL_S", 30)
+if SWEEP_EARLY_STOP_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["sweeps-early-stop"] = {
+        "task": "sweeps.early_stop",
+        "schedule": float(SWEEP_EARLY_STOP_INTERVAL_S),
+        "options": {"expires": float(SWEEP_EARLY_STOP_INTERVAL_S)},  # no backlog after downtime
     }
 
 # --- Trust boundary: path policy, throttles, request limits (docs/api.md: "Trust boundary") -----------
