@@ -120,7 +120,7 @@ def measure(ranks: Any, payload: dict[str, Any]) -> dict[str, float]:
         "rank": ranks.rank,
         "state_gib": state / GIB,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
-        "step_s": statistics.median(times),
+        "step_s": statistics.median(times) if times else float("nan"),  # --steps 0: the warm-up step only
         "sync_s": sync_s,
         # beyond its shards: what the stream's source held at once (a parameter gathered whole or a
         # slice of rows received; 0 at one rank) + the bucket
@@ -134,7 +134,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small shape, 1 and 2 ranks")
     ap.add_argument("--worlds", default=None, help="comma-separated rank counts (default 1,2,3; quick 1,2)")
-    ap.add_argument("--steps", type=int, default=2, help="timed trainer steps after a warm-up step")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=2,
+        help="timed trainer steps after a warm-up step (0: none; the memory and sync figures only)",
+    )
     args = ap.parse_args()
 
     from rl_engine.models.shaped import save_shaped_model
