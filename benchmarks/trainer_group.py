@@ -106,17 +106,12 @@ def measure(ranks: Any, payload: dict[str, Any]) -> dict[str, float]:
     state = state_bytes(trainer)
     trainer.optimizer.zero_grad(set_to_none=True)  # the sync never needs gradients
 
-    live = {"max": 0}
+    bucket_max = 0
     stream = trainer.weight_stream(split=True)
-    gathered = stream.tensors
     t0 = time.perf_counter()
     with _RssPeak() as rss:
         for bucket in stream:
-            whole = getattr(gathered, "_whole", None)
-            held = (
-                _tensor_bytes(whole) if whole is not None else 0
-            ) + bucket.flat.numel() * bucket.flat.element_size()
-            live["max"] = max(live["max"], held)
+            bucket_max = max(bucket_max, bucket.flat.numel() * bucket.flat.element_size())
             if ranks.rank == 0:
                 bucket.to_bytes()  # what the object-store sync copies out
     sync_s = time.perf_counter() - t0
@@ -125,9 +120,11 @@ def measure(ranks: Any, payload: dict[str, Any]) -> dict[str, float]:
         "rank": ranks.rank,
         "state_gib": state / GIB,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
-        "step_s": statistics.median(times),
+        "step_s": statistics.median(times) if times else float("nan"),  # --steps 0: the warm-up step only
         "sync_s": sync_s,
-        "sync_live_mib": live["max"] / 2**20,
+        # beyond its shards: what the stream's source held at once (a parameter gathered whole or a
+        # slice of rows received; 0 at one rank) + the bucket
+        "sync_live_mib": (getattr(stream.source, "peak_bytes", 0) + bucket_max) / 2**20,
         "sync_rss_mib": (rss.peak - rss.base) / 2**20,
         "params": sum(p.numel() for p in trainer.model.parameters()),
     }
@@ -137,7 +134,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small shape, 1 and 2 ranks")
     ap.add_argument("--worlds", default=None, help="comma-separated rank counts (default 1,2,3; quick 1,2)")
-    ap.add_argument("--steps", type=int, default=2, help="timed trainer steps after a warm-up step")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=2,
+        help="timed trainer steps after a warm-up step (0: none; the memory and sync figures only)",
+    )
     args = ap.parse_args()
 
     from rl_engine.models.shaped import save_shaped_model

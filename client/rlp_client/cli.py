@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from rlp_client import cli_run
+from rlp_client import cli_run, cli_sweep
 from rlp_client.cli_common import (
     EXIT_BAD_INPUT,
     CliError,
@@ -174,6 +174,9 @@ def build_parser() -> Parser:
 
     cli_run.add_commands(
         sub.add_parser("run", help="launch, follow, wait for, cancel, resume runs"), common, Parser
+    )
+    cli_sweep.add_commands(  # issue 22: sweeps
+        sub.add_parser("sweep", help="create, show (ranked), cancel sweeps"), common, Parser
     )
     return parser
 

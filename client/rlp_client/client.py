@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlp_client.config import Credentials, load_credentials
-from rlp_client.models import Experiment, Project, RunInfo
+from rlp_client.models import Experiment, Project, RunInfo, Sweep
 from rlp_client.runs import Run
 from rlp_client.transport import RetryPolicy, Transport
 
@@ -145,3 +145,36 @@ class Client:
                   "tag": tag}  # fmt: skip
         for r in self.transport.pages("/api/runs", params):
             yield Run(self, RunInfo.from_api(r))
+
+    # --- sweeps (issue 22) -----------------------------------------------------------------------------
+
+    def create_sweep(
+        self,
+        experiment: int,
+        *,
+        method: str,
+        search_space: dict[str, Any],
+        metric: str,
+        **options: Any,
+    ) -> Sweep:
+        """A grid or random search over config fields of ``experiment`` (docs/api.md, "Sweeps"): its runs
+        are created queued and started at most ``max_concurrent`` at a time. ``options``: ``name``,
+        ``max_runs``, ``max_concurrent``, ``goal``, ``summary``, ``early_stopping``, ``seed``,
+        ``priority`` (None: the server's default). A refused point raises BadRequest naming
+        ``search_space.<path>``."""
+        body: dict[str, Any] = {"experiment": experiment, "method": method, "search_space": search_space,
+                                "metric": metric}  # fmt: skip
+        body.update({k: v for k, v in options.items() if v is not None})
+        return Sweep.from_api(self.transport.post("/api/sweeps", body))
+
+    def sweep(self, sweep_id: int, summary: str | None = None) -> Sweep:
+        """The sweep with its runs ranked by its metric (``summary``: ``last`` or ``best``)."""
+        return Sweep.from_api(self.transport.get(f"/api/sweeps/{sweep_id}", {"summary": summary}))
+
+    def sweeps(self, project: int | None = None, experiment: int | None = None) -> Iterator[Sweep]:
+        for d in self.transport.pages("/api/sweeps", {"project": project, "experiment": experiment}):
+            yield Sweep.from_api(d)
+
+    def cancel_sweep(self, sweep_id: int) -> Sweep:
+        """Cancel every unfinished run of the sweep."""
+        return Sweep.from_api(self.transport.post(f"/api/sweeps/{sweep_id}/cancel", None))

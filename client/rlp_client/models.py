@@ -173,3 +173,56 @@ class CheckpointExport:
     @classmethod
     def from_api(cls, d: dict[str, Any]) -> CheckpointExport:
         return cls(d["step"], d["state"], d.get("out") or "", d.get("error") or "", d)
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep, as ``GET /api/sweeps/{id}`` ranks it (``rank`` None: no value yet)."""
+
+    id: int
+    number: int
+    state: str
+    index: int
+    params: dict[str, Any]
+    seed: int
+    value: float | None
+    rank: int | None
+    early_stopped: bool
+
+    @classmethod
+    def from_api(cls, d: dict[str, Any]) -> SweepRun:
+        return cls(
+            d["id"], d["number"], d["state"], d["index"], dict(d.get("params") or {}), d["seed"], d.get("value"),
+            d.get("rank"), bool(d.get("early_stopped_at")),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep (``/api/sweeps``): a grid or random search over config fields of an experiment."""
+
+    id: int
+    project: int
+    experiment: int
+    name: str
+    method: str
+    state: str
+    metric: str
+    goal: str
+    max_runs: int
+    max_concurrent: int
+    seed: int
+    params: list[str]
+    run_states: dict[str, int]
+    ranked_by: str | None
+    runs: list[SweepRun]  # ranked, best first (empty in lists)
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, d: dict[str, Any]) -> Sweep:
+        return cls(
+            d["id"], d["project"], d["experiment"], d["name"], d["method"], d["state"], d["metric"], d["goal"],
+            d["max_runs"], d["max_concurrent"], d["seed"], list(d.get("params") or []),
+            dict(d.get("run_states") or {}), d.get("ranked_by"),
+            [SweepRun.from_api(r) for r in d.get("runs") or []], d,
+        )  # fmt: skip

@@ -46,6 +46,7 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
         "attempts",
         "status_code",
         "last_error",
+        "next_attempt_at",
         "updated",
     )
     list_filter = ("status",)

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import urllib3
 from celery import shared_task
@@ -90,18 +90,36 @@ def post(target: url_guard.Target, body: bytes, headers: dict[str, str], timeout
 class Outcome:
     status: str
     retry_in: float | None = None
+    next_number: int | None = None  # the attempt to make after ``retry_in`` seconds
 
 
-def _claim(delivery_id: int) -> bool:
-    """Take the delivery for one attempt (counting it), unless it is finished or an attempt is in flight."""
+# A countdown task may run this much before the due time its worker stored (clocks of two workers).
+CLOCK_SLACK = timedelta(seconds=1)
+
+
+def _claim(delivery_id: int, number: int | None) -> bool:
+    """Take the delivery for attempt ``number`` (counting it): only if that is the attempt after the
+    ones made, the delivery is due (or an attempt in flight has outlived its lease: its worker died) and
+    attempts are left. ``number`` None (a message queued before attempts were numbered): the next one.
+    One conditional UPDATE, so of two tasks for the same attempt exactly one gets it."""
     now = timezone.now()
     lease = now + timedelta(seconds=float(settings.WEBHOOK_TIMEOUT_S) * 2 + 30)
-    claimable = Q(status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING]) | Q(
-        status=DeliveryStatus.SENDING, lease_until__lt=now
+    due = Q(status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING]) & (
+        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now + CLOCK_SLACK)
     )
+    abandoned = Q(status=DeliveryStatus.SENDING, lease_until__lt=now)
+    rows = WebhookDelivery.objects.filter(
+        due | abandoned, pk=delivery_id, attempts__lt=int(settings.WEBHOOK_MAX_ATTEMPTS)
+    )
+    if number is not None:
+        rows = rows.filter(attempts=number - 1)
     return bool(
-        WebhookDelivery.objects.filter(claimable, pk=delivery_id).update(
-            status=DeliveryStatus.SENDING, attempts=F("attempts") + 1, lease_until=lease, updated=now
+        rows.update(
+            status=DeliveryStatus.SENDING,
+            attempts=F("attempts") + 1,
+            lease_until=lease,
+            next_attempt_at=None,
+            updated=now,
         )
     )
 
@@ -112,10 +130,10 @@ def _finish(delivery: WebhookDelivery, status: str, **fields) -> None:
     )
 
 
-def attempt(delivery_id: int) -> Outcome:
-    """One attempt of a delivery (idempotent: a finished delivery, or one being attempted, is left as it
-    is). Says when to try again, if it should be."""
-    if not _claim(delivery_id):
+def attempt(delivery_id: int, number: int | None = None) -> Outcome:
+    """Attempt ``number`` of a delivery (idempotent: a finished delivery, one being attempted, one not
+    due yet or an attempt already made is left as it is). Says when to try again, if it should be."""
+    if not _claim(delivery_id, number):
         return Outcome("not claimable")
     delivery = WebhookDelivery.objects.select_related("webhook").get(pk=delivery_id)
     hook = delivery.webhook
@@ -156,15 +174,75 @@ def attempt(delivery_id: int) -> Outcome:
     if attempts >= int(settings.WEBHOOK_MAX_ATTEMPTS):
         _finish(delivery, DeliveryStatus.FAILED, status_code=code, last_error=error[:ERROR_MAX])
         return Outcome(DeliveryStatus.FAILED)
-    _finish(delivery, DeliveryStatus.RETRYING, status_code=code, last_error=error[:ERROR_MAX])
-    return Outcome(DeliveryStatus.RETRYING, retry_in=backoff_s(attempts))
+    wait = backoff_s(attempts)
+    _finish(
+        delivery,
+        DeliveryStatus.RETRYING,
+        status_code=code,
+        last_error=error[:ERROR_MAX],
+        next_attempt_at=timezone.now() + timedelta(seconds=wait),
+    )
+    return Outcome(DeliveryStatus.RETRYING, retry_in=wait, next_number=attempts + 1)
 
 
 @shared_task(name="alerts.deliver_webhook", acks_late=True)
-def deliver_webhook(delivery_id: int) -> str:
-    """Attempt a delivery; after a failed attempt, enqueue the next one after its backoff."""
-    outcome = attempt(delivery_id)
+def deliver_webhook(delivery_id: int, number: int | None = None) -> str:
+    """Attempt ``number`` of a delivery; after a failed attempt, enqueue the next one after its backoff
+    (a message a worker holds until then: should it be lost, ``resend_due_deliveries`` sends it)."""
+    outcome = attempt(delivery_id, number)
     if outcome.retry_in is not None:
         log.info("webhook delivery %s failed; next attempt in %.1fs", delivery_id, outcome.retry_in)
-        deliver_webhook.apply_async((delivery_id,), countdown=outcome.retry_in)
+        deliver_webhook.apply_async((delivery_id, outcome.next_number), countdown=outcome.retry_in)
     return outcome.status
+
+
+# --- the sweep: attempts whose countdown task was lost -----------------------------------------------
+
+SWEEP_BATCH = 500  # deliveries re-sent per pass at most (the most overdue first)
+
+
+@dataclass(frozen=True)
+class Swept:
+    resent: list[tuple[int, int]]  # (delivery pk, attempt number) enqueued again
+    failed: list[int]  # abandoned on their last attempt (its worker died): failed
+
+
+def resend_due(now: datetime | None = None) -> Swept:
+    """Enqueue again the attempts overdue by more than ``WEBHOOK_SWEEP_INTERVAL_S`` (their countdown
+    task was lost: a worker killed while holding it, a broker restart, an enqueue that failed after the
+    alert's commit) and the next attempt of deliveries whose attempt in flight outlived its lease (its
+    worker died mid-request). Each message names its attempt number: whichever of the lost task's late
+    arrival, this message or a second sweep's comes first makes the attempt, the others find it made."""
+    now = now or timezone.now()
+    grace = timedelta(seconds=max(float(settings.WEBHOOK_SWEEP_INTERVAL_S), 1.0))
+    overdue = Q(status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING]) & (
+        Q(next_attempt_at__lte=now - grace) | Q(next_attempt_at__isnull=True, updated__lte=now - grace)
+    )
+    abandoned = Q(status=DeliveryStatus.SENDING, lease_until__lt=now)
+    rows = (
+        WebhookDelivery.objects.filter(overdue | abandoned)
+        .order_by(F("next_attempt_at").asc(nulls_first=True), "pk")
+        .values_list("pk", "attempts")[:SWEEP_BATCH]
+    )
+    max_attempts = int(settings.WEBHOOK_MAX_ATTEMPTS)
+    out = Swept(resent=[], failed=[])
+    for pk, attempts in rows:
+        if attempts >= max_attempts:  # only an abandoned last attempt gets here
+            done = WebhookDelivery.objects.filter(abandoned, pk=pk, attempts=attempts).update(
+                status=DeliveryStatus.FAILED,
+                lease_until=None,
+                updated=now,
+                last_error="the worker making the last attempt stopped before it finished",
+            )
+            if done:
+                out.failed.append(pk)
+            continue
+        deliver_webhook.apply_async((pk, attempts + 1), expires=float(grace.total_seconds()) * 4)
+        out.resent.append((pk, attempts + 1))
+    if out.resent or out.failed:
+        log.warning(
+            "webhook sweep: %d overdue attempt(s) enqueued again, %d abandoned delivery(ies) failed",
+            len(out.resent),
+            len(out.failed),
+        )
+    return out

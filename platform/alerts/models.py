@@ -134,7 +134,12 @@ class DeliveryStatus(models.TextChoices):
 
 class WebhookDelivery(models.Model):
     """One alert for one webhook: the payload is frozen at creation (every attempt sends the same body,
-    with ``delivery_id`` as the receiver's idempotency key)."""
+    with ``delivery_id`` as the receiver's idempotency key).
+
+    ``next_attempt_at`` is when a ``pending`` or ``retrying`` delivery is due: an attempt is claimed
+    only once it is due and only as the attempt after ``attempts`` (alerts/delivery.py), so the
+    countdown task and the beat sweep that stands in for a lost one never send the same attempt twice.
+    """
 
     delivery_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
@@ -145,6 +150,7 @@ class WebhookDelivery(models.Model):
     status_code = models.IntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)  # an attempt in flight holds it until then
+    next_attempt_at = models.DateTimeField(null=True, blank=True)  # pending/retrying: due from then on
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
@@ -152,6 +158,7 @@ class WebhookDelivery(models.Model):
     class Meta:
         ordering = ["-pk"]
         verbose_name_plural = "webhook deliveries"
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="delivery_due")]
 
     def __str__(self) -> str:
         return f"{self.delivery_id} → {self.webhook.url}: {self.status}"

@@ -3,7 +3,7 @@ their deliveries: the project's owners)."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from rest_framework.request import Request
 
 from accounts.access import project_roles, visible_project_ids
@@ -23,13 +23,25 @@ def owned_project_ids(request: Request) -> list[int]:
     return [pk for pk, role in project_roles(request).items() if role == Role.OWNER]
 
 
+LAST_DELIVERY_FIELDS = ("status", "attempts", "status_code", "updated")
+
+
+def with_last_delivery(qs: QuerySet[Webhook]) -> QuerySet[Webhook]:
+    """Each webhook with its latest delivery's fields as ``last_delivery_<field>`` (one query for the
+    list, by the (webhook) index of the deliveries)."""
+    latest = WebhookDelivery.objects.filter(webhook=OuterRef("pk")).order_by("-pk")
+    return qs.annotate(
+        **{f"last_delivery_{name}": Subquery(latest.values(name)[:1]) for name in LAST_DELIVERY_FIELDS}
+    )
+
+
 def visible_webhooks(request: Request) -> QuerySet[Webhook]:
     """Webhooks of every project the user is in (the views refuse below owner with a 403)."""
-    return Webhook.objects.filter(project_id__in=visible_project_ids(request))
+    return with_last_delivery(Webhook.objects.filter(project_id__in=visible_project_ids(request)))
 
 
 def owned_webhooks(request: Request) -> QuerySet[Webhook]:
-    return Webhook.objects.filter(project_id__in=owned_project_ids(request))
+    return with_last_delivery(Webhook.objects.filter(project_id__in=owned_project_ids(request)))
 
 
 def webhook_deliveries(webhook: Webhook) -> QuerySet[WebhookDelivery]:

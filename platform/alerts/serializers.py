@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from alerts.models import Alert, AlertKind, Goal, MetricRule, RuleKind, Webhook, WebhookDelivery
+from alerts.models import (
+    Alert,
+    AlertKind,
+    DeliveryStatus,
+    Goal,
+    MetricRule,
+    RuleKind,
+    Webhook,
+    WebhookDelivery,
+)
 
 
 def _no_nul(value: str) -> str:
@@ -64,6 +74,13 @@ class MetricRuleSerializer(StaysInItsProject, serializers.ModelSerializer):
         read_only_fields = ["id", "created"]
 
 
+class LastDeliverySerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=DeliveryStatus.choices)
+    attempts = serializers.IntegerField()
+    status_code = serializers.IntegerField(allow_null=True)
+    updated = serializers.DateTimeField()
+
+
 class WebhookSerializer(StaysInItsProject, serializers.ModelSerializer):
     noun = "a webhook"
 
@@ -88,10 +105,23 @@ class WebhookSerializer(StaysInItsProject, serializers.ModelSerializer):
         help_text="Alert kinds to receive ([]: all).",
     )
 
+    last_delivery = serializers.SerializerMethodField(help_text="The latest delivery (null: none yet).")
+
     class Meta:
         model = Webhook
-        fields = ["id", "project", "url", "secret", "active", "events", "created"]
+        fields = ["id", "project", "url", "secret", "active", "events", "created", "last_delivery"]
         read_only_fields = ["id", "created"]
+
+    @extend_schema_field(LastDeliverySerializer(allow_null=True))
+    def get_last_delivery(self, obj: Webhook) -> dict[str, Any] | None:
+        names = ("status", "attempts", "status_code", "updated")
+        if hasattr(obj, "last_delivery_status"):  # annotated by selectors.with_last_delivery
+            values = {name: getattr(obj, f"last_delivery_{name}") for name in names}
+        else:  # just created or changed: one query
+            values = WebhookDelivery.objects.filter(webhook=obj).order_by("-pk").values(*names).first()
+        if not values or values["status"] is None:
+            return None
+        return LastDeliverySerializer(values).data
 
 
 class WebhookCreatedSerializer(WebhookSerializer):

@@ -250,9 +250,18 @@ def _queue_deliveries(alert: Alert) -> list[WebhookDelivery]:
     for hook in Webhook.objects.filter(project_id=alert.project_id, active=True):
         if hook.events and alert.kind not in hook.events:
             continue
-        delivery = WebhookDelivery(webhook=hook, alert=alert, payload={})
+        delivery = WebhookDelivery(webhook=hook, alert=alert, payload={}, next_attempt_at=timezone.now())
         delivery.payload = delivery_payload(alert, str(delivery.delivery_id))
         delivery.save()
         out.append(delivery)
-        transaction.on_commit(lambda pk=delivery.pk: deliver_webhook.delay(pk))
+        transaction.on_commit(lambda pk=delivery.pk: _enqueue_first_attempt(pk))
     return out
+
+
+def _enqueue_first_attempt(delivery_pk: int) -> None:
+    """After the alert's commit: a broker that is down must not fail what raised the alert (an
+    ingestion, a run's transition); the beat sweep sends the delivery once it is overdue."""
+    try:
+        deliver_webhook.delay(delivery_pk, 1)
+    except Exception:
+        log.exception("could not enqueue webhook delivery %s; the sweep will send it", delivery_pk)

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "tracking",
     "launcher",
     "alerts",  # issue 22: alerts, metric rules, webhooks
+    "sweeps",  # issue 22: sweeps
 ]
 
 MIDDLEWARE = [
@@ -291,11 +292,32 @@ WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8)
 # (defaults: 10 s, 20 s, ... about 21 minutes in all over 8 attempts).
 WEBHOOK_RETRY_BASE_S = env_float("WEBHOOK_RETRY_BASE_S", 10.0)
 WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 600.0)
+# How often beat re-sends webhook attempts overdue by more than this (their countdown task was lost: a
+# worker killed, a broker restart) or abandoned mid-request by a dead worker (0: never, no beat entry).
+WEBHOOK_SWEEP_INTERVAL_S = env_float("WEBHOOK_SWEEP_INTERVAL_S", 30.0)
 if ALERT_RULES_INTERVAL_S > 0:
     CELERY_BEAT_SCHEDULE["alerts-evaluate-rules"] = {
         "task": "alerts.evaluate_rules",
         "schedule": float(ALERT_RULES_INTERVAL_S),
         "options": {"expires": float(ALERT_RULES_INTERVAL_S)},  # no backlog after downtime
+    }
+if WEBHOOK_SWEEP_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["alerts-resend-deliveries"] = {
+        "task": "alerts.resend_due_deliveries",
+        "schedule": WEBHOOK_SWEEP_INTERVAL_S,
+        "options": {"expires": WEBHOOK_SWEEP_INTERVAL_S},
+    }
+
+# --- Sweeps (issue 22; docs/api.md, "Sweeps") ------------------------------------------------------------
+SWEEP_MAX_RUNS = env_int("SWEEP_MAX_RUNS", 100)  # the most runs one sweep may make
+# How often the median rule is applied to the running runs of sweeps that asked for early stopping
+# (a beat task; 0: never).
+SWEEP_EARLY_STOP_INTERVAL_S = env_int("SWEEP_EARLY_STOP_INTERVAL_S", 30)
+if SWEEP_EARLY_STOP_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["sweeps-early-stop"] = {
+        "task": "sweeps.early_stop",
+        "schedule": float(SWEEP_EARLY_STOP_INTERVAL_S),
+        "options": {"expires": float(SWEEP_EARLY_STOP_INTERVAL_S)},  # no backlog after downtime
     }
 
 # --- Trust boundary: path policy, throttles, request limits (docs/api.md: "Trust boundary") -----------

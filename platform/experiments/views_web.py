@@ -16,6 +16,7 @@ from django.shortcuts import render
 
 from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
+from alerts.models import AlertKind
 from experiments.config_policy import platform_presets
 from experiments.models import Experiment, Run
 from experiments.selectors import (
@@ -67,6 +68,31 @@ def home(request: HttpRequest) -> HttpResponse:
                 {"project": p, "role": roles[p.pk], "experiments": by_project[p.pk]} for p in projects
             ],
             "recent_runs": recent_runs,
+        },
+    )
+
+
+@login_required
+def project_settings(request: HttpRequest, pk: int) -> HttpResponse:
+    """A project's settings: its webhooks and their deliveries (owners; docs/dashboard.md, "Project
+    settings"), managed from the browser through /api/webhooks."""
+    roles = project_roles(request)
+    if pk not in roles:
+        raise Http404("Not found.")
+    project = Project.objects.get(pk=pk)
+    is_owner = roles[pk] == Role.OWNER
+    return render(
+        request,
+        "web/project.html",
+        {
+            "project": project,
+            "role": roles[pk],
+            "is_owner": is_owner,
+            "page_data": {
+                "project": project.pk,
+                "is_owner": is_owner,
+                "events": [{"value": k.value, "label": k.label} for k in AlertKind],
+            },
         },
     )
 

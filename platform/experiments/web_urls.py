@@ -16,6 +16,7 @@ urlpatterns = [
     path("accounts/login/", LoginView.as_view(redirect_authenticated_user=False), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views_web.home, name="web-home"),
+    path("projects/<int:pk>/", views_web.project_settings, name="web-project"),
     path("experiments/new/", views_web.experiment_new, name="web-experiment-new"),
     path("experiments/<int:pk>/", views_web.experiment_detail, name="web-experiment"),
     path("runs/<int:pk>/", views_web.run_dashboard, name="web-run"),

@@ -68,7 +68,8 @@ def runs_admit() -> list[int]:
     """Move queued runs to ``starting`` in priority order while the limits allow; returns their ids.
 
     Global limit RUN_CONCURRENCY_LIMIT and per-project RUN_CONCURRENCY_LIMIT_PER_PROJECT (0: none) count
-    runs in starting/running/cancelling. A project at its cap does not block other projects' runs.
+    runs in starting/running/cancelling. A project at its cap does not block other projects' runs; nor
+    does a sweep at its own cap (``Sweep.max_concurrent`` of its runs busy) block other runs.
     """
     global_cap = int(setting("RUN_CONCURRENCY_LIMIT", 2))
     project_cap = int(setting("RUN_CONCURRENCY_LIMIT_PER_PROJECT", 0))
@@ -80,11 +81,21 @@ def runs_admit() -> list[int]:
         if free <= 0:
             return []
         per_project = dict(busy.values_list("project_id").annotate(n=Count("id")))
+        per_sweep = dict(
+            busy.filter(sweep_member__isnull=False)
+            .values_list("sweep_member__sweep_id")
+            .annotate(n=Count("id"))
+        )
         queue = Run.objects.filter(state=RunState.QUEUED).order_by("-priority", "created_at", "id")
-        for run_id, project_id in queue.values_list("id", "project_id")[:500]:
+        rows = queue.values_list(
+            "id", "project_id", "sweep_member__sweep_id", "sweep_member__sweep__max_concurrent"
+        )
+        for run_id, project_id, sweep_id, sweep_cap in rows[:500]:
             if free <= 0:
                 break
             if project_cap > 0 and per_project.get(project_id, 0) >= project_cap:
+                continue
+            if sweep_id is not None and per_sweep.get(sweep_id, 0) >= sweep_cap:
                 continue
             try:
                 run_transition(run_id=run_id, to=RunState.STARTING, from_states={RunState.QUEUED})
@@ -97,6 +108,8 @@ def runs_admit() -> list[int]:
             )
             admitted.append(run_id)
             per_project[project_id] = per_project.get(project_id, 0) + 1
+            if sweep_id is not None:
+                per_sweep[sweep_id] = per_sweep.get(sweep_id, 0) + 1
             free -= 1
     return admitted
 

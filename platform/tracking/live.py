@@ -22,6 +22,7 @@ import os
 import threading
 from typing import Any
 
+import redis.exceptions
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
@@ -49,11 +50,22 @@ def publish(run_id: int, payload: wire.LiveMessage) -> bool:
         if loop is not None:
             loop.call_soon_threadsafe(_enqueue, loop, layer, group_name(run_id), message)
             return True
-        async_to_sync(layer.group_send)(group_name(run_id), message)
+        async_to_sync(send)(layer, group_name(run_id), message)
         return True
     except Exception:  # a broken channel layer (e.g. Redis down) must not break ingestion
         log.warning("live publish to run_%s failed", run_id, exc_info=True)
         return False
+
+
+async def send(layer: Any, group: str, message: dict[str, Any]) -> None:
+    """``group_send`` within SEND_TIMEOUT_S, once more if the first attempt's connection was closed under
+    it: the layer's pool keeps its connections across a Redis restart, and the first command on each
+    fails with ConnectionError ("Connection closed by server") while the next, on a fresh connection,
+    succeeds. Without the second try every web process lost its first live message after a restart."""
+    try:
+        await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
+    except (redis.exceptions.ConnectionError, ConnectionError):
+        await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
 
 
 _bound = threading.local()
@@ -106,7 +118,7 @@ async def _send_forever(queue: asyncio.Queue[tuple[Any, str, dict[str, Any]]]) -
     while True:
         layer, group, message = await queue.get()
         try:
-            await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
+            await send(layer, group, message)
         except Exception:
             # The layer is away (or too slow): what waits behind this message would only queue up behind
             # more failures and reach consumers late, after the layer is back. Drop it; the consumers'

@@ -145,33 +145,88 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-class GatheredParams(Mapping[str, torch.Tensor]):
-    """Parameters by name, each gathered whole only when asked for and kept until another is asked for.
+def row_blocks(rows: int, world: int) -> list[tuple[int, int]]:
+    """The rows ``[lo, hi)`` of a ``rows``-row tensor each of ``world`` ranks holds under FSDP2's dim-0
+    sharding (``torch.chunk``: blocks of ``ceil(rows / world)``, the last ones shorter or empty)."""
+    size = -(-rows // world)
+    return [(min(r * size, rows), min((r + 1) * size, rows)) for r in range(world)]
 
-    A weight stream reads its buckets' pieces in parameter order, so at most one whole parameter (one
-    all-gather) exists at a time on the sending rank, plus the stream's bucket. Every rank of the group
-    must read the same names in the same order (``drain``), since each new name is a collective.
+
+class GatheredParams:
+    """The sharded parameters as a ``PieceSource`` for a weight stream, read piece by piece in order.
+
+    A parameter of at most ``whole_max_bytes`` is all-gathered whole when the stream first reads it and
+    kept until it reads another (one collective per parameter). A larger one sharded by rows (the
+    embedding and output layer: 519 MiB in float32 at a 151,936 vocabulary and hidden 896) is never
+    gathered whole: each piece is broadcast from the ranks that hold its rows, in slices of at most
+    ``slice_bytes``, straight into the bucket. The sending rank so holds at most one small parameter or
+    one slice beyond its shards, plus the stream's bucket (``peak_bytes`` counts the former).
+
+    Every rank of the group must read the same pieces in the same order (``drain``): each is a collective.
     """
 
-    def __init__(self, named: Mapping[str, torch.Tensor], ranks: Ranks) -> None:
+    def __init__(
+        self, named: Mapping[str, torch.Tensor], ranks: Ranks, *, whole_max_bytes: int, slice_bytes: int
+    ) -> None:
         self.named, self.ranks = named, ranks
+        self.whole_max_bytes, self.slice_bytes = whole_max_bytes, max(slice_bytes, 1)
         self._name: str | None = None
         self._whole: torch.Tensor | None = None
+        self.peak_bytes = 0
 
-    def __getitem__(self, name: str) -> torch.Tensor:
+    def device_of(self, name: str) -> torch.device:
+        t = self.named[name]
+        return t.to_local().device if hasattr(t, "to_local") else t.device
+
+    def copy_piece(self, name: str, start: int, out: torch.Tensor) -> None:
+        t = self.named[name].detach()
+        if self._by_rows(t):
+            self.release()
+            self._broadcast_rows(name, t, start, out)
+            return
         if name != self._name:
-            self._whole = None  # free the previous one before gathering the next
+            self.release()  # free the previous one before gathering the next
             with self.ranks.op(f"all-gather of {name}"):
-                self._whole = full_tensor(self.named[name].detach())
+                self._whole = full_tensor(t)
             self._name = name
+            self._held(self._whole)
         assert self._whole is not None
-        return self._whole
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.named)
-
-    def __len__(self) -> int:
-        return len(self.named)
+        out.copy_(self._whole.reshape(-1)[start : start + out.numel()])
 
     def release(self) -> None:
         self._name, self._whole = None, None
+
+    def _held(self, t: torch.Tensor) -> None:
+        self.peak_bytes = max(self.peak_bytes, t.numel() * t.element_size())
+
+    def _by_rows(self, t: torch.Tensor) -> bool:
+        """A dim-0 sharded DTensor over the whole group, too large to gather whole, laid out as
+        ``row_blocks`` says (anything else is gathered whole)."""
+        if not hasattr(t, "to_local") or t.numel() * t.element_size() <= self.whole_max_bytes:
+            return False
+        from torch.distributed.tensor import Shard
+
+        if tuple(t.placements) != (Shard(0),) or t.device_mesh.size() != self.ranks.world:
+            return False
+        lo, hi = row_blocks(t.shape[0], self.ranks.world)[self.ranks.rank]
+        return t.to_local().shape[0] == hi - lo
+
+    def _broadcast_rows(self, name: str, t: torch.Tensor, start: int, out: torch.Tensor) -> None:
+        """Elements ``[start, start + out.numel())`` of ``t`` flattened: each rank's part of that range
+        broadcast from it in slices of at most ``slice_bytes``, copied (and cast) into ``out``."""
+        cols = t.numel() // t.shape[0] if t.shape[0] else 0
+        local = t.to_local().reshape(-1)
+        end = start + out.numel()
+        step = max(1, self.slice_bytes // t.element_size())
+        for owner, (lo, hi) in enumerate(row_blocks(t.shape[0], self.ranks.world)):
+            a, b = max(start, lo * cols), min(end, hi * cols)
+            for pos in range(a, b, step):
+                n = min(step, b - pos)
+                if owner == self.ranks.rank:
+                    buf = local[pos - lo * cols : pos - lo * cols + n].contiguous()
+                else:
+                    buf = torch.empty(n, dtype=local.dtype, device=local.device)
+                    self._held(buf)
+                with self.ranks.op(f"broadcast of {name} rows from rank {owner}"):
+                    dist.broadcast(buf, src=owner)
+                out[pos - start : pos - start + n].copy_(buf)

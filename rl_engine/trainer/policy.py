@@ -159,15 +159,22 @@ class PolicyTrainer:
         ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.weights.buckets``; ``split=False``:
         whole tensors per bucket, for the GPU engines).
 
-        Sharded (world > 1): each parameter is gathered whole when the stream first reads it and dropped
-        when it reads the next (``GatheredParams``): every rank must iterate the stream, in step (the
-        gathers are collectives); only the sending rank's buckets go anywhere.
+        Sharded (world > 1): a parameter of up to one bucket's bytes is gathered whole when the stream
+        first reads it and dropped when it reads the next; a larger one (the embedding) is broadcast
+        from the ranks holding its rows, a bucket's bytes at a time, straight into the bucket
+        (``GatheredParams``): the sending rank holds at most one bucket beyond its shards besides the
+        bucket itself. Every rank must iterate the stream, in step (each read is a collective); only
+        the sending rank's buckets go anywhere.
         """
         size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
         named = dict(self.model.named_parameters())
         shapes = ((n, tuple(p.shape)) for n, p in named.items())  # a DTensor's shape is the whole one
         manifest = plan_buckets(shapes, dtype or self.rollout_dtype, size, split=split)
-        tensors = GatheredParams(named, self.ranks) if self.ranks.sharded else named
+        tensors = (
+            GatheredParams(named, self.ranks, whole_max_bytes=size, slice_bytes=size)
+            if self.ranks.sharded
+            else named
+        )
         return LocalWeightStream(manifest, tensors, self._staging)
 
     def mark_synced(self) -> None:

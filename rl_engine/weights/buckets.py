@@ -36,7 +36,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -275,6 +275,33 @@ class StagingBuffer:
         return t[:numel]
 
 
+@runtime_checkable
+class PieceSource(Protocol):
+    """Where a ``LocalWeightStream`` reads its pieces: flat element ranges of named parameters."""
+
+    def device_of(self, name: str) -> torch.device:
+        """The device parameter ``name``'s data lives on (the bucket is built there)."""
+        ...
+
+    def copy_piece(self, name: str, start: int, out: torch.Tensor) -> None:
+        """Copy elements ``[start, start + out.numel())`` of parameter ``name``, flattened in row-major
+        order, into the 1-D ``out`` (casting to its dtype)."""
+        ...
+
+
+class WholeTensors:
+    """A ``PieceSource`` over tensors this process holds whole."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def device_of(self, name: str) -> torch.device:
+        return self.tensors[name].device
+
+    def copy_piece(self, name: str, start: int, out: torch.Tensor) -> None:
+        out.copy_(self.tensors[name].detach().reshape(-1)[start : start + out.numel()])
+
+
 class LocalWeightStream(WeightStream):
     """Buckets filled from tensors of this process (the cast to the manifest's dtype happens in the copy),
     one at a time: into the receiver's memory (``iter_into``) or into one staging buffer (the largest
@@ -285,10 +312,11 @@ class LocalWeightStream(WeightStream):
     def __init__(
         self,
         manifest: WeightManifest,
-        tensors: Mapping[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor] | PieceSource,
         staging: StagingBuffer | None = None,
     ) -> None:
-        self.manifest, self.tensors, self.staging = manifest, tensors, staging or StagingBuffer()
+        self.manifest, self.staging = manifest, staging or StagingBuffer()
+        self.source: PieceSource = tensors if isinstance(tensors, PieceSource) else WholeTensors(tensors)
 
     @classmethod
     def of(
@@ -313,11 +341,10 @@ class LocalWeightStream(WeightStream):
         for plan in self.manifest.buckets:
             flat = dest_of(plan)
             if flat is None:  # the staging buffer, allocated on first need only
-                device = self.tensors[plan.pieces[0].name].device
+                device = self.source.device_of(plan.pieces[0].name)
                 flat = self.staging.get(size, self.manifest.torch_dtype, device)[: plan.numel]
             for p in plan.pieces:
-                src = self.tensors[p.name].detach().reshape(-1)[p.start : p.start + p.numel]
-                flat[p.offset : p.offset + p.numel].copy_(src)
+                self.source.copy_piece(p.name, p.start, flat[p.offset : p.offset + p.numel])
             yield WeightBucket(plan, flat)
 
 

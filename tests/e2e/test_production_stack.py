@@ -246,7 +246,11 @@ def delivery_report(
             f"follower :{f.local_port} on web pid {process.get(f.local_port)}: live steps "
             f"{sorted(s for _, s, _ in live_points(f))}, polled steps {sorted(polled)}, closed: {f.closed}"
         )
-    logged = [ln for ln in production.stack.log("web").splitlines() if "layer" in ln or "publish" in ln]
+    logged = [
+        ln
+        for ln in production.stack.log("web").splitlines()
+        if any(w in ln for w in ("layer", "publish", "Error"))
+    ]
     lines.append("web log lines about the layer or publishing (last 30):")
     lines.extend(logged[-30:])
     return "\n".join(lines)

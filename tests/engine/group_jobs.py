@@ -50,17 +50,20 @@ def stall_rank(ranks: Ranks, payload: tuple[TrainJob, int, str]) -> None:
 
 def stream_weights(ranks: Ranks, payload: tuple[TrainJob, int]) -> dict[str, Any]:
     """Train one step, then stream the weights from the shards in small buckets: rank 0 keeps every
-    bucket's bytes and the most it held at once beyond its shards (the gathered parameter + the bucket)."""
+    bucket's bytes, the most the stream's source held at once beyond its shards (a parameter gathered whole
+    or a slice of rows received) and the largest bucket."""
     job, bucket_bytes = payload
     trainer = PolicyTrainer(job.cfg, ranks=ranks)
     trainer.train_step(job.steps[0])
     stream = trainer.weight_stream(bucket_bytes=bucket_bytes)
-    chunks, held = [], 0
+    chunks, bucket_max = [], 0
     for bucket in stream:
-        whole = getattr(stream.tensors, "_whole", None)
-        extra = (
-            whole.numel() * whole.element_size() if whole is not None else 0
-        ) + bucket.flat.numel() * bucket.flat.element_size()
-        held = max(held, extra)
+        bucket_max = max(bucket_max, bucket.flat.numel() * bucket.flat.element_size())
         chunks.append(bucket.to_bytes().copy())  # a view of the reused staging buffer
-    return {"buckets": chunks, "held": held, "weights": trainer.weights_numpy(), "manifest": stream.manifest}
+    return {
+        "buckets": chunks,
+        "held": stream.source.peak_bytes,
+        "bucket_max": bucket_max,
+        "weights": trainer.weights_numpy(),
+        "manifest": stream.manifest,
+    }

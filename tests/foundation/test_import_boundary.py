@@ -22,7 +22,7 @@ from tests.conftest import REPO_ROOT
 # checkpoints), the model layer is one schema. So experiments never imports launcher (the launcher owns
 # enqueueing its tasks: experiments.lifecycle announces, launcher.lifecycle enqueues), nor tracking's
 # services (tracking records the status events it announces).
-APP_ORDER = ("accounts", "experiments", "tracking", "alerts", "launcher", "core", "config")
+APP_ORDER = ("accounts", "experiments", "tracking", "alerts", "sweeps", "launcher", "core", "config")
 PLATFORM_APPS = set(APP_ORDER)
 SHARED_MODULE = "models"
 # What the platform may import of the engine: the config schema and presets, the launch spec, the
@@ -226,10 +226,10 @@ def test_the_checkers_detect_what_they_forbid(tmp_path):
     )
     assert app_order_violations("experiments", lifecycle) == [
         "line 5: tracking: experiments may not import tracking (it comes later in "
-        "('accounts', 'experiments', 'tracking', 'alerts', 'launcher', 'core', 'config'))",
+        "('accounts', 'experiments', 'tracking', 'alerts', 'sweeps', 'launcher', 'core', 'config'))",
         "line 6: accounts.services: private accounts.services._new_secret",
         "line 2: launcher.tasks: experiments may not import launcher (it comes later in "
-        "('accounts', 'experiments', 'tracking', 'alerts', 'launcher', 'core', 'config'))",
+        "('accounts', 'experiments', 'tracking', 'alerts', 'sweeps', 'launcher', 'core', 'config'))",
     ]
 
 

@@ -354,3 +354,43 @@ async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_retu
         await comm.disconnect()
     finally:
         redis.stop()
+
+
+async def test_the_first_publish_after_a_redis_restart_reaches_the_group(tmp_path):
+    """A publisher's layer keeps its pooled connections across a Redis restart, and the first command on
+    each fails ("Connection closed by server"): the publish tries once more on a fresh connection, so a
+    web process does not lose its first live message after every restart (found by the production
+    stack's two-process test). Publisher and consumer are separate layers, as they are separate
+    processes in production."""
+    from channels_redis.core import RedisChannelLayer
+
+    from config.layers import redis_channel_layer
+    from tests.private_redis import PrivateRedis, require_redis_server
+    from tracking import live
+
+    require_redis_server()
+    redis = PrivateRedis(tmp_path)
+    redis.start()
+    publisher = RedisChannelLayer(**redis_channel_layer(redis.url)["CONFIG"])
+    consumer = RedisChannelLayer(**redis_channel_layer(redis.url)["CONFIG"])
+    try:
+        channel = await consumer.new_channel()
+        await consumer.group_add("run_1", channel)
+        await live.send(publisher, "run_1", {"type": "run.update", "n": 1})
+        assert (await consumer.receive(channel))["n"] == 1
+        redis.stop()
+        redis.start()  # same port, empty: the membership is gone, the publisher's connections are dead
+        for attempt in range(
+            2
+        ):  # the consumer re-joins as its own loop does (once more on a dead connection)
+            try:
+                await consumer.group_add("run_1", channel)
+                break
+            except Exception:
+                assert attempt == 0
+        await live.send(publisher, "run_1", {"type": "run.update", "n": 2})
+        assert (await asyncio.wait_for(consumer.receive(channel), 10))["n"] == 2
+    finally:
+        await publisher.close_pools()
+        await consumer.close_pools()
+        redis.stop()

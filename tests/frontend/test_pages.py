@@ -152,3 +152,21 @@ def test_a_fork_of_a_fork_hands_its_script_the_runs_it_continues_and_members_the
     assert [c["id"] for c in checkpoints] == ids  # what the fork endpoint takes
     assert b"fork-panel" not in client_for(world["viewer"]).get(f"/runs/{first.pk}/").content
     assert b'data-testid="fork-overrides"' in client_for(world["owner"]).get(f"/runs/{first.pk}/").content
+
+
+def test_the_project_settings_page_shows_webhooks_to_owners_only(world):
+    """Members see the page with a note; the owner gets the webhook form and its script; others 404."""
+    url = f"/projects/{world['project'].pk}/"
+    owner = client_for(world["owner"]).get(url)
+    assert owner.status_code == 200
+    assert b'data-testid="webhook-form"' in owner.content and b"js/project_webhooks.js" in owner.content
+    data = page_data(owner)
+    assert data["project"] == world["project"].pk and data["is_owner"] is True
+    assert [e["value"] for e in data["events"]] == ["engine", "run_failed", "rule"]
+    viewer = client_for(world["viewer"]).get(url)
+    assert viewer.status_code == 200 and b'data-testid="webhooks-owners-only"' in viewer.content
+    assert b"webhook-form" not in viewer.content and b"project_webhooks.js" not in viewer.content
+    assert client_for(world["stranger"]).get(url).status_code == 404
+    assert client_for(world["owner"]).get("/projects/999999/").status_code == 404
+    home = client_for(world["owner"]).get("/").content.decode()
+    assert f'href="{url}"' in home

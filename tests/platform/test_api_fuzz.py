@@ -24,6 +24,7 @@ from accounts.services import ingest_token_issue, token_create
 from alerts.models import AlertKind, MetricRule, Webhook
 from alerts.services import alert_raise
 from experiments.services import run_create, run_transition
+from sweeps.services import SweepSpec, sweep_create
 from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tracking.services import Point, checkpoint_record, metrics_ingest
 
@@ -63,6 +64,12 @@ def fuzz_world(team, keep_db_connection):
         "webhook": Webhook.objects.create(
             project=team["project"], url="https://93.184.216.34/h", secret="s"
         ).pk,
+        # sweeps (issue 22)
+        "sweep": sweep_create(
+            experiment=exp,
+            user=team["owner"],
+            spec=SweepSpec(name="s", method="grid", search_space={"trainer.lr": [1e-6, 2e-6]}, metric="k"),
+        ).pk,
     }
     return {"ids": ids, "auth": f"Token {token.secret}"}
 
@@ -76,6 +83,7 @@ def _real_id(path: str, param: str, ids: dict[str, int]) -> int | None:
         ("/api/alerts/", "alert"),
         ("/api/alert-rules/", "rule"),
         ("/api/webhooks/", "webhook"),
+        ("/api/sweeps/", "sweep"),  # sweeps (issue 22)
     ):
         if param == "id" and path.startswith(prefix):
             return ids[key]

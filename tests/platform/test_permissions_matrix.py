@@ -20,6 +20,8 @@ from alerts.models import Alert, AlertKind, MetricRule, Webhook
 from alerts.services import alert_raise
 from experiments.models import Experiment, Run, RunState
 from experiments.services import config_to_yaml, run_create, run_transition
+from sweeps.models import Sweep
+from sweeps.services import SweepSpec, sweep_create
 from tests.factories import ExperimentFactory, UserFactory, checkpoint_path, demo_config
 from tests.platform.conftest import client_for
 from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
@@ -121,6 +123,11 @@ ENDPOINTS = [
     Endpoint("PATCH", "/api/webhooks/{webhook}", "owner", 200, {"active": False}),
     Endpoint("DELETE", "/api/webhooks/{webhook}", "owner", 204),
     Endpoint("GET", "/api/webhooks/{webhook}/deliveries", "owner", 200),
+    # --- sweeps (issue 22): every member reads; a member creates and cancels ---
+    Endpoint("GET", "/api/sweeps", "list", 200),
+    Endpoint("POST", "/api/sweeps", "member", 201, "sweep_body"),
+    Endpoint("GET", "/api/sweeps/{sweep}", "viewer", 200),
+    Endpoint("POST", "/api/sweeps/{sweep}/cancel", "member", 200),
 ]
 
 
@@ -158,6 +165,12 @@ def world(team):
         "webhook": Webhook.objects.create(
             project=team["project"], url="https://93.184.216.34/h", secret="s"
         ).pk,
+        # sweeps (issue 22)
+        "sweep": sweep_create(
+            experiment=exp,
+            user=team["member"],
+            spec=SweepSpec(name="s", method="grid", search_space={"trainer.lr": [1e-6, 2e-6]}, metric="k"),
+        ).pk,
     }
     bodies = {
         "experiment_body": {"project": ids["project"], "name": "e", "config": demo_config()},
@@ -165,6 +178,12 @@ def world(team):
         "run_body": {"experiment": exp.pk},
         "rule_body": {"project": ids["project"], "metric": "loss", "kind": "missing", "steps": 5},
         "webhook_body": {"project": ids["project"], "url": "https://93.184.216.34/hook"},
+        "sweep_body": {
+            "experiment": exp.pk,
+            "method": "grid",
+            "search_space": {"trainer.lr": [1e-6]},
+            "metric": "k",
+        },
     }
     return {"ids": ids, "bodies": bodies, "owner_secret": owner_client.secret, **team}
 
@@ -185,6 +204,8 @@ def fingerprint() -> tuple:
         tuple(Alert.objects.order_by("pk").values_list("pk", "resolved_at", "count")),
         tuple(MetricRule.objects.order_by("pk").values_list("pk", "steps", "active")),
         tuple(Webhook.objects.order_by("pk").values_list("pk", "url", "active")),
+        # sweeps (issue 22)
+        tuple(Sweep.objects.order_by("pk").values_list("pk", "cancelled_at")),
     )
 
 
@@ -238,7 +259,7 @@ def test_the_matrix_covers_every_endpoint_of_the_openapi_document():
     documented = set()
     for path, ops in schema["paths"].items():
         view = resolve(re.sub(r"\{[^}]+\}", "1", path)).func
-        if view.__module__.split(".")[0] in {"accounts", "experiments", "tracking", "alerts"}:
+        if view.__module__.split(".")[0] in {"accounts", "experiments", "tracking", "alerts", "sweeps"}:
             documented |= {(method.upper(), path) for method in ops}
     covered = {(ep.method, _template(ep.path)) for ep in ENDPOINTS}
     assert len(documented) >= 40
@@ -263,6 +284,7 @@ def _template(path: str) -> str:
     path = re.sub(r"/api/runs/\{done_run\}/fork", "/api/runs/{id}/fork", path)  # fork (issue 22)
     path = path.replace("/api/runs/{run}/", "/api/runs/{run_id}/")
     path = re.sub(r"/api/(alerts|alert-rules|webhooks)/\{(alert|rule|webhook)\}", r"/api/\1/{id}", path)
+    path = path.replace("/api/sweeps/{sweep}", "/api/sweeps/{id}")  # sweeps (issue 22)
     return path.replace("/api/presets/demo-cpu", "/api/presets/{name}")
 
 

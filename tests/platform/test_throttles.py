@@ -12,13 +12,17 @@ from django.utils import timezone
 
 from accounts.models import ApiToken
 from accounts.services import ingest_token_issue
-from accounts.throttles import HeartbeatThrottle, IngestThrottle
+from accounts.throttles import FixedWindowThrottle, HeartbeatThrottle, IngestThrottle
 from experiments.services import run_create
 from tests.platform.conftest import client_for
 
 
 @pytest.fixture
-def rates(settings):
+def rates(settings, monkeypatch):
+    """Lower the rates, and stop the throttles' clock 30 s into a minute (and an hour): windows are aligned
+    to the wall clock, so a test whose requests straddled a boundary would start a fresh count midway."""
+    monkeypatch.setattr(FixedWindowThrottle, "timer", staticmethod(lambda: 1_800_000_030.0))
+
     def set_rates(**rates: str) -> None:
         current = dict(settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"])
         settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**current, **rates}}

@@ -260,3 +260,27 @@ def test_webhooks_are_an_owners_business_and_the_secret_is_shown_once(team, run,
     assert deliveries["count"] == 1 and deliveries["results"][0]["status"] == "pending"
     assert member.get(f"/api/webhooks/{hook_id}/deliveries").status_code == 403
     assert owner.delete(f"/api/webhooks/{hook_id}").status_code == 204
+
+
+@pytest.mark.django_db
+def test_the_webhook_list_answers_each_webhooks_latest_delivery(team, run, loopback_allowed, receiver):
+    owner = client_for(team["owner"])
+    hook = _hook(team, receiver.url)
+    quiet = _hook(team, receiver.url, events=["rule"])
+    listed = lambda: {h["id"]: h["last_delivery"] for h in owner.get("/api/webhooks").json()["results"]}  # noqa: E731
+    assert listed() == {hook.pk: None, quiet.pk: None}
+    alert_raise(run_id=run.pk, kind=AlertKind.ENGINE, message="a")
+    first = WebhookDelivery.objects.get(webhook=hook)
+    assert attempt(first.pk).status == DeliveryStatus.SUCCEEDED
+    alert_raise(run_id=run.pk, kind=AlertKind.RUN_FAILED, message="b")  # a newer one, still pending
+    latest = WebhookDelivery.objects.filter(webhook=hook).latest("pk")
+    assert latest.pk != first.pk
+    got = listed()
+    assert got[quiet.pk] is None
+    assert got[hook.pk]["status"] == "pending" and got[hook.pk]["attempts"] == 0
+    receiver.status = 503
+    assert attempt(latest.pk).status == DeliveryStatus.RETRYING
+    detail = owner.get(f"/api/webhooks/{hook.pk}").json()["last_delivery"]
+    assert (detail["status"], detail["attempts"], detail["status_code"]) == ("retrying", 1, 503)
+    patched = owner.patch(f"/api/webhooks/{hook.pk}", {"active": False}, format="json").json()
+    assert patched["last_delivery"] == detail  # not annotated there: read once

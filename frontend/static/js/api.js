@@ -133,3 +133,12 @@ export function fmtNum(v) {
   if (Number.isInteger(v)) return String(v);
   return v.toPrecision(4).replace(/\.?0+$/, "");
 }
+
+/** A config value as text, exactly (never rounded: 1e-6 and 1.1e-6 stay apart): JSON, with a small
+ * fraction in exponent form ("3e-6", not "0.000003"). */
+export function configText(value) {
+  if (typeof value === "number" && !Number.isInteger(value) && Math.abs(value) < 1e-3) {
+    return value.toExponential();
+  }
+  return JSON.stringify(value);
+}

@@ -1,6 +1,6 @@
 // Compare view: one metric of several runs overlaid on a shared step axis, and the config fields in which
 // the runs differ (GET /api/runs/compare).
-import { api, el, fmtNum, pageData } from "./api.js";
+import { api, configText, el, fmtNum, pageData } from "./api.js";
 import { STEP_INCRS, yAxisSize } from "./charts.js";
 
 const data = pageData("page-data");
@@ -44,14 +44,6 @@ export function alignSeries(seriesList) {
   return [steps, ...columns];
 }
 
-/** A config value as text, exactly (never rounded: 1e-6 and 1.1e-6 stay apart): JSON, with a small
- * fraction in exponent form ("3e-6", not "0.000003"). */
-export function configText(value) {
-  if (typeof value === "number" && !Number.isInteger(value) && Math.abs(value) < 1e-3) {
-    return value.toExponential();
-  }
-  return JSON.stringify(value);
-}
 
 /** One run's cell of a difference: its value, or "(absent)" where its config lacks the field (not null). */
 function diffCell(difference, runId) {
