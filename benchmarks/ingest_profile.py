@@ -43,7 +43,10 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("live publish (build + hand-off)", ("publish (tracking/live.py", "_metrics_payload", "live_metrics")),
     ("live send (channel layer, on the loop)", ("_send_forever", "group_send")),
     ("SQL: the ingest statement", ("_insert_postgres",)),
-    ("token authentication (SQL)", ("authenticate (accounts/authentication.py", "ingest_token (accounts/authentication.py")),
+    (
+        "token authentication (SQL)",
+        ("authenticate (accounts/authentication.py", "ingest_token (accounts/authentication.py"),
+    ),
     ("throttle (Redis)", ("allow_request", "check_throttles", "allow_ingest_token")),
     (
         "JSON parse + wire validation",

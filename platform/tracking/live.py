@@ -61,11 +61,16 @@ async def send(layer: Any, group: str, message: dict[str, Any]) -> None:
     """``group_send`` within SEND_TIMEOUT_S, once more if the first attempt's connection was closed under
     it: the layer's pool keeps its connections across a Redis restart, and the first command on each
     fails with ConnectionError ("Connection closed by server") while the next, on a fresh connection,
-    succeeds. Without the second try every web process lost its first live message after a restart."""
+    succeeds. Without the second try every web process lost its first live message after a restart.
+
+    ``asyncio.timeout`` rather than ``wait_for``: on Python 3.11 ``wait_for`` can swallow a cancellation
+    that arrives as the send completes, and the sender task would then outlive its event loop's shutdown."""
     try:
-        await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            await layer.group_send(group, message)
     except (redis.exceptions.ConnectionError, ConnectionError):
-        await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            await layer.group_send(group, message)
 
 
 _bound = threading.local()
