@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -125,6 +126,22 @@ def run_cli(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[
         line, code = error_exit(exc)
         print(f"error: {' '.join(line.split())}", file=sys.stderr, flush=True)
         return code
+
+
+def read_yaml_mapping(path: str, what: str) -> dict[str, Any]:
+    """The YAML mapping in file ``path`` (``-``: stdin) for ``-f``; ``what`` names what it maps, for the
+    one-line error when it cannot be read, is not YAML or is not a mapping. An empty file is ``{}``."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"-f: cannot read {path}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        raise CliError(f"-f: {path} is not valid YAML", EXIT_BAD_INPUT) from None
+    if not isinstance(loaded, dict):
+        raise CliError(f"-f: {path} is not a YAML mapping of {what}", EXIT_BAD_INPUT)
+    return loaded
 
 
 def set_path(config: dict[str, Any], assignment: str) -> None:

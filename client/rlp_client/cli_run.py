@@ -7,10 +7,7 @@ import csv
 import io
 import json
 import sys
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from rlp_client.cli_common import (
     EXIT_BAD_INPUT,
@@ -19,6 +16,7 @@ from rlp_client.cli_common import (
     Output,
     client_from_config,
     parse_id,
+    read_yaml_mapping,
     set_path,
 )
 from rlp_client.models import ACTIVE_STATES, FINAL_STATES, Event, MetricPoint, RunInfo
@@ -153,16 +151,7 @@ def cmd_fork(args: argparse.Namespace, out: Output) -> int:
     checkpoint = parse_id(args.checkpoint, "--checkpoint") if args.checkpoint is not None else None
     overrides: dict[str, Any] = {}
     if args.file:
-        try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        except OSError as exc:
-            raise CliError(f"-f: cannot read {args.file}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
-        try:
-            overrides = yaml.safe_load(text) or {}
-        except yaml.YAMLError:
-            raise CliError(f"-f: {args.file} is not valid YAML", EXIT_BAD_INPUT) from None
-        if not isinstance(overrides, dict):
-            raise CliError(f"-f: {args.file} is not a YAML mapping of config overrides", EXIT_BAD_INPUT)
+        overrides = read_yaml_mapping(args.file, "config overrides")
     for assignment in args.set or []:
         set_path(overrides, assignment)
     with client_from_config() as client:

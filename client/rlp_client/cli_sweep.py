@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlp_client.cli_common import EXIT_BAD_INPUT, CliError, Output, client_from_config, parse_id
+from rlp_client.cli_common import (
+    EXIT_BAD_INPUT,
+    CliError,
+    Output,
+    client_from_config,
+    parse_id,
+    read_yaml_mapping,
+)
 from rlp_client.models import Sweep
 
 
@@ -31,17 +36,7 @@ def _space(args: argparse.Namespace) -> dict[str, Any]:
     or YAML: ``[1e-6, 3e-6]`` a list, ``uniform(0.2, 0.3)`` a string, ``{int: [1, 4]}`` a mapping)."""
     space: dict[str, Any] = {}
     if args.file:
-        try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        except OSError as exc:
-            raise CliError(f"-f: cannot read {args.file}: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
-        try:
-            loaded = yaml.safe_load(text) or {}
-        except yaml.YAMLError:
-            raise CliError(f"-f: {args.file} is not valid YAML", EXIT_BAD_INPUT) from None
-        if not isinstance(loaded, dict):
-            raise CliError(f"-f: {args.file} is not a YAML mapping of config paths to specs", EXIT_BAD_INPUT)
-        space.update(loaded)
+        space.update(read_yaml_mapping(args.file, "config paths to specs"))
     for item in args.param or []:
         path, sep, raw = item.partition("=")
         if not sep or not path.strip():
