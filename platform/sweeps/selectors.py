@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, Min, QuerySet
+from django.db.models import Count, Max, Min, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 
 from accounts.access import visible_project_ids
@@ -66,20 +66,17 @@ class RankedRun:
 def metric_summaries(run_ids: list[int], metric: str, goal: str) -> dict[int, tuple[float, int, float]]:
     """run id -> (last value, its step, best value by ``goal``), for the runs that stored the metric."""
     best_of = Max if goal == Goal.MAX else Min
+    last = (
+        MetricPoint.objects.filter(run_id=OuterRef("run_id"), key=metric)
+        .order_by("-step")
+        .values("value")[:1]
+    )
     rows = (
         MetricPoint.objects.filter(run_id__in=run_ids, key=metric)
         .values("run_id")
-        .annotate(best=best_of("value"), last_step=Max("step"))
+        .annotate(best=best_of("value"), last_step=Max("step"), last=Subquery(last))
     )
-    out: dict[int, tuple[float, int, float]] = {}
-    for row in rows:
-        last = (
-            MetricPoint.objects.filter(run_id=row["run_id"], key=metric, step=row["last_step"])
-            .values_list("value", flat=True)
-            .get()
-        )
-        out[row["run_id"]] = (last, row["last_step"], row["best"])
-    return out
+    return {row["run_id"]: (row["last"], row["last_step"], row["best"]) for row in rows}
 
 
 def sweep_runs_ranked(sweep: Sweep, summary: str | None = None) -> list[RankedRun]:
