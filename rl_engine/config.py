@@ -11,6 +11,7 @@ and renders its form from this tree (``experiment_json_schema``); the CLI loads 
 from __future__ import annotations
 
 import copy
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -827,16 +828,42 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 FORK_FIXED: tuple[str, ...] = ("model", "pipeline.num_rollouters")
 
 
+def _tagged_sections() -> dict[str, tuple[str, dict[Any, set[str]]]]:
+    """The sections that are one of several configs told apart by a tag field (``rollout.backend``,
+    ``data.source``): path -> (tag field, tag value -> the fields of that config)."""
+    out: dict[str, tuple[str, dict[Any, set[str]]]] = {}
+    for path, union in (("rollout", RolloutConfig), ("data", DataConfig)):
+        members, info = typing.get_args(union)
+        tag = info.discriminator
+        out[path] = (
+            tag,
+            {cls.model_fields[tag].default: set(cls.model_fields) for cls in typing.get_args(members)},
+        )
+    return out
+
+
+TAGGED_SECTIONS = _tagged_sections()
+
+
 def merge_config(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``data`` with a nested partial config merged in: mappings merge key by key, anything
     else (numbers, strings, lists, null) replaces the value. ConfigError where ``overrides`` would set a
-    field inside a value that is not a mapping."""
+    field inside a value that is not a mapping.
+
+    An override that changes a tagged section's kind (``rollout.backend``: hf -> vllm, ``data.source``:
+    task -> jsonl) keeps only the section's fields the new kind has too (``n``, ``temperature``,
+    ``truncation_side`` ...) and drops the old kind's own (``task_kwargs``), which it would refuse."""
     out = copy.deepcopy(data)
 
     def merge(node: dict[str, Any], over: dict[str, Any], where: str) -> None:
         for key, value in over.items():
             path = f"{where}.{key}" if where else str(key)
             if isinstance(value, dict) and isinstance(node.get(key), dict):
+                if path in TAGGED_SECTIONS:
+                    tag, fields_of = TAGGED_SECTIONS[path]
+                    kind = value.get(tag, node[key].get(tag))
+                    if kind != node[key].get(tag) and kind in fields_of:
+                        node[key] = {k: v for k, v in node[key].items() if k in fields_of[kind]}
                 merge(node[key], value, path)
             elif isinstance(value, dict) and key in node and node[key] is not None:
                 raise ConfigError([(path, f"{key!r} is not a mapping: give its value, not fields inside it")])

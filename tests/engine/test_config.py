@@ -164,3 +164,40 @@ def test_fork_config_merges_nested_overrides_and_keeps_what_a_checkpoint_needs()
     }
     assert paths({"trainer": {"betas": {"first": 0.9}}}) == {"trainer.betas"}
     assert paths([1]) == {""}  # type: ignore[arg-type]
+
+
+def test_a_fork_may_change_the_kind_of_rollout_or_data_keeping_the_fields_both_kinds_have():
+    """hf -> vllm, task -> jsonl: the old kind's own fields are dropped (they were refused as unknown), the
+    fields the new kind has too keep the parent's values, the rest take the new kind's defaults."""
+    from rl_engine.config import JsonlDataConfig, VLLMRolloutConfig
+
+    parent = parse_config(get_preset("demo-cpu"))
+    child = fork_config(
+        parent,
+        {
+            "data": {"source": "jsonl", "path": "/data/prompts.jsonl", "truncation_side": "right"},
+            "rollout": {"backend": "vllm", "device": "cpu", "temperature": 0.7},
+        },
+    )
+    assert isinstance(child.rollout, VLLMRolloutConfig) and isinstance(child.data, JsonlDataConfig)
+    # The reference: each new kind built from its own defaults, then the parent's shared fields, then the
+    # overrides.
+    before = parent.model_dump(mode="json")
+    shared_rollout = {k: v for k, v in before["rollout"].items() if k in VLLMRolloutConfig.model_fields}
+    want_rollout = VLLMRolloutConfig(
+        **{**shared_rollout, "backend": "vllm", "device": "cpu", "temperature": 0.7}
+    )
+    shared_data = {k: v for k, v in before["data"].items() if k in JsonlDataConfig.model_fields}
+    want_data = JsonlDataConfig(
+        **{**shared_data, "source": "jsonl", "path": "/data/prompts.jsonl", "truncation_side": "right"}
+    )
+    assert child.rollout == want_rollout and child.data == want_data
+    assert child.rollout.max_new_tokens == parent.rollout.max_new_tokens != VLLMRolloutConfig().max_new_tokens
+    assert "task_kwargs" in before["data"] and "micro_batch_size" in before["rollout"]  # really dropped
+    # the same kind again merges as before; an unknown kind is still refused by name
+    assert fork_config(parent, {"rollout": {"backend": "hf", "n": 4}}).rollout.micro_batch_size == (
+        parent.rollout.micro_batch_size
+    )
+    with pytest.raises(ConfigError) as info:
+        fork_config(parent, {"data": {"source": "parquet"}})
+    assert {p for p, _ in info.value.errors} == {"data"}
