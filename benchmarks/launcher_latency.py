@@ -68,6 +68,18 @@ class Stack:
             self.env.pop(name, None)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
+    def attach(self) -> None:
+        """Point this process's Django at the stack's platform (its VAR_DIR's database, no Redis, no
+        queues of another deployment), migrate that database and set Django up."""
+        os.environ.update({k: self.env[k] for k in ("VAR_DIR", "PLATFORM_URL", "RUN_HEARTBEAT_TIMEOUT_S")})
+        for name in ("DATABASE_URL", "REDIS_URL", "CELERY_QUEUE", "CELERY_LAUNCHER_QUEUE", "RAY_LOCAL_DIR"):
+            os.environ.pop(name, None)
+        os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True)
+        import django
+
+        django.setup()
+
     def _start(self, name: str, cmd: list[str]) -> None:
         log = open(self.var_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -190,14 +202,7 @@ def main() -> None:
     args = p.parse_args()
     var_dir = Path(tempfile.mkdtemp(prefix="rlp-bench-", dir="/tmp"))
     stack = Stack(var_dir, args.sweep_interval)
-    os.environ.update({k: stack.env[k] for k in ("VAR_DIR", "PLATFORM_URL", "RUN_HEARTBEAT_TIMEOUT_S")})
-    for name in ("DATABASE_URL", "REDIS_URL", "CELERY_QUEUE", "CELERY_LAUNCHER_QUEUE", "RAY_LOCAL_DIR"):
-        os.environ.pop(name, None)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=stack.env, check=True)
-    import django
-
-    django.setup()
+    stack.attach()
     from django.contrib.auth import get_user_model
 
     from accounts.services import membership_set, project_create, token_create

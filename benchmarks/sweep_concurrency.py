@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/sweep_concurrency.py --runs 6 --concurrent 2 --steps 20
 
 The embedded default in a scratch VAR_DIR (its own SQLite database, broker folders and local Ray head,
-all removed at the end): a daphne web server, one ``celery worker -B`` (threads pool) and the platform's
+all removed at the end): the web server, one ``celery worker -B`` (threads pool) and the platform's
 local Ray head, as benchmarks/launcher_latency.py starts them, with a global limit of 4 runs (so the
 sweep's own cap is what binds). A first run starts the Ray head and is not counted. Then one run alone
 (API call → ``succeeded``), then a grid sweep of ``--runs`` values of ``trainer.lr`` with
@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -104,14 +102,7 @@ def main() -> None:
     args = p.parse_args()
     var_dir = Path(tempfile.mkdtemp(prefix="rlp-bench-", dir="/tmp"))
     stack = Stack(var_dir, sweep_interval=3)
-    os.environ.update({k: stack.env[k] for k in ("VAR_DIR", "PLATFORM_URL", "RUN_HEARTBEAT_TIMEOUT_S")})
-    for name in ("DATABASE_URL", "REDIS_URL", "CELERY_QUEUE", "CELERY_LAUNCHER_QUEUE", "RAY_LOCAL_DIR"):
-        os.environ.pop(name, None)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=stack.env, check=True)
-    import django
-
-    django.setup()
+    stack.attach()
     from django.contrib.auth import get_user_model
 
     from accounts.services import project_create, token_create
