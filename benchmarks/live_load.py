@@ -132,6 +132,7 @@ async def follow(session: Any, dep: Deployment, run_id: int, stop: list[float], 
                 continue
             series = msg["series"].get("load/k00") or msg["series"].get("load/0")
             if series:
+                stats["by_poll" if msg.get("source") == "poll" else "by_layer"] += len(series["steps"])
                 for step, wall in zip(series["steps"], series["wall_times"], strict=True):
                     seen.setdefault(step, received)
                     stats["engine_lat"].append(received - wall)
@@ -145,7 +146,7 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
     from _load_sinks import run_sinks
 
     runs, tokens = dep.info["runs"], dep.info["ingest"]
-    stats: dict[str, Any] = {"closed": 0, "engine_lat": []}
+    stats: dict[str, Any] = {"closed": 0, "engine_lat": [], "by_layer": 0, "by_poll": 0}
     seen: list[dict[int, float]] = [{} for _ in range(args.clients)]
     stop = [time.monotonic() + 3600]
     spool = tempfile.mkdtemp(prefix="rlp-load-spool-", dir="/tmp")
@@ -195,6 +196,8 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
         "post_to_ws_p50_ms": round(statistics.median(post)) if post else None,
         "post_to_ws_p95_ms": round(pct(post, 0.95)) if post else None,
         "sockets_closed": stats["closed"],
+        "received_by_layer": stats["by_layer"],  # (follower, step) receipts: live through the channel layer
+        "received_by_poll": stats["by_poll"],  # ... and from the consumers' database poll
         "web_cpu_pct": round(100 * cpu / elapsed),
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, requests), 2),
         "seconds": round(elapsed, 1),

@@ -18,9 +18,12 @@ Protocol (docs/dashboard.md has the full picture):
   layer carries everything and the poll (10 s) is a safety net: a Redis restart that redis-py's
   automatic reconnect hides from the consumer loses its group membership, so each poll also joins the
   run's group again and sends what the layer did not.
+- Live messages reach the consumer through its process's ``LiveHub`` (tracking/hub.py): one layer
+  membership per run and process, each message received once and encoded to JSON once for every local
+  follower of the run.
 - A channel layer that is unreachable (Redis down) does not end the stream: the consumer polls the
-  database every ``FALLBACK_POLL_S`` meanwhile, retries the layer with a backoff, and once it answers
-  joins the run's group again and reads what it missed.
+  database every ``FALLBACK_POLL_S`` meanwhile; the hub retries the layer with a backoff, and once it
+  answers joins the runs' groups again and tells each consumer to read what it missed.
 - Membership and the session (for a token stream: the token) are re-checked on every poll, at least every ``MEMBERSHIP_RECHECK_S`` and
   on every client message: a user removed from the project (or deactivated), logged out, or whose
   password changed since the stream opened is disconnected with code 4403.
@@ -46,6 +49,7 @@ from experiments.models import Run
 from experiments.summary import run_summary
 from rl_engine import wire
 from tracking import live
+from tracking.hub import Inbox, LiveHub, hub_for
 from tracking.models import MetricPoint, RunEvent
 from tracking.services import event_payload
 
@@ -56,8 +60,8 @@ POLL_METRIC_ROWS = 5000  # metric points per database read of a poll
 LIVE_SENT_MAX = 200_000  # live (key, step) pairs remembered until a poll reads them back
 CLOSE_FORBIDDEN = 4403
 MEMBERSHIP_RECHECK_S = 5.0  # longest time between two membership checks of an open stream
+LIVE_MESSAGE_TYPES = frozenset({"run.update", "live.resync"})  # what the hub delivers
 FALLBACK_POLL_S = 1.5  # database poll period while the channel layer is unreachable
-LAYER_RETRY_MAX_S = 5.0  # longest wait between two attempts to reach the layer again
 
 
 def poll_interval_s() -> float:
@@ -131,23 +135,26 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     run_id: int
     group: str
+    hub: LiveHub
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.layer_up = False  # joined the run's group on a reachable layer
+        self.inbox = Inbox()  # live messages, from the process's hub
+        self.subscribed = False
         self.member_checked = time.monotonic()  # when membership was last confirmed
-        self.admitted = asyncio.Event()  # connect() accepted a member: only then is the group joined
+        self.admitted = asyncio.Event()  # connect() accepted a member: only then does the inbox matter
 
-    # Channels reads the layer through ``self.channel_receive``, which it assigns (a plain layer receive)
-    # in ``__call__`` right before it starts waiting on it. The property keeps that callable and hands
-    # Channels a receive that survives the layer going away (see ``_receive_from_layer``).
+    # Channels reads the layer through ``self.channel_receive``, which it assigns (a receive on this
+    # consumer's own layer channel) in ``__call__`` right before it starts waiting on it. Live messages
+    # come through the hub instead: the property hands Channels the inbox, and the consumer's own channel
+    # is never joined to a group.
     @property
     def channel_receive(self) -> Any:
-        return self._receive_from_layer
+        return self._receive_from_hub
 
     @channel_receive.setter
     def channel_receive(self, layer_receive: Any) -> None:
-        self._layer_receive = layer_receive
+        pass
 
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -155,12 +162,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.metric_cursor = 0
         # (key, step) of points sent live that no poll has read back yet: the poll skips exactly these.
         self.live_sent: set[tuple[str, int]] = set()
-        self.lock = asyncio.Lock()
+        self.lock = asyncio.Lock()  # what was sent: last_seq, live_sent, metric_cursor
+        self.events_read_lock = asyncio.Lock()
+        self.metrics_read_lock = asyncio.Lock()
         self.poller: asyncio.Task[None] | None = None
         self.group = live.group_name(self.run_id)
+        self.hub = hub_for(self.channel_layer)
         if not await self.still_member():  # before accept: the handshake is refused
             return
-        if not await self._join_group():  # the poll carries the stream until the layer is back
+        self.subscribed = True
+        if not await self.hub.subscribe(self.group, self.inbox):  # the poll carries the stream meanwhile
             log.warning("run %s: channel layer unreachable; following the database", self.run_id)
         self.admitted.set()
         await self.accept()
@@ -175,45 +186,25 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.poller
-        if self.layer_up:
-            with contextlib.suppress(Exception):  # an unreachable layer forgets the membership anyway
-                await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.subscribed:
+            self.subscribed = False
+            await self.hub.unsubscribe(self.group, self.inbox)
 
-    # --- the channel layer, and what happens when it goes away ---------------------------------------
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels runs ``close_old_connections`` before every handler, as a thread-sensitive
+        ``sync_to_async`` call: on the one thread every consumer of the process shares for its database
+        reads. For a live message that meant waiting behind other consumers' polls: under load (100
+        followers) live messages queued for tens of seconds (docs/benchmarks.md). The hub's messages are
+        handled without it: their handlers touch the database only through ``database_sync_to_async``,
+        which closes stale connections itself."""
+        if message["type"] in LIVE_MESSAGE_TYPES:
+            await getattr(self, message["type"].replace(".", "_"))(message)
+        else:
+            await super().dispatch(message)
 
-    async def _join_group(self) -> bool:
-        try:
-            await self.channel_layer.group_add(self.group, self.channel_name)
-        except Exception:
-            self.layer_up = False
-            return False
-        self.layer_up = True
-        return True
-
-    async def _receive_from_layer(self) -> dict[str, Any]:
-        """The next layer message. While the layer is unreachable this keeps trying to join the group
-        again (0.5 s, 1 s, 2 s, ... up to LAYER_RETRY_MAX_S apart) instead of ending the consumer; the
-        poll covers the stream meanwhile, and what was published in between is read from the database
-        once the layer is back (a restarted Redis also forgot the group)."""
+    async def _receive_from_hub(self) -> dict[str, Any]:
         await self.admitted.wait()
-        delay = 0.5
-        while True:
-            if not self.layer_up:
-                if not await self._join_group():
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, LAYER_RETRY_MAX_S)
-                    continue
-                log.info("run %s: channel layer reachable again", self.run_id)
-                delay = 0.5
-                if self.poller is not None:  # accepted already: catch up on what the layer missed
-                    await self._poll_quietly()
-            try:
-                return await self._layer_receive()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("run %s: channel layer lost (%r); following the database", self.run_id, exc)
-                self.layer_up = False
+        return await self.inbox.get()
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
@@ -244,7 +235,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     # --- group messages (tracking.live.publish) --------------------------------------------------------
 
     async def run_update(self, message: dict[str, Any]) -> None:
+        """A live message; ``text`` is its payload as JSON, encoded once by the hub for every follower."""
         payload = message.get("payload") or {}
+        text = message.get("text")
         kind = payload.get("kind")
         if kind == wire.LiveKind.EVENT:
             seq = int(payload["event"]["seq"])
@@ -252,7 +245,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 if seq <= self.last_seq:
                     return  # already sent (by the catch-up or the poll)
                 if seq == self.last_seq + 1:
-                    await self.send_json(payload)
+                    await self._send_live(payload, text)
                     self.last_seq = seq
                     return
             await self.catch_up()  # it skipped ahead: the gap is in the database
@@ -262,22 +255,43 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                     self.live_sent.clear()  # (at worst the poll sends some of them again)
                 for key, s in (payload.get("series") or {}).items():
                     self.live_sent.update((key, step) for step in s.get("steps") or ())
-                await self.send_json(payload)
+                await self._send_live(payload, text)
         else:
+            await self._send_live(payload, text)
+
+    async def live_resync(self, message: dict[str, Any]) -> None:
+        """The hub reached the layer again after losing it: read what it did not carry meanwhile."""
+        if self.poller is not None:  # accepted already
+            await self._poll_quietly()
+
+    async def _send_live(self, payload: Any, text: str | None) -> None:
+        if text is None:
             await self.send_json(payload)
+        else:
+            await self.send(text_data=text)
 
     # --- database reads --------------------------------------------------------------------------------
 
+    # The database reads below run on one thread shared by every consumer of the process (Channels'
+    # thread-sensitive executor), so under load a read waits behind others' reads. They are made outside
+    # ``self.lock``: holding it across a read would hold back this consumer's live messages meanwhile.
+    # ``events_read_lock`` and ``metrics_read_lock`` keep one catch-up and one metrics poll at a time
+    # (each advances its own cursor).
+
     async def catch_up(self, from_seq: int | None = None) -> None:
         """Send every stored event after ``from_seq`` (default: the last one sent), in order."""
-        async with self.lock:
+        async with self.events_read_lock:
             if from_seq is not None:
-                self.last_seq = from_seq
+                async with self.lock:
+                    self.last_seq = from_seq
             while True:
                 batch = await events_after(self.run_id, self.last_seq)
-                for payload in batch:
-                    await self.send_json(payload)
-                    self.last_seq = payload["event"]["seq"]
+                async with self.lock:
+                    for payload in batch:
+                        seq = payload["event"]["seq"]
+                        if seq > self.last_seq:  # (not sent live while the batch was read)
+                            await self.send_json(payload)
+                            self.last_seq = seq
                 if len(batch) < CATCH_UP_BATCH:
                     return
 
@@ -286,16 +300,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         the events after the last one sent. Page after page of POLL_METRIC_ROWS until caught up (e.g.
         after the layer was away a while). Metrics first: a run's last points come before the status
         event that ends it."""
-        while True:
-            async with self.lock:
+        async with self.metrics_read_lock:
+            while True:
                 cursor, rows = await metrics_after(self.run_id, self.metric_cursor)
-                self.metric_cursor = cursor
-                missed = [r for r in rows if (r[0], r[1]) not in self.live_sent]
-                self.live_sent.difference_update((r[0], r[1]) for r in rows)
-                if missed:
-                    await self.send_json(wire.live_metrics(missed, source="poll"))
-            if len(rows) < POLL_METRIC_ROWS:
-                break
+                async with self.lock:
+                    self.metric_cursor = cursor
+                    missed = [r for r in rows if (r[0], r[1]) not in self.live_sent]
+                    self.live_sent.difference_update((r[0], r[1]) for r in rows)
+                    if missed:
+                        await self.send_json(wire.live_metrics(missed, source="poll"))
+                if len(rows) < POLL_METRIC_ROWS:
+                    break
         await self.catch_up()
 
     async def still_member(self) -> bool:
@@ -322,10 +337,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 due or now - self.member_checked >= MEMBERSHIP_RECHECK_S
             ) and not await self._still_member_quietly():
                 return
-            if self.layer_up and not due:
+            if self.hub.up and not due:
                 continue
-            if self.layer_up:
-                await self._join_group()  # restores a membership that a silent Redis restart dropped
+            if self.hub.up:
+                await self.hub.join(self.group)  # restores a membership that a silent Redis restart dropped
             last = time.monotonic()
             await self._poll_quietly()
 

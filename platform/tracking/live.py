@@ -2,13 +2,14 @@
 
 The database is the source of truth; this is a best-effort notification sent after commit. A channel
 layer that is down must never fail the request that stored the data, so errors are logged, not raised.
-Message: ``{"type": "run.update", "payload": <a live message>}``, the payload built by ``rl_engine.wire``
-(``live_metrics`` or ``live_event``; docs/api.md).
+Message: ``{"type": "run.update", "group": "run_<id>", "payload": <a live message>}``, the payload built
+by ``rl_engine.wire`` (``live_metrics`` or ``live_event``; docs/api.md); each web process's
+``tracking.hub.LiveHub`` receives it once and hands it to that process's followers of the run.
 
 Off the request's critical path: in the web server (a sync view running in asgiref's thread, with the
 server's event loop running beside it) a publish is handed to that loop and the request goes on at
-once; one task per process sends the messages in the order they were published (so a run's events
-leave in seq order). The same holds in the threads of the metrics ingestion front (tracking/ingest.py),
+once; each run has an outbox there with one send in flight, which sends its messages in the order they
+were published (so a run's events leave in seq order) and merges metrics messages that wait. The same holds in the threads of the metrics ingestion front (tracking/ingest.py),
 which name their server loop with ``bind_loop``. Elsewhere (Celery workers, management commands, the sync test client) it is sent
 before ``publish`` returns. Either way a consumer that misses a message (a crash, the layer away) reads
 it from the database on its next poll.
@@ -20,6 +21,7 @@ import asyncio
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 import redis.exceptions
@@ -38,6 +40,12 @@ def group_name(run_id: int) -> str:
     return f"run_{run_id}"
 
 
+def layer_message(run_id: int, payload: wire.LiveMessage) -> dict[str, Any]:
+    """The channel-layer message carrying ``payload`` to the run's followers; it names its group, which
+    the receiving hub routes by (a layer message does not say which group it was sent to)."""
+    return {"type": "run.update", "group": group_name(run_id), "payload": payload}
+
+
 def publish(run_id: int, payload: wire.LiveMessage) -> bool:
     """Send ``payload`` to everyone listening on the run; returns False (and logs) when that failed, or
     when it could not even be queued for the server's loop."""
@@ -45,12 +53,12 @@ def publish(run_id: int, payload: wire.LiveMessage) -> bool:
         layer = get_channel_layer()
         if layer is None:
             return False
-        message = {"type": "run.update", "payload": payload}
+        group, message = group_name(run_id), layer_message(run_id, payload)
         loop = _server_loop()
         if loop is not None:
-            loop.call_soon_threadsafe(_enqueue, loop, layer, group_name(run_id), message)
+            loop.call_soon_threadsafe(_enqueue, loop, layer, group, message)
             return True
-        async_to_sync(send)(layer, group_name(run_id), message)
+        async_to_sync(send)(layer, group, message)
         return True
     except Exception:  # a broken channel layer (e.g. Redis down) must not break ingestion
         log.warning("live publish to run_%s failed", run_id, exc_info=True)
@@ -103,38 +111,90 @@ def _server_loop() -> asyncio.AbstractEventLoop | None:
         return loop
 
 
-# One queue and one sender task per event loop (a process has one server loop).
-_queues: dict[asyncio.AbstractEventLoop, asyncio.Queue[tuple[Any, str, dict[str, Any]]]] = {}
+class Outbox:
+    """A run's messages waiting for the layer in one process, with at most one send in flight.
+
+    Consecutive metrics messages merge into one while they wait (up to MERGE_MAX_POINTS points), so
+    the publisher sends fewer, larger messages exactly when the layer or the loop is slower than the
+    ingestion: the send rate adapts to the answer time instead of a backlog growing, as the engine's
+    sink does with its requests. Events are never merged, and nothing is reordered: a run's points still
+    leave before the status event published after them."""
+
+    def __init__(self, layer: Any, group: str) -> None:
+        self.layer, self.group = layer, group
+        self.messages: list[dict[str, Any]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, message: dict[str, Any]) -> bool:
+        """Queue ``message`` (merged into the last one where it can be); False when it was dropped."""
+        last = self.messages[-1] if self.messages else None
+        if last is not None and _merge_metrics(last, message):
+            return True
+        if _waiting() >= QUEUE_MAX:
+            return False
+        self.messages.append(message)
+        return True
+
+    async def drain(self) -> None:
+        while self.messages:
+            message = self.messages.pop(0)
+            try:
+                await send(self.layer, self.group, message)
+            except Exception:
+                # The layer is away (or too slow): what waits behind this message would only reach
+                # consumers late, after the layer is back. Drop it; the consumers' polls read it from the
+                # database, and messages published from now on go out as they come.
+                dropped = len(self.messages)
+                self.messages.clear()
+                log.warning(
+                    "live publish to %s failed (%d queued messages left to the consumers' polls)",
+                    self.group,
+                    dropped,
+                    exc_info=True,
+                )
+        self.task = None  # nothing waits: the outbox goes (the run's next message makes a new one)
+        boxes = _outboxes.get(asyncio.get_running_loop())
+        if boxes is not None and boxes.get(self.group) is self:
+            del boxes[self.group]
+
+
+MERGE_MAX_POINTS = 20_000  # a merged metrics message grows no larger than this
+
+
+def _merge_metrics(into: dict[str, Any], message: dict[str, Any]) -> bool:
+    """Append ``message``'s points to ``into`` when both are metrics messages (``into`` was built by this
+    process's publish and not sent yet: it is changed in place). Each key keeps its points in order."""
+    a, b = into["payload"], message["payload"]
+    if a.get("kind") != wire.LiveKind.METRICS or b.get("kind") != wire.LiveKind.METRICS:
+        return False
+    if a["count"] + b["count"] > MERGE_MAX_POINTS:
+        return False
+    for key, s in b["series"].items():
+        t = a["series"].setdefault(key, {"steps": [], "values": [], "wall_times": []})
+        for column in ("steps", "values", "wall_times"):
+            t[column].extend(s[column])
+    a["count"] += b["count"]
+    return True
+
+
+# Per event loop (a process has one server loop): each run's outbox.
+_outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Outbox]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _waiting() -> int:
+    return sum(len(box.messages) for boxes in _outboxes.values() for box in boxes.values())
 
 
 def _enqueue(loop: asyncio.AbstractEventLoop, layer: Any, group: str, message: dict[str, Any]) -> None:
-    """On the server's loop: queue the message, starting the sender task on first use."""
-    queue = _queues.get(loop)
-    if queue is None:
-        queue = _queues[loop] = asyncio.Queue(QUEUE_MAX)
-        loop.create_task(_send_forever(queue), name="live-publish")
-    try:
-        queue.put_nowait((layer, group, message))
-    except asyncio.QueueFull:
+    """On the server's loop: queue the message in its run's outbox; start that outbox's sender."""
+    boxes = _outboxes.setdefault(loop, {})
+    box = boxes.get(group)
+    if box is None or box.layer is not layer:
+        box = boxes[group] = Outbox(layer, group)
+    if not box.add(message):
         log.warning("live publish queue full (%d): dropping a message to %s", QUEUE_MAX, group)
-
-
-async def _send_forever(queue: asyncio.Queue[tuple[Any, str, dict[str, Any]]]) -> None:
-    while True:
-        layer, group, message = await queue.get()
-        try:
-            await send(layer, group, message)
-        except Exception:
-            # The layer is away (or too slow): what waits behind this message would only queue up behind
-            # more failures and reach consumers late, after the layer is back. Drop it; the consumers'
-            # polls read it from the database, and messages published from now on go out as they come.
-            dropped = 0
-            while not queue.empty():
-                queue.get_nowait()
-                dropped += 1
-            log.warning(
-                "live publish to %s failed (%d queued messages left to the consumers' polls)",
-                group,
-                dropped,
-                exc_info=True,
-            )
+        return
+    if box.task is None:
+        box.task = loop.create_task(box.drain(), name=f"live-publish-{group}")

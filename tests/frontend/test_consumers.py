@@ -223,6 +223,13 @@ async def test_only_points_actually_stored_are_shown_live(setup, no_poll):
     await comm.disconnect()
 
 
+async def announce(run_id: int, payload: Any) -> None:
+    """Publish ``payload`` to the run's followers the way ``tracking.live`` does, without storing it."""
+    from tracking import live
+
+    await live.send(get_channel_layer(), live.group_name(run_id), live.layer_message(run_id, payload))
+
+
 async def test_published_event_that_skips_ahead_is_preceded_by_the_gap_from_the_database(setup, no_poll):
     run = setup["run"]
     comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
@@ -237,11 +244,11 @@ async def test_published_event_that_skips_ahead_is_preceded_by_the_gap_from_the_
 
     fifth = await database_sync_to_async(store_two_quietly)()
     payload = await database_sync_to_async(event_payload)(fifth)
-    await get_channel_layer().group_send(f"run_{run.pk}", {"type": "run.update", "payload": payload})
+    await announce(run.pk, payload)
     events = await receive_events(comm, 2)
     assert [(e["seq"], e["message"]) for e in events] == [(4, "lost"), (5, "announced")]
     # A repeat of an event already sent is dropped.
-    await get_channel_layer().group_send(f"run_{run.pk}", {"type": "run.update", "payload": payload})
+    await announce(run.pk, payload)
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
 

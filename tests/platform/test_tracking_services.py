@@ -66,7 +66,7 @@ def test_stored_metrics_and_events_are_published_to_the_run_group_after_commit(
     with django_capture_on_commit_callbacks(execute=True):
         metrics_ingest(run_id=run.pk, points=[Point("loss", 3, 0.25, 10.0), Point("loss", 4, 0.2, 11.0)])
     msg = listener.receive()
-    assert msg["type"] == "run.update"
+    assert (msg["type"], msg["group"]) == ("run.update", f"run_{run.pk}")
     assert msg["payload"] == {
         "kind": "metrics",
         "count": 2,
