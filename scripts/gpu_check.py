@@ -12,6 +12,8 @@ shape, on CPU). Needs only torch, transformers, pydantic, numpy and pyyaml. Prin
   prompts, eos disabled so both do the same work;
 * ``sync``: a streamed weight sync trainer -> worker against a bare ``load_state_dict``;
 * ``driver``: a few RL steps through the in-process loop (generate, score, train, sync).
+
+Exits 1 when a check in ``checks`` failed (``ok`` false), naming it on stderr.
 """
 
 from __future__ import annotations
@@ -230,7 +232,7 @@ def _stage(name: str, fn, *args: Any) -> Any:
     return fn(*args)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true", help="a small model and batch (any device)")
@@ -274,7 +276,11 @@ def main() -> None:
     }
     out["ok"], out["seconds"] = all(out["checks"].values()), time.perf_counter() - t0
     print(json.dumps(out, default=float))
+    if not out["ok"]:  # a failed check fails the command (scripts/gpu_check.sh, make check-floor)
+        failed = [name for name, passed in out["checks"].items() if not passed]
+        print(f"gpu_check: failed: {', '.join(failed)}", file=sys.stderr)
+    return 0 if out["ok"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
