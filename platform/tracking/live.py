@@ -120,26 +120,25 @@ class Outbox:
     sink does with its requests. Events are never merged, and nothing is reordered: a run's points still
     leave before the status event published after them."""
 
-    def __init__(self, layer: Any, group: str) -> None:
-        self.layer, self.group = layer, group
-        self.messages: list[dict[str, Any]] = []
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.messages: list[tuple[Any, dict[str, Any]]] = []  # (the layer to send it on, message)
         self.task: asyncio.Task[None] | None = None
 
-    def add(self, message: dict[str, Any]) -> bool:
+    def add(self, layer: Any, message: dict[str, Any]) -> bool:
         """Queue ``message`` (merged into the last one where it can be); False when it was dropped."""
-        last = self.messages[-1] if self.messages else None
-        if last is not None and _merge_metrics(last, message):
+        if self.messages and self.messages[-1][0] is layer and _merge_metrics(self.messages[-1][1], message):
             return True
         if _waiting() >= QUEUE_MAX:
             return False
-        self.messages.append(message)
+        self.messages.append((layer, message))
         return True
 
     async def drain(self) -> None:
         while self.messages:
-            message = self.messages.pop(0)
+            layer, message = self.messages.pop(0)
             try:
-                await send(self.layer, self.group, message)
+                await send(layer, self.group, message)
             except Exception:
                 # The layer is away (or too slow): what waits behind this message would only reach
                 # consumers late, after the layer is back. Drop it; the consumers' polls read it from the
@@ -191,9 +190,9 @@ def _enqueue(loop: asyncio.AbstractEventLoop, layer: Any, group: str, message: d
     """On the server's loop: queue the message in its run's outbox; start that outbox's sender."""
     boxes = _outboxes.setdefault(loop, {})
     box = boxes.get(group)
-    if box is None or box.layer is not layer:
-        box = boxes[group] = Outbox(layer, group)
-    if not box.add(message):
+    if box is None:
+        box = boxes[group] = Outbox(group)
+    if not box.add(layer, message):
         log.warning("live publish queue full (%d): dropping a message to %s", QUEUE_MAX, group)
         return
     if box.task is None:

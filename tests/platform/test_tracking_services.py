@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connection
 
 from experiments.models import RunState
@@ -149,6 +153,52 @@ def test_in_the_web_server_a_publish_leaves_the_request_at_once_and_messages_kee
 
     asyncio.run(server())
     assert log == ["returned", ("run_7", 0), ("run_7", 1), ("run_7", 2)]
+
+
+def _metrics(step: int) -> dict:
+    return {
+        "kind": "metrics",
+        "count": 1,
+        "series": {"k": {"steps": [step], "values": [0.0], "wall_times": [0.0]}},
+    }
+
+
+def test_waiting_metrics_merge_while_a_send_is_in_flight_and_nothing_is_reordered(monkeypatch):
+    """Per run, one send in flight; metrics published meanwhile go out as one message, each key's points
+    in publish order; an event is never merged and keeps its place between the metrics around it."""
+    sent: list[dict[str, Any]] = []
+    in_flight = threading.Event()
+    gate = asyncio.Event()
+
+    class Layer:
+        async def group_send(self, group: str, message: dict) -> None:
+            in_flight.set()
+            await gate.wait()  # the first send is in flight until the view published everything
+            sent.append(message["payload"])
+
+    layer = Layer()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+
+    def view() -> None:
+        live.publish(1, _metrics(0))
+        assert in_flight.wait(10)
+        for step in (1, 2):
+            live.publish(1, _metrics(step))
+        live.publish(1, {"kind": "event", "event": {"seq": 1}})
+        live.publish(1, _metrics(3))
+        live.publish(1, _metrics(4))
+
+    async def server() -> None:
+        await sync_to_async(view)()
+        gate.set()
+        deadline = time.monotonic() + 10
+        while len(sent) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(server())
+    assert [p["kind"] for p in sent] == ["metrics", "metrics", "event", "metrics"]
+    assert [p["series"]["k"]["steps"] for p in sent if p["kind"] == "metrics"] == [[0], [1, 2], [3, 4]]
+    assert [p["count"] for p in sent if p["kind"] == "metrics"] == [1, 2, 2]
 
 
 def test_unknown_event_kind_is_refused(run):

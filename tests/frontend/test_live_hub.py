@@ -1,0 +1,147 @@
+"""The live fan-out of one web process (tracking/hub.py): followers of a run share one channel-layer
+membership, each still gets every message; a burst waiting in Redis is read in batches, in order; and a
+live message reaches its socket while the thread the consumers share for database reads is busy.
+Real ASGI stack, database and channel layer (Redis in the production pass, in-memory otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.db import connections
+
+from tests.frontend.test_consumers import communicator, setup  # noqa: F401  (fixture)
+from tracking import live
+from tracking.hub import Inbox, LiveHub
+from tracking.services import Point, metrics_ingest
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def close_thread_connections():
+    yield
+    await database_sync_to_async(connections.close_all)()
+
+
+@pytest.fixture
+def no_poll(settings):
+    settings.LIVE_POLL_INTERVAL_S = 0  # the layer path alone
+
+
+async def memberships(group: str) -> int:
+    """How many channels the layer holds in ``group``, read from the layer's own store."""
+    from channels_redis.core import RedisChannelLayer
+
+    layer = get_channel_layer()
+    if isinstance(layer, RedisChannelLayer):
+        return await layer.connection(layer.consistent_hash(group)).zcard(layer._group_key(group))
+    return len(layer.groups.get(group, {}))
+
+
+def metrics(step: int) -> dict[str, Any]:
+    return {
+        "kind": "metrics",
+        "count": 1,
+        "series": {"k": {"steps": [step], "values": [0.0], "wall_times": [0.0]}},
+    }
+
+
+async def test_followers_of_a_run_share_one_membership_and_each_receives_every_point(setup, no_poll):  # noqa: F811
+    run = setup["run"]
+    group = live.group_name(run.pk)
+    before = await memberships(group)  # (a stale membership another test process left for this run id)
+    comms = [communicator(run.pk, setup["cookie"][name], last_seq=3) for name in ("owner", "viewer", "owner")]
+    for comm in comms:
+        assert (await comm.connect())[0]
+        assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
+    assert await memberships(group) == before + 1  # one per process, not one per socket (was 3)
+    ingest = database_sync_to_async(metrics_ingest)
+    for step in range(3):
+        await ingest(run_id=run.pk, points=[Point("reward/mean", step, 0.1 * step, 1.0 + step)])
+    for comm in comms:
+        steps: list[int] = []
+        while len(steps) < 3:
+            msg = await comm.receive_json_from(timeout=3)
+            assert msg["kind"] == "metrics" and "source" not in msg  # live, not read back by a poll
+            steps += msg["series"]["reward/mean"]["steps"]
+        assert steps == [0, 1, 2]
+    await comms[0].disconnect()
+    assert await memberships(group) == before + 1  # two followers left
+    for comm in comms[1:]:
+        await comm.disconnect()
+    assert await memberships(group) == before
+
+
+async def test_a_burst_waiting_in_the_layer_is_read_in_batches_in_order(redis_url):
+    """While the hub's event loop is blocked, 300 messages pile up in Redis; once it runs again they come
+    out in batches (channels-redis' own receive takes one per four commands) and in publish order."""
+    layer = get_channel_layer()
+    hub, inbox = LiveHub(layer), Inbox()
+    sizes: list[int] = []
+    read = hub._receive_batch
+
+    async def counted() -> list[dict[str, Any]]:
+        batch = await read()
+        sizes.append(len(batch))
+        return batch
+
+    hub._receive_batch = counted  # type: ignore[method-assign]
+    group = "run_987654"
+    assert await hub.subscribe(group, inbox)
+
+    def publish_all() -> (
+        None
+    ):  # another thread, its own loop and layer connections: another process's publisher
+        async def go() -> None:
+            from channels_redis.core import RedisChannelLayer
+
+            from config.layers import redis_channel_layer
+
+            publisher = RedisChannelLayer(**redis_channel_layer(redis_url, layer.prefix)["CONFIG"])
+            for step in range(300):
+                await live.send(publisher, group, live.layer_message(987654, metrics(step)))
+
+        async_to_sync(go)()
+
+    publisher = threading.Thread(target=publish_all)
+    publisher.start()
+    publisher.join(timeout=60)  # the hub's loop is blocked meanwhile: everything waits in Redis
+    got: list[int] = []
+    while len(got) < 300:
+        message = await asyncio.wait_for(inbox.get(), timeout=10)
+        got += message["payload"]["series"]["k"]["steps"]
+        assert message["text"]  # encoded once by the hub
+    assert got == list(range(300))
+    assert max(sizes) > 1, sizes
+    await hub.unsubscribe(group, inbox)
+
+
+async def test_a_live_message_arrives_while_the_shared_database_thread_is_busy(setup, no_poll):  # noqa: F811
+    """Channels runs close_old_connections before each message on the one thread all consumers share for
+    database reads; live messages do not wait for it (under load they waited tens of seconds)."""
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait)(30))  # thread-sensitive: the shared thread
+    try:
+        await asyncio.sleep(0.1)
+        assert not busy.done()
+        await live.send(get_channel_layer(), live.group_name(run.pk), live.layer_message(run.pk, metrics(5)))
+        # (a receive that times out would cancel the consumer: wait with receive_nothing instead)
+        assert not await comm.receive_nothing(timeout=5), "no live message while the thread was busy"
+        msg = await comm.receive_json_from(timeout=1)
+        assert msg["series"]["k"]["steps"] == [5], msg
+        assert not busy.done()  # delivered while the thread was still held
+    finally:
+        release.set()
+        await busy
+    await comm.disconnect()
