@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -112,22 +113,32 @@ def _last_metric_id(run_id: int) -> int:
     return row or 0
 
 
-def _metrics_after(run_id: int, cursor: int) -> tuple[int, list[wire.MetricRow]]:
-    """The next POLL_METRIC_ROWS metric points stored after ``cursor`` (a MetricPoint id), in id order,
-    and the id of the last one (the next cursor)."""
+def _points_after(run_id: int, cursor: int) -> tuple[int, list[tuple[int, str, int]]]:
+    """``(id, key, step)`` of the next POLL_METRIC_ROWS metric points stored after ``cursor`` (a
+    MetricPoint id), in id order, and the id of the last one (the next cursor). Values are read only for
+    the points the layer did not carry (``_metric_rows``): most polls find none."""
     rows = list(
         MetricPoint.objects.filter(run_id=run_id, id__gt=cursor)
         .order_by("id")
-        .values_list("id", "key", "step", "value", "wall_time")[:POLL_METRIC_ROWS]
+        .values_list("id", "key", "step")[:POLL_METRIC_ROWS]
     )
-    return (rows[-1][0] if rows else cursor), [r[1:] for r in rows]
+    return (rows[-1][0] if rows else cursor), rows
+
+
+def _metric_rows(ids: list[int]) -> list[wire.MetricRow]:
+    """The metric points with these ids, in id order."""
+    rows = (
+        MetricPoint.objects.filter(id__in=ids).order_by("id").values_list("key", "step", "value", "wall_time")
+    )
+    return list(rows)
 
 
 run_for_member = database_sync_to_async(_run_for_member)
 summary_of = database_sync_to_async(_run_summary)
 events_after = database_sync_to_async(_events_after)
 last_metric_id = database_sync_to_async(_last_metric_id)
-metrics_after = database_sync_to_async(_metrics_after)
+points_after = database_sync_to_async(_points_after)
+metric_rows = database_sync_to_async(_metric_rows)
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -254,7 +265,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 if len(self.live_sent) > LIVE_SENT_MAX:  # only ever points a poll did not read back
                     self.live_sent.clear()  # (at worst the poll sends some of them again)
                 for key, s in (payload.get("series") or {}).items():
-                    self.live_sent.update((key, step) for step in s.get("steps") or ())
+                    self.live_sent.update(zip(itertools.repeat(key), s.get("steps") or ()))
                 await self._send_live(payload, text)
         else:
             await self._send_live(payload, text)
@@ -302,14 +313,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         event that ends it."""
         async with self.metrics_read_lock:
             while True:
-                cursor, rows = await metrics_after(self.run_id, self.metric_cursor)
+                cursor, points = await points_after(self.run_id, self.metric_cursor)
                 async with self.lock:
                     self.metric_cursor = cursor
-                    missed = [r for r in rows if (r[0], r[1]) not in self.live_sent]
-                    self.live_sent.difference_update((r[0], r[1]) for r in rows)
-                    if missed:
-                        await self.send_json(wire.live_metrics(missed, source="poll"))
-                if len(rows) < POLL_METRIC_ROWS:
+                    live_sent = self.live_sent
+                    missed = [i for i, key, step in points if (key, step) not in live_sent]
+                    live_sent.difference_update([(key, step) for _, key, step in points])
+                if missed:
+                    rows = await metric_rows(missed)
+                    async with self.lock:
+                        await self.send_json(wire.live_metrics(rows, source="poll"))
+                if len(points) < POLL_METRIC_ROWS:
                     break
         await self.catch_up()
 
