@@ -381,11 +381,13 @@ def main() -> None:
 def print_table(mode: str, results: list[dict[str, Any]]) -> None:
     load = lambda r: f"{r['load_before']}-{r['load_after']}"  # noqa: E731
     if mode == "sinks":
-        print("\n| web tier | sink requests (failed) | points/request | delivered / expected | engine → browser p50 / p95"
-              " | POST → ws p50 / p95 | web CPU | web CPU per request | load |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+        print("\n| web tier | sink requests (failed) | points/request | delivered / expected | received by layer / by poll"
+              " | engine → browser p50 / p95 | POST → ws p50 / p95 | web CPU | web CPU per request | load |"
+              "\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         for r in results:
             print(f"| {r['config']} | {r['requests']} ({r['failed_requests']}) | {r['points_per_request']} |"
-                  f" {r['delivered']} / {r['expected']} | {r['engine_to_browser_p50_ms']} / {r['engine_to_browser_p95_ms']} ms |"
+                  f" {r['delivered']} / {r['expected']} | {r['received_by_layer']} / {r['received_by_poll']} |"
+                  f" {r['engine_to_browser_p50_ms']} / {r['engine_to_browser_p95_ms']} ms |"
                   f" {r['post_to_ws_p50_ms']} / {r['post_to_ws_p95_ms']} ms | {r['web_cpu_pct']} % |"
                   f" {r['web_cpu_ms_per_request']} ms | {load(r)} |")  # fmt: skip
     elif mode == "saturate":
