@@ -10,29 +10,21 @@ import threading
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.db import connections
 
-from tests.frontend.test_consumers import communicator, setup  # noqa: F401  (fixture)
+from tests.frontend.test_consumers import (  # noqa: F401  (fixtures: setup, no_poll; autouse: close_thread_connections)
+    close_thread_connections,
+    communicator,
+    no_poll,
+    setup,
+)
 from tracking import live
 from tracking.hub import Inbox, LiveHub
 from tracking.services import Point, metrics_ingest
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def close_thread_connections():
-    yield
-    await database_sync_to_async(connections.close_all)()
-
-
-@pytest.fixture
-def no_poll(settings):
-    settings.LIVE_POLL_INTERVAL_S = 0  # the layer path alone
 
 
 async def memberships(group: str) -> int:
