@@ -5,7 +5,8 @@ Each of ``len(tokens)`` threads drives one real ``HttpSink`` the way the demo ru
 ``step_s`` (30 keys), four samples every second, heartbeats as configured. Every request the sink
 sends is timed (the sink's own method, wrapped): the first time a request carrying a step was sent is
 that step's POST time. Returns, per run: the steps logged, their POST times, requests and failed
-requests by endpoint, and the spool left undelivered after ``close``.
+requests by endpoint, and the spool left undelivered after ``close``; under ``_cpu_s`` the CPU seconds
+this process used.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def run_sinks(root: str, url: str, runs: list[int], tokens: list[str], seconds: 
     from rl_engine.sinks.http import HttpSink
 
     out: dict[str, Any] = {}
+    cpu0 = time.process_time()
     stop_at = time.monotonic() + seconds
     threads = [threading.Thread(target=_drive, args=(HttpSink, url, tok, run, spool, stop_at, step_s, out))
                for run, tok in zip(runs, tokens, strict=True)]  # fmt: skip
@@ -71,4 +73,5 @@ def run_sinks(root: str, url: str, runs: list[int], tokens: list[str], seconds: 
         t.start()
     for t in threads:
         t.join()
+    out["_cpu_s"] = time.process_time() - cpu0  # this process's CPU: the load generator's own share
     return out

@@ -154,7 +154,7 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
         followers = [asyncio.create_task(follow(session, dep, runs[i % len(runs)], stop, seen[i], stats))
                      for i in range(args.clients)]  # fmt: skip
         await asyncio.sleep(3)  # every follower connected and caught up
-        cpu0, t0 = web_cpu(dep), time.monotonic()
+        cpu0, t0, own0 = web_cpu(dep), time.monotonic(), time.process_time()
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
             engine = await asyncio.get_running_loop().run_in_executor(
@@ -162,6 +162,8 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
                 spool,
             )  # fmt: skip
         cpu, elapsed = web_cpu(dep) - cpu0, time.monotonic() - t0
+        followers_cpu = time.process_time() - own0  # this process runs the 100 followers
+        sinks_cpu = engine.pop("_cpu_s")
 
         def missing() -> int:
             return sum(engine[str(runs[i % len(runs)])]["steps"] - len(seen[i]) for i in range(args.clients))
@@ -200,6 +202,8 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
         "received_by_poll": stats["by_poll"],  # ... and from the consumers' database poll
         "web_cpu_pct": round(100 * cpu / elapsed),
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, requests), 2),
+        "sinks_cpu_pct": round(100 * sinks_cpu / elapsed),  # the load generators' own CPU (same cores)
+        "followers_cpu_pct": round(100 * followers_cpu / elapsed),
         "seconds": round(elapsed, 1),
     }
 
@@ -382,14 +386,15 @@ def print_table(mode: str, results: list[dict[str, Any]]) -> None:
     load = lambda r: f"{r['load_before']}-{r['load_after']}"  # noqa: E731
     if mode == "sinks":
         print("\n| web tier | sink requests (failed) | points/request | delivered / expected | received by layer / by poll"
-              " | engine → browser p50 / p95 | POST → ws p50 / p95 | web CPU | web CPU per request | load |"
-              "\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+              " | engine → browser p50 / p95 | POST → ws p50 / p95 | web CPU | web CPU per request"
+              " | sinks / followers CPU | load |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         for r in results:
             print(f"| {r['config']} | {r['requests']} ({r['failed_requests']}) | {r['points_per_request']} |"
                   f" {r['delivered']} / {r['expected']} | {r['received_by_layer']} / {r['received_by_poll']} |"
                   f" {r['engine_to_browser_p50_ms']} / {r['engine_to_browser_p95_ms']} ms |"
                   f" {r['post_to_ws_p50_ms']} / {r['post_to_ws_p95_ms']} ms | {r['web_cpu_pct']} % |"
-                  f" {r['web_cpu_ms_per_request']} ms | {load(r)} |")  # fmt: skip
+                  f" {r['web_cpu_ms_per_request']} ms | {r['sinks_cpu_pct']} / {r['followers_cpu_pct']} % |"
+                  f" {load(r)} |")  # fmt: skip
     elif mode == "saturate":
         print("\n| web tier | batch | requests/s | points/s | errors | web CPU | web CPU per request | load |"
               "\n|---|---|---|---|---|---|---|---|")  # fmt: skip

@@ -35,6 +35,32 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["CELERY_QUEUE"] = SESSION_QUEUE
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flush_retries_a_deadlock():
+    """A transactional test ends with TRUNCATE of every table while the session's background processes
+    (Celery worker and beat, servers) may still be reading: PostgreSQL can see the TRUNCATE, which locks
+    table after table, and one of their SELECTs, which locks several tables, each waiting for the other,
+    and kills the TRUNCATE ("deadlock detected"; the test's teardown then errors). The flush runs in one
+    transaction, rolled back by the deadlock: run it again, up to 5 times."""
+    from django.db import OperationalError
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    flush = BaseDatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self, sql_list):  # type: ignore[no-untyped-def]
+        for attempt in range(5):
+            try:
+                return flush(self, sql_list)
+            except OperationalError as exc:
+                if "deadlock detected" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    BaseDatabaseOperations.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign]
+    yield
+    BaseDatabaseOperations.execute_sql_flush = flush  # type: ignore[method-assign]
+
+
 def _answers(url: str, default_port: int) -> bool:
     parsed = urlparse(url)
     try:
