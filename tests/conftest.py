@@ -42,8 +42,12 @@ def flush_retries_a_deadlock():
     table after table, and one of their SELECTs, which locks several tables, each waiting for the other,
     and kills the TRUNCATE ("deadlock detected"; the test's teardown then errors). The flush runs in one
     transaction, rolled back by the deadlock: run it again, up to 5 times."""
-    from django.db import OperationalError
-    from django.db.backends.base.operations import BaseDatabaseOperations
+    try:
+        from django.db import OperationalError
+        from django.db.backends.base.operations import BaseDatabaseOperations
+    except ImportError:  # an environment without Django (the vLLM and floor checks' engine tests)
+        yield
+        return
 
     flush = BaseDatabaseOperations.execute_sql_flush
 
