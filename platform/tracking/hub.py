@@ -139,7 +139,10 @@ class LiveHub:
                 continue
             self.up = True
             for message in messages:
-                self._dispatch(message)
+                try:
+                    self._dispatch(message)
+                except Exception:  # one bad message must not stop the process's live stream
+                    log.warning("live message to %s dropped", message.get("group"), exc_info=True)
 
     async def _receive_batch(self) -> list[dict[str, Any]]:
         """The next messages for the hub's channel, in the order they were sent.
@@ -151,8 +154,9 @@ class LiveHub:
         then whatever else waits (up to RECEIVE_BATCH) in one more command. Messages are ordered by send
         time as the layer's own receive orders them. The layer's backup queue (which re-delivers a
         message whose receiver was cancelled mid-way) is not used: a follower that misses a message
-        reads it from the database on its next poll. Other layers (the embedded default's in-memory
-        one) are read through ``receive``."""
+        reads it from the database on its next poll. The queue is the layer's for the whole process, so
+        this assumes one hub reads it: one server event loop per process, as uvicorn and daphne run.
+        Other layers (the embedded default's in-memory one) are read through ``receive``."""
         layer = self.layer
         if not isinstance(layer, RedisChannelLayer):
             return [await layer.receive(self.channel)]
