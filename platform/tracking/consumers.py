@@ -41,6 +41,7 @@ from importlib import import_module
 from types import SimpleNamespace
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -209,7 +210,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         handled without it: their handlers touch the database only through ``database_sync_to_async``,
         which closes stale connections itself."""
         if message["type"] in LIVE_MESSAGE_TYPES:
-            await getattr(self, message["type"].replace(".", "_"))(message)
+            await getattr(self, get_handler_name(message))(message)
         else:
             await super().dispatch(message)
 

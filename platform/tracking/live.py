@@ -9,8 +9,9 @@ by ``rl_engine.wire`` (``live_metrics`` or ``live_event``; docs/api.md); each we
 Off the request's critical path: in the web server (a sync view running in asgiref's thread, with the
 server's event loop running beside it) a publish is handed to that loop and the request goes on at
 once; each run has an outbox there with one send in flight, which sends its messages in the order they
-were published (so a run's events leave in seq order) and merges metrics messages that wait. The same holds in the threads of the metrics ingestion front (tracking/ingest.py),
-which name their server loop with ``bind_loop``. Elsewhere (Celery workers, management commands, the sync test client) it is sent
+were published (so a run's events leave in seq order) and merges metrics messages that wait. The same
+holds in the threads of the metrics ingestion front (tracking/ingest.py), which name their server loop
+with ``bind_loop``. Elsewhere (Celery workers, management commands, the sync test client) it is sent
 before ``publish`` returns. Either way a consumer that misses a message (a crash, the layer away) reads
 it from the database on its next poll.
 """
@@ -18,6 +19,7 @@ it from the database on its next poll.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -122,7 +124,7 @@ class Outbox:
 
     def __init__(self, group: str) -> None:
         self.group = group
-        self.messages: list[tuple[Any, dict[str, Any]]] = []  # (the layer to send it on, message)
+        self.messages: collections.deque[tuple[Any, dict[str, Any]]] = collections.deque()  # (layer, message)
         self.task: asyncio.Task[None] | None = None
 
     def add(self, layer: Any, message: dict[str, Any]) -> bool:
@@ -136,7 +138,7 @@ class Outbox:
 
     async def drain(self) -> None:
         while self.messages:
-            layer, message = self.messages.pop(0)
+            layer, message = self.messages.popleft()
             try:
                 await send(layer, self.group, message)
             except Exception:
