@@ -12,8 +12,10 @@ Protocol (docs/dashboard.md has the full picture):
   and built, in ``rl_engine.wire`` (``LiveMessage`` and its builders).
 - Events are sent in ``seq`` order without gaps or repeats: a published event that skips ahead makes the
   consumer read the gap from the database first.
-- Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also reads new metric points and events
-  from the database. The embedded default's in-process channel layer cannot carry a message from a
+- Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also checks the database for metric points
+  and events the layer did not carry. For metrics it reads one row, the run's batch counter
+  (tracking/coverage.py), and compares it with the batches that arrived live; it reads points only when a
+  batch is still missing one poll later (or at once while the layer is down). The embedded default's in-process channel layer cannot carry a message from a
   Celery worker (status changes) to the web process, so there it polls every 1.5 s. With Redis the
   layer carries everything and the poll (10 s) is a safety net: a Redis restart that redis-py's
   automatic reconnect hides from the consumer loses its group membership, so each poll also joins the
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import time
@@ -46,20 +47,21 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
+from django.db import connection
 
 from experiments.models import Run
 from experiments.summary import run_summary
 from rl_engine import wire
 from tracking import live
+from tracking.coverage import Coverage, Span, Stored
 from tracking.hub import Inbox, LiveHub, hub_for
-from tracking.models import MetricPoint, RunEvent
+from tracking.models import MetricPoint, RunEvent, RunProgress
 from tracking.services import event_payload
 
 log = logging.getLogger(__name__)
 
 CATCH_UP_BATCH = 500  # events per database read while catching up
 POLL_METRIC_ROWS = 5000  # metric points per database read of a poll
-LIVE_SENT_MAX = 200_000  # live (key, step) pairs remembered until a poll reads them back
 CLOSE_FORBIDDEN = 4403
 MEMBERSHIP_RECHECK_S = 5.0  # longest time between two membership checks of an open stream
 LIVE_MESSAGE_TYPES = frozenset({"run.update", "live.resync"})  # what the hub delivers
@@ -109,21 +111,33 @@ def _events_after(run_id: int, seq: int, limit: int = CATCH_UP_BATCH) -> list[wi
     return [event_payload(e) for e in rows]
 
 
-def _last_metric_id(run_id: int) -> int:
-    row = MetricPoint.objects.filter(run_id=run_id).order_by("-id").values_list("id", flat=True).first()
-    return row or 0
+def _stored_at_connect(run_id: int) -> Stored:
+    """The run's batch counter and last point id, one snapshot. A run whose points predate the counter
+    (no ``last_point_id`` yet) starts from its highest point id."""
+    progress, points = RunProgress._meta.db_table, MetricPoint._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT coalesce((SELECT points FROM {progress} WHERE run_id = %s), 0), "
+            f"coalesce((SELECT last_point_id FROM {progress} WHERE run_id = %s), "
+            f"(SELECT max(id) FROM {points} WHERE run_id = %s), 0)",
+            [run_id, run_id, run_id],
+        )
+        count, last_id = cur.fetchone()
+    return Stored(count=int(count), last_id=int(last_id))
 
 
-def _points_after(run_id: int, cursor: int) -> tuple[int, list[tuple[int, str, int]]]:
-    """``(id, key, step)`` of the next POLL_METRIC_ROWS metric points stored after ``cursor`` (a
-    MetricPoint id), in id order, and the id of the last one (the next cursor). Values are read only for
-    the points the layer did not carry (``_metric_rows``): most polls find none."""
-    rows = list(
-        MetricPoint.objects.filter(run_id=run_id, id__gt=cursor)
-        .order_by("id")
-        .values_list("id", "key", "step")[:POLL_METRIC_ROWS]
-    )
-    return (rows[-1][0] if rows else cursor), rows
+def _stored_now(run_id: int) -> Stored | None:
+    """The run's batch counter and last point id (one row), None before its first batch."""
+    row = RunProgress.objects.filter(run_id=run_id).values_list("points", "last_point_id").first()
+    if row is None or row[1] is None:
+        return None
+    return Stored(count=row[0], last_id=row[1])
+
+
+def _point_ids_between(run_id: int, after: int, upto: int) -> list[int]:
+    """Ids of the run's points with ``after`` < id ≤ ``upto``, ascending, at most POLL_METRIC_ROWS."""
+    rows = MetricPoint.objects.filter(run_id=run_id, id__gt=after, id__lte=upto).order_by("id")
+    return list(rows.values_list("id", flat=True)[:POLL_METRIC_ROWS])
 
 
 def _metric_rows(ids: list[int]) -> list[wire.MetricRow]:
@@ -137,8 +151,9 @@ def _metric_rows(ids: list[int]) -> list[wire.MetricRow]:
 run_for_member = database_sync_to_async(_run_for_member)
 summary_of = database_sync_to_async(_run_summary)
 events_after = database_sync_to_async(_events_after)
-last_metric_id = database_sync_to_async(_last_metric_id)
-points_after = database_sync_to_async(_points_after)
+stored_at_connect = database_sync_to_async(_stored_at_connect)
+stored_now = database_sync_to_async(_stored_now)
+point_ids_between = database_sync_to_async(_point_ids_between)
 metric_rows = database_sync_to_async(_metric_rows)
 
 
@@ -171,10 +186,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         self.last_seq = 0
-        self.metric_cursor = 0
-        # (key, step) of points sent live that no poll has read back yet: the poll skips exactly these.
-        self.live_sent: set[tuple[str, int]] = set()
-        self.lock = asyncio.Lock()  # what was sent: last_seq, live_sent, metric_cursor
+        # The run's stored batches this socket was sent (from connect on); set once accepted.
+        self.coverage = Coverage(Stored(count=0, last_id=0))
+        self.owed: int | None = None  # the batch counter a poll found ahead of the coverage, if any
+        self.lock = asyncio.Lock()  # what was sent: last_seq, coverage
         self.events_read_lock = asyncio.Lock()
         self.metrics_read_lock = asyncio.Lock()
         self.poller: asyncio.Task[None] | None = None
@@ -188,7 +203,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.admitted.set()
         await self.accept()
         # Metrics stored before now come from the REST history the page loads; the poll takes it from here.
-        self.metric_cursor = await last_metric_id(self.run_id)
+        self.coverage = Coverage(await stored_at_connect(self.run_id))
         await self.send_json(wire.live_hello(await summary_of(self.run_id)))
         await self.catch_up(_query_int(self.scope, "last_seq"))
         self.poller = asyncio.create_task(self.poll_forever())
@@ -263,10 +278,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.catch_up()  # it skipped ahead: the gap is in the database
         elif kind == wire.LiveKind.METRICS:
             async with self.lock:
-                if len(self.live_sent) > LIVE_SENT_MAX:  # only ever points a poll did not read back
-                    self.live_sent.clear()  # (at worst the poll sends some of them again)
-                for key, s in (payload.get("series") or {}).items():
-                    self.live_sent.update(zip(itertools.repeat(key), s.get("steps") or ()))
+                for span in message.get("spans") or ():
+                    self.coverage.add(Span(*span))
                 await self._send_live(payload, text)
         else:
             await self._send_live(payload, text)
@@ -274,7 +287,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def live_resync(self, message: dict[str, Any]) -> None:
         """The hub reached the layer again after losing it: read what it did not carry meanwhile."""
         if self.poller is not None:  # accepted already
-            await self._poll_quietly()
+            await self._poll_quietly(now=True)
 
     async def _send_live(self, payload: Any, text: str | None) -> None:
         if text is None:
@@ -307,26 +320,39 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 if len(batch) < CATCH_UP_BATCH:
                     return
 
-    async def poll_once(self) -> None:
-        """Send the metric points stored since the last poll that did not come through the layer, then
-        the events after the last one sent. Page after page of POLL_METRIC_ROWS until caught up (e.g.
-        after the layer was away a while). Metrics first: a run's last points come before the status
-        event that ends it."""
+    async def poll_once(self, *, now: bool = False) -> None:
+        """Send the metric points the layer did not carry, then the events after the last one sent.
+        Metrics first: a run's last points come before the status event that ends it.
+
+        A batch the run's counter has but the coverage does not is missed only if it is still missing
+        at the next poll (a live message may be on its way), or at once (``now``) when the layer was
+        away. Its points are read page after page of POLL_METRIC_ROWS until caught up."""
         async with self.metrics_read_lock:
-            while True:
-                cursor, points = await points_after(self.run_id, self.metric_cursor)
-                async with self.lock:
-                    self.metric_cursor = cursor
-                    live_sent = self.live_sent
-                    missed = [i for i, key, step in points if (key, step) not in live_sent]
-                    live_sent.difference_update([(key, step) for _, key, step in points])
-                if missed:
-                    rows = await metric_rows(missed)
-                    async with self.lock:
-                        await self.send_json(wire.live_metrics(rows, source="poll"))
-                if len(points) < POLL_METRIC_ROWS:
-                    break
+            stored = await stored_now(self.run_id)
+            async with self.lock:
+                behind = stored is not None and self.coverage.behind(stored)
+                due = behind and (now or (self.owed is not None and self.coverage.count < self.owed))
+                self.owed = stored.count if behind and not due else None
+                after = self.coverage.last_id
+            if due and stored is not None:
+                await self._send_missed(after, stored)
         await self.catch_up()
+
+    async def _send_missed(self, after: int, upto: Stored) -> None:
+        """Send the points with ids in (``after``, ``upto.last_id``] that no live span carried."""
+        while True:
+            ids = await point_ids_between(self.run_id, after, upto.last_id)
+            async with self.lock:
+                missed = self.coverage.missed(ids, upto)
+            if missed:
+                rows = await metric_rows(missed)
+                async with self.lock:
+                    await self.send_json(wire.live_metrics(rows, source="poll"))
+            if len(ids) < POLL_METRIC_ROWS:
+                break
+            after = ids[-1]
+        async with self.lock:
+            self.coverage.filled(upto)
 
     async def still_member(self) -> bool:
         """Re-check that the user may still see the run; if not, close the socket with 4403."""
@@ -357,7 +383,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             if self.hub.up:
                 await self.hub.join(self.group)  # restores a membership that a silent Redis restart dropped
             last = time.monotonic()
-            await self._poll_quietly()
+            await self._poll_quietly(now=not self.hub.up)
 
     async def _still_member_quietly(self) -> bool:
         """``still_member``; a failed check (DB hiccup) keeps the stream open until the next one."""
@@ -369,9 +395,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             log.warning("membership re-check of run %s failed", self.run_id, exc_info=True)
             return True
 
-    async def _poll_quietly(self) -> None:
+    async def _poll_quietly(self, *, now: bool = False) -> None:
         try:
-            await self.poll_once()
+            await self.poll_once(now=now)
         except asyncio.CancelledError:
             raise
         except Exception:  # a failed poll (DB hiccup) must not end the stream; the next one retries

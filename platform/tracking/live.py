@@ -3,8 +3,10 @@
 The database is the source of truth; this is a best-effort notification sent after commit. A channel
 layer that is down must never fail the request that stored the data, so errors are logged, not raised.
 Message: ``{"type": "run.update", "group": "run_<id>", "payload": <a live message>}``, the payload built
-by ``rl_engine.wire`` (``live_metrics`` or ``live_event``; docs/api.md); each web process's
-``tracking.hub.LiveHub`` receives it once and hands it to that process's followers of the run.
+by ``rl_engine.wire`` (``live_metrics`` or ``live_event``; docs/api.md); a metrics message also names
+the stored batches it carries (``"spans"``: tracking/coverage.py), which the followers' polls check
+against instead of reading the points back. Each web process's ``tracking.hub.LiveHub`` receives it
+once and hands it to that process's followers of the run.
 
 Off the request's critical path: in the web server (a sync view running in asgiref's thread, with the
 server's event loop running beside it) a publish is handed to that loop and the request goes on at
@@ -31,6 +33,7 @@ from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
 from rl_engine import wire
+from tracking.coverage import Span
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +45,26 @@ def group_name(run_id: int) -> str:
     return f"run_{run_id}"
 
 
-def layer_message(run_id: int, payload: wire.LiveMessage) -> dict[str, Any]:
+def layer_message(run_id: int, payload: wire.LiveMessage, span: Span | None = None) -> dict[str, Any]:
     """The channel-layer message carrying ``payload`` to the run's followers; it names its group, which
-    the receiving hub routes by (a layer message does not say which group it was sent to)."""
-    return {"type": "run.update", "group": group_name(run_id), "payload": payload}
+    the receiving hub routes by (a layer message does not say which group it was sent to), and the
+    stored batch a metrics payload holds (``span``: the counter range and ids, as a list of spans, since
+    waiting messages merge)."""
+    message: dict[str, Any] = {"type": "run.update", "group": group_name(run_id), "payload": payload}
+    if span is not None:
+        message["spans"] = [span.as_list()]
+    return message
 
 
-def publish(run_id: int, payload: wire.LiveMessage) -> bool:
-    """Send ``payload`` to everyone listening on the run; returns False (and logs) when that failed, or
-    when it could not even be queued for the server's loop."""
+def publish(run_id: int, payload: wire.LiveMessage, *, span: Span | None = None) -> bool:
+    """Send ``payload`` (and the stored batch ``span`` it carries, for metrics) to everyone listening on
+    the run; returns False (and logs) when that failed, or when it could not even be queued for the
+    server's loop."""
     try:
         layer = get_channel_layer()
         if layer is None:
             return False
-        group, message = group_name(run_id), layer_message(run_id, payload)
+        group, message = group_name(run_id), layer_message(run_id, payload, span)
         loop = _server_loop()
         if loop is not None:
             loop.call_soon_threadsafe(_enqueue, loop, layer, group, message)
@@ -163,8 +172,9 @@ MERGE_MAX_POINTS = 20_000  # a merged metrics message grows no larger than this
 
 
 def _merge_metrics(into: dict[str, Any], message: dict[str, Any]) -> bool:
-    """Append ``message``'s points to ``into`` when both are metrics messages (``into`` was built by this
-    process's publish and not sent yet: it is changed in place). Each key keeps its points in order."""
+    """Append ``message``'s points (and its spans) to ``into`` when both are metrics messages (``into``
+    was built by this process's publish and not sent yet: it is changed in place). Each key keeps its
+    points in order."""
     a, b = into["payload"], message["payload"]
     if a.get("kind") != wire.LiveKind.METRICS or b.get("kind") != wire.LiveKind.METRICS:
         return False
@@ -175,6 +185,8 @@ def _merge_metrics(into: dict[str, Any], message: dict[str, Any]) -> bool:
         for column in ("steps", "values", "wall_times"):
             t[column].extend(s[column])
     a["count"] += b["count"]
+    if "spans" in message:
+        into.setdefault("spans", []).extend(message["spans"])
     return True
 
 

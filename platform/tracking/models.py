@@ -145,6 +145,10 @@ class RunProgress(models.Model):
     )
     step = models.BigIntegerField(null=True, blank=True, help_text="Highest step with stored metrics.")
     at = models.DateTimeField()
+    # The run's metric batches, numbered: each ingest adds its points here, under a per-run lock and in
+    # the same transaction as its rows (tracking/coverage.py: what live followers compare against).
+    points = models.BigIntegerField(db_default=0, help_text="Metric points stored since counting began.")
+    last_point_id = models.BigIntegerField(null=True, blank=True, help_text="Id of the last stored point.")
 
     def __str__(self) -> str:
         return f"run {self.run_id}: step {self.step} at {self.at:%H:%M:%S}"

@@ -21,6 +21,7 @@ from rl_engine import wire
 from rl_engine.wire import EventKind
 from tracking import live
 from tracking.announcements import EngineAlertStored, announce
+from tracking.coverage import Span
 from tracking.models import (
     ROLLUP_WIDTHS,
     Checkpoint,
@@ -54,8 +55,8 @@ class IngestResult:
 StoredPoint = tuple[int, str, int, float, float]
 
 
-def _on_commit_publish(run_id: int, payload: wire.LiveMessage) -> None:
-    transaction.on_commit(lambda: live.publish(run_id, payload))
+def _on_commit_publish(run_id: int, payload: wire.LiveMessage, span: Span | None = None) -> None:
+    transaction.on_commit(lambda: live.publish(run_id, payload, span=span))
 
 
 def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
@@ -65,6 +66,9 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
     retried or replayed batch changes nothing (also when a retry carries a different value). Within one
     batch, the first occurrence of a (key, step) wins as well. Only the points actually inserted are
     published to the live stream, so a browser never shows a value the database does not hold.
+
+    A run's batches are stored one at a time (a per-run lock) and counted in ``RunProgress.points``
+    in the same transaction; the live message names its batch's ``Span`` (tracking/coverage.py).
     """
     if not points:
         return IngestResult(received=0, inserted=0)
@@ -77,16 +81,23 @@ def metrics_ingest(*, run_id: int, points: Sequence[Point]) -> IngestResult:
         # One statement stores the points, folds them into the rollups and records the progress: atomic
         # on its own, one round trip (no BEGIN/COMMIT around it).
         with connection.cursor() as cur:
-            stored = _insert_postgres(cur, run_id, points)
-        if stored:
-            _on_commit_publish(run_id, _metrics_payload(stored))  # now, unless an outer transaction is open
+            stored, count = _insert_postgres(cur, run_id, points)
+        if stored:  # published now, unless an outer transaction is open
+            _on_commit_publish(run_id, _metrics_payload(stored), _span(stored, count))
         return IngestResult(received=len(points), inserted=len(stored))
+    # SQLite takes one writer at a time (the database lock, until commit): the per-run order holds.
     with transaction.atomic(), connection.cursor() as cur:
         stored = _insert_sqlite(cur, run_id, points)
         if stored:
-            progress_record(run_id=run_id, step=max(r[2] for r in stored))
-            _on_commit_publish(run_id, _metrics_payload(stored))
+            count = _count_sqlite(cur, run_id, stored)
+            _on_commit_publish(run_id, _metrics_payload(stored), _span(stored, count))
     return IngestResult(received=len(points), inserted=len(stored))
+
+
+def _span(stored: Sequence[StoredPoint], count: int) -> Span:
+    """The batch ``stored`` as its run's counter moved it to ``count``."""
+    ids = [row[0] for row in stored]
+    return Span(start=count - len(stored), end=count, first_id=min(ids), last_id=max(ids))
 
 
 # Engine events that mean "it is moving" (an alert, e.g. the engine's own watchdog, does not).
@@ -126,15 +137,34 @@ def _insert_sqlite(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoin
     return stored
 
 
-# One statement: insert the batch (ON CONFLICT keeps the first value), then fold exactly the
-# rows that were inserted into the rollups, and record the run's progress (as progress_record does) when
-# any row was new. Rollup rows are upserted in (key, width, bucket) order, the progress row after them,
-# so that concurrent batches lock them in the same order (no deadlocks).
+def _count_sqlite(cur, run_id: int, stored: Sequence[StoredPoint]) -> int:
+    """Record the progress of the batch ``stored`` (as ``progress_record`` does) and count its points;
+    returns the run's counter after it."""
+    table = RunProgress._meta.db_table
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    cur.execute(
+        f"INSERT INTO {table} (run_id, step, at, points, last_point_id) VALUES (%s, %s, %s, %s, %s) "
+        f"ON CONFLICT (run_id) DO UPDATE SET at = excluded.at, "
+        f"step = CASE WHEN {table}.step IS NULL OR excluded.step > {table}.step THEN excluded.step "
+        f"ELSE {table}.step END, points = {table}.points + excluded.points, "
+        f"last_point_id = max(coalesce({table}.last_point_id, 0), excluded.last_point_id) RETURNING points",
+        [run_id, max(r[2] for r in stored), now, len(stored), max(r[0] for r in stored)],
+    )
+    return int(cur.fetchone()[0])
+
+
+# One statement: take the run's ingest lock, insert the batch (ON CONFLICT keeps the first value), then
+# fold exactly the rows that were inserted into the rollups, and record the run's progress (as
+# progress_record does) and count its points when any row was new; it returns the rows and the counter.
+# The lock (a transaction-level advisory lock on the run, taken before any row exists: the rows are
+# joined with it) stores a run's batches one at a time: its ids and its counter follow commit order
+# (tracking/coverage.py relies on it), and its rollup and progress rows are never contended.
 _PG_INGEST = """
-WITH ins AS (
+WITH run_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(lock_space)s, %(lock_key)s)),
+ins AS (
     INSERT INTO {points} (run_id, key, step, value, wall_time)
     SELECT %(run)s, p->>0, (p->>1)::bigint, (p->>2)::float8, (p->>3)::float8
-    FROM json_array_elements(%(points)s::json) WITH ORDINALITY AS t(p, i) ORDER BY i
+    FROM run_lock, json_array_elements(%(points)s::json) WITH ORDINALITY AS t(p, i) ORDER BY i
     ON CONFLICT (run_id, key, step) DO NOTHING
     RETURNING id, key, step, value, wall_time
 ), agg AS (
@@ -159,17 +189,20 @@ WITH ins AS (
         max_value = GREATEST(r.max_value, EXCLUDED.max_value)
     RETURNING 1
 ), prog AS (
-    INSERT INTO {progress} AS p (run_id, step, at)
-    SELECT %(run)s, max(step), %(now)s FROM ins HAVING count(*) > 0
-    ON CONFLICT (run_id) DO UPDATE SET at = EXCLUDED.at, step = GREATEST(p.step, EXCLUDED.step)
-    RETURNING 1
+    INSERT INTO {progress} AS p (run_id, step, at, points, last_point_id)
+    SELECT %(run)s, max(step), %(now)s, count(*), max(id) FROM ins HAVING count(*) > 0
+    ON CONFLICT (run_id) DO UPDATE SET at = EXCLUDED.at, step = GREATEST(p.step, EXCLUDED.step),
+        points = p.points + EXCLUDED.points, last_point_id = GREATEST(p.last_point_id, EXCLUDED.last_point_id)
+    RETURNING points
 )
-SELECT id, key, step, value, wall_time FROM ins
+SELECT id, key, step, value, wall_time, (SELECT points FROM prog) FROM ins
 """
+INGEST_LOCK_SPACE = 0x524C50  # the advisory locks' first key: "RLP" metrics ingestion (the second: the run)
 
 
-def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPoint]:
-    """One statement (the rollups CTE runs to completion whether or not its output is read). The batch
+def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> tuple[list[StoredPoint], int]:
+    """The stored rows and the run's counter after them. One statement (the rollups CTE runs to
+    completion whether or not its output is read). The batch
     travels as one JSON text of ``[key, step, value, wall_time]`` rows, in order: one parameter quoted
     by C code, where four arrays were quoted element by element in Python (psycopg's client-side
     binding). Floats are written as their shortest repr, which PostgreSQL reads back exactly."""
@@ -181,12 +214,15 @@ def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> list[StoredPo
         ),
         {
             "run": run_id,
+            "lock_space": INGEST_LOCK_SPACE,
+            "lock_key": run_id % 2**31,  # an int4 key (runs 2**31 apart share a lock: harmless)
             "now": timezone.now(),
             "points": json.dumps([(p.key, p.step, p.value, p.wall_time) for p in points], allow_nan=False),
             "widths": list(ROLLUP_WIDTHS),
         },
     )
-    return cur.fetchall()
+    rows = cur.fetchall()
+    return [row[:5] for row in rows], (int(rows[0][5]) if rows else 0)
 
 
 def _metrics_payload(stored: Sequence[StoredPoint]) -> wire.MetricsMessage:

@@ -25,7 +25,7 @@ from experiments.models import Run
 from rl_engine import wire
 from tests.conftest import REPO_ROOT, child_process_env
 from tests.factories import ExperimentFactory, MembershipFactory, RunFactory, UserFactory
-from tracking.models import RunEvent
+from tracking.models import MetricPoint, RunEvent
 from tracking.services import Point, event_payload, events_append, metrics_ingest
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -220,6 +220,48 @@ async def test_only_points_actually_stored_are_shown_live(setup, no_poll):
     assert first["series"]["reward/mean"] == {"steps": [1], "values": [0.25], "wall_times": [1.0]}
     assert second["series"]["reward/mean"] == {"steps": [2], "values": [0.5], "wall_times": [2.0]}
     assert second["count"] == 1
+    await comm.disconnect()
+
+
+async def test_a_batch_whose_live_message_was_lost_comes_from_the_poll_and_no_point_twice(
+    setup, fast_poll, monkeypatch
+):
+    """The layer carries every batch but one (its publish never left the process): the poll finds the
+    run's batch counter ahead of what arrived, and sends that batch's points, and only those, while the
+    other batches keep arriving live. Reference: every point the database holds, each received once."""
+    from tracking import live
+
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
+    ingest = database_sync_to_async(metrics_ingest)
+    publish = live.publish
+    await ingest(run_id=run.pk, points=[Point("loss", s, 0.5, 1.0) for s in range(5)])
+    monkeypatch.setattr(live, "publish", lambda *args, **kwargs: False)  # this batch's message is lost
+    lost = [Point("loss", s, 0.5, 1.0) for s in range(5, 9)] + [Point("reward", 7, 1.0, 1.0)]
+    await ingest(run_id=run.pk, points=lost)
+    monkeypatch.setattr(live, "publish", publish)
+    for i in range(12):  # live batches across several polls (one every 0.2 s)
+        await ingest(run_id=run.pk, points=[Point("loss", 9 + 2 * i + j, 0.5, 1.0) for j in range(2)])
+        await asyncio.sleep(0.1)
+
+    def stored_points() -> set[tuple[str, int]]:
+        return set(MetricPoint.objects.filter(run=run).values_list("key", "step"))
+
+    stored = await database_sync_to_async(stored_points)()
+    received: list[tuple[str, int]] = []
+    by_poll: set[tuple[str, int]] = set()
+    while len(received) < len(stored):
+        msg = await comm.receive_json_from(timeout=5)
+        assert msg["kind"] == "metrics"
+        got = [(key, step) for key, s in msg["series"].items() for step in s["steps"]]
+        received += got
+        if msg.get("source") == "poll":
+            by_poll.update(got)
+    assert await comm.receive_nothing(timeout=1.0)  # five more polls: nothing else, nothing again
+    assert sorted(received) == sorted(stored)  # every point, each once
+    assert by_poll == {(p.key, p.step) for p in lost}
     await comm.disconnect()
 
 

@@ -15,6 +15,7 @@ from experiments.models import RunState
 from experiments.services import run_create
 from tests.factories import RunFactory
 from tracking import live
+from tracking.coverage import Span
 from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
 from tracking.services import (
     NewEvent,
@@ -165,7 +166,8 @@ def _metrics(step: int) -> dict:
 
 def test_waiting_metrics_merge_while_a_send_is_in_flight_and_nothing_is_reordered(monkeypatch):
     """Per run, one send in flight; metrics published meanwhile go out as one message, each key's points
-    in publish order; an event is never merged and keeps its place between the metrics around it."""
+    in publish order, naming every stored batch it carries; an event is never merged and keeps its place
+    between the metrics around it."""
     sent: list[dict[str, Any]] = []
     in_flight = threading.Event()
     gate = asyncio.Event()
@@ -174,19 +176,22 @@ def test_waiting_metrics_merge_while_a_send_is_in_flight_and_nothing_is_reordere
         async def group_send(self, group: str, message: dict) -> None:
             in_flight.set()
             await gate.wait()  # the first send is in flight until the view published everything
-            sent.append(message["payload"])
+            sent.append(message)
 
     layer = Layer()
     monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
 
+    def batch(step: int) -> Span:
+        return Span(start=step, end=step + 1, first_id=10 * step, last_id=10 * step)
+
     def view() -> None:
-        live.publish(1, _metrics(0))
+        live.publish(1, _metrics(0), span=batch(0))
         assert in_flight.wait(10)
         for step in (1, 2):
-            live.publish(1, _metrics(step))
+            live.publish(1, _metrics(step), span=batch(step))
         live.publish(1, {"kind": "event", "event": {"seq": 1}})
-        live.publish(1, _metrics(3))
-        live.publish(1, _metrics(4))
+        live.publish(1, _metrics(3), span=batch(3))
+        live.publish(1, _metrics(4), span=batch(4))
 
     async def server() -> None:
         await sync_to_async(view)()
@@ -196,9 +201,11 @@ def test_waiting_metrics_merge_while_a_send_is_in_flight_and_nothing_is_reordere
             await asyncio.sleep(0.01)
 
     asyncio.run(server())
-    assert [p["kind"] for p in sent] == ["metrics", "metrics", "event", "metrics"]
-    assert [p["series"]["k"]["steps"] for p in sent if p["kind"] == "metrics"] == [[0], [1, 2], [3, 4]]
-    assert [p["count"] for p in sent if p["kind"] == "metrics"] == [1, 2, 2]
+    payloads = [m["payload"] for m in sent]
+    assert [p["kind"] for p in payloads] == ["metrics", "metrics", "event", "metrics"]
+    assert [p["series"]["k"]["steps"] for p in payloads if p["kind"] == "metrics"] == [[0], [1, 2], [3, 4]]
+    assert [[s[0] for s in m["spans"]] for m in sent if "spans" in m] == [[0], [1, 2], [3, 4]]
+    assert [p["count"] for p in payloads if p["kind"] == "metrics"] == [1, 2, 2]
 
 
 def test_unknown_event_kind_is_refused(run):
