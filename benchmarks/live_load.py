@@ -55,6 +55,8 @@ from live_latency import Deployment, pct  # noqa: E402
 
 LIVE_READ_INDEXES = ("tracking_metricpoint_pkey", "uniq_event_seq")
 BEFORE = "a55cc87"  # the last commit with one daphne process and the urllib sink
+# The followers offer permessage-deflate with a 15-bit window, as browsers do (0: they do not offer it).
+WS_COMPRESS = [15]
 
 
 def index_scans(db_name: str) -> int:
@@ -117,7 +119,8 @@ async def follow(session: Any, dep: Deployment, run_id: int, stop: list[float], 
                  stats: dict[str, Any]) -> None:  # fmt: skip
     """Record the receipt time of each step of ``load/k00`` (sinks) or ``load/0`` (fixed) at this follower."""
     url, headers = dep.ws_url(run_id)
-    async with session.ws_connect(url, headers=headers, heartbeat=None, max_msg_size=0) as ws:
+    async with session.ws_connect(url, headers=headers, heartbeat=None, max_msg_size=0,
+                                  compress=WS_COMPRESS[0]) as ws:  # fmt: skip
         while time.monotonic() < stop[0]:
             try:
                 frame = await asyncio.wait_for(ws.receive(), timeout=0.5)
@@ -353,8 +356,11 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=40.0, help="sinks: the engine's step period")
     p.add_argument("--drain", type=float, default=15.0, help="sinks: seconds to wait for late deliveries")
     p.add_argument("--connections", type=int, default=8, help="saturate: concurrent clients")
+    p.add_argument("--ws-compress", type=int, default=15,
+                   help="followers offer permessage-deflate with this window (browsers: 15; 0: not offered)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 3 runs, 6 clients, 5 s")
     args = p.parse_args()
+    WS_COMPRESS[0] = args.ws_compress
     if args.quick:
         args.runs, args.clients, args.seconds, args.drain, args.connections = 3, 6, 5.0, 10.0, 2
     specs = (args.configs or f"{BEFORE}@daphne:1,gunicorn:1,gunicorn:2").split(",")

@@ -38,21 +38,18 @@ import contextlib
 import json
 import logging
 import time
-from importlib import import_module
-from types import SimpleNamespace
 from typing import Any
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.contrib.auth import get_user
 from django.db import connection
 
 from experiments.models import Run
 from experiments.summary import run_summary
 from rl_engine import wire
-from tracking import live
+from tracking import live, stream_access
 from tracking.coverage import Coverage, Span, Stored
 from tracking.hub import Inbox, LiveHub, hub_for
 from tracking.models import MetricPoint, RunEvent, RunProgress
@@ -74,32 +71,6 @@ def poll_interval_s() -> float:
 
 
 # --- database reads (sync; wrapped below) -------------------------------------------------------------
-
-
-def _session_still_logs_in(user: Any, session: Any) -> bool:
-    """The browser session the stream was opened with still logs in ``user``: it was not logged out (the
-    session is gone from the store) and the password did not change since (Django's session auth hash
-    no longer matches). Read fresh from the session store, the way Django authenticates a request."""
-    key = getattr(session, "session_key", None)
-    if not key:
-        return False
-    store = import_module(settings.SESSION_ENGINE).SessionStore(key)
-    fresh = get_user(SimpleNamespace(session=store))
-    return bool(fresh.is_authenticated and fresh.pk == user.pk)
-
-
-def _run_for_member(user: Any, run_id: int, session: Any = None, *, by_token: bool = False) -> Run | None:
-    """The run if ``user`` belongs to its project and ``session`` still logs them in, else None (unknown
-    run and foreign run look alike). A stream opened with an API token (``by_token``) has no session: its
-    token is re-checked by ``tracking/ws_auth.py`` instead."""
-    if not getattr(user, "is_authenticated", False):
-        return None
-    if not by_token and not _session_still_logs_in(user, session):
-        return None
-    # The user row is re-read too: a deactivated user is gone as much as a removed member.
-    return Run.objects.filter(
-        pk=run_id, project__memberships__user=user, project__memberships__user__is_active=True
-    ).first()
 
 
 def _run_summary(run_id: int) -> dict[str, Any]:
@@ -148,7 +119,21 @@ def _metric_rows(ids: list[int]) -> list[wire.MetricRow]:
     return list(rows)
 
 
-run_for_member = database_sync_to_async(_run_for_member)
+def _access(consumer: RunConsumer) -> bool:
+    """``stream_access``: the recorded rows when the stream has them and they hold, else Django's check."""
+    scope = consumer.scope
+    user, session = scope.get("user"), scope.get("session")
+    by_token = scope.get("auth") is not None  # set by tracking/ws_auth.py for a token handshake
+    grant = consumer.grant
+    if grant is not None and stream_access.still_granted(
+        grant, user, consumer.run_id, session, by_token=by_token
+    ):
+        return True
+    ok, consumer.grant = stream_access.check(user, consumer.run_id, session, by_token=by_token)
+    return ok
+
+
+access = database_sync_to_async(_access)
 summary_of = database_sync_to_async(_run_summary)
 events_after = database_sync_to_async(_events_after)
 stored_at_connect = database_sync_to_async(_stored_at_connect)
@@ -169,6 +154,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.inbox = Inbox()  # live messages, from the process's hub
         self.subscribed = False
         self.member_checked = time.monotonic()  # when membership was last confirmed
+        self.grant: stream_access.Grant | None = None  # what the last passed check read
         self.admitted = asyncio.Event()  # connect() accepted a member: only then does the inbox matter
 
     # Channels reads the layer through ``self.channel_receive``, which it assigns (a receive on this
@@ -357,10 +343,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def still_member(self) -> bool:
         """Re-check that the user may still see the run; if not, close the socket with 4403."""
         self.member_checked = time.monotonic()
-        scope = self.scope
-        by_token = scope.get("auth") is not None  # set by tracking/ws_auth.py for a token handshake
-        run = await run_for_member(scope.get("user"), self.run_id, scope.get("session"), by_token=by_token)
-        if run is not None:
+        if await access(self):
             return True
         log.info("closing the live stream of run %s: the user is not (or no longer) a member", self.run_id)
         await self.close(code=CLOSE_FORBIDDEN)

@@ -25,12 +25,14 @@ import collections
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
 import redis.exceptions
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
 
 from rl_engine import wire
 from tracking.coverage import Span
@@ -86,10 +88,59 @@ async def send(layer: Any, group: str, message: dict[str, Any]) -> None:
     that arrives as the send completes, and the sender task would then outlive its event loop's shutdown."""
     try:
         async with asyncio.timeout(SEND_TIMEOUT_S):
-            await layer.group_send(group, message)
+            await _group_send(layer, group, message)
     except (redis.exceptions.ConnectionError, ConnectionError):
         async with asyncio.timeout(SEND_TIMEOUT_S):
-            await layer.group_send(group, message)
+            await _group_send(layer, group, message)
+
+
+# What channels-redis' group_send does after reading the group, in one script: for each member channel's
+# queue, drop expired messages, then add the message unless the queue is at capacity.
+# KEYS: the queues; ARGV: one message per queue, one capacity per queue, now, the message expiry (s).
+_ENQUEUE_LUA = """
+local n = #KEYS
+local now = tonumber(ARGV[2 * n + 1])
+local expiry = tonumber(ARGV[2 * n + 2])
+local over = 0
+for i = 1, n do
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, math.floor(now) - expiry)
+    if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < tonumber(ARGV[n + i]) then
+        redis.call('ZADD', KEYS[i], now, ARGV[i])
+        redis.call('EXPIRE', KEYS[i], expiry)
+    else
+        over = over + 1
+    end
+end
+return over
+"""
+
+
+async def _group_send(layer: Any, group: str, message: dict[str, Any]) -> None:
+    """``layer.group_send``; on channels-redis in two round trips instead of four.
+
+    channels-redis sends to a group in four commands one after the other (drop the group's expired
+    members, read the members, drop each queue's expired messages, then a script that enqueues), each
+    waiting for the event loop; under a sweep's load that loop is the web process's busiest thread. Here
+    the first two go in one pipeline and the last two in one script (cached by Redis: EVALSHA), with the
+    same keys, messages, capacities and expiries, so any channels-redis receiver reads them as its own."""
+    if not isinstance(layer, RedisChannelLayer):
+        await layer.group_send(group, message)
+        return
+    key = layer._group_key(group)
+    connection = layer.connection(layer.consistent_hash(group))
+    pipe = connection.pipeline(transaction=False)
+    pipe.zremrangebyscore(key, min=0, max=int(time.time()) - layer.group_expiry)
+    pipe.zrange(key, 0, -1)
+    _, members = await pipe.execute()
+    channels = [m.decode("utf8") for m in members]
+    by_connection, messages, capacities = layer._map_channel_keys_to_connection(channels, message)
+    for index, keys in by_connection.items():
+        queue_connection = layer.connection(index)
+        enqueue = queue_connection.register_script(_ENQUEUE_LUA)
+        args = [messages[k] for k in keys] + [capacities[k] for k in keys] + [time.time(), layer.expiry]
+        over = await enqueue(keys=keys, args=args)
+        if over:
+            log.info("%d of %d channels over capacity in group %s", over, len(channels), group)
 
 
 _bound = threading.local()

@@ -137,3 +137,39 @@ async def test_a_live_message_arrives_while_the_shared_database_thread_is_busy(s
         release.set()
         await busy
     await comm.disconnect()
+
+
+async def test_a_group_send_in_two_round_trips_is_what_channels_redis_receivers_read(redis_url):
+    """``live.send`` writes the group's queues itself on channels-redis (two round trips, not four): two
+    processes' channels in a group each get the message through channels-redis' own ``receive``; a queue
+    at the sender's capacity drops it, as channels-redis does; a member past the group expiry is dropped
+    from the group and gets nothing."""
+    from channels_redis.core import RedisChannelLayer
+
+    from config.layers import redis_channel_layer
+
+    prefix = get_channel_layer().prefix + "-send"
+    config = redis_channel_layer(redis_url, prefix)["CONFIG"]
+    publisher = RedisChannelLayer(**{**config, "capacity": 2})
+    a, b = RedisChannelLayer(**config), RedisChannelLayer(**config)
+    group = "run_424242"
+    try:
+        first, second = await a.new_channel(), await b.new_channel()
+        await a.group_add(group, first)
+        await b.group_add(group, second)
+        for n in range(3):
+            await live.send(publisher, group, {"type": "run.update", "n": n})
+        for layer, channel in ((a, first), (b, second)):
+            assert [(await layer.receive(channel))["n"] for _ in range(2)] == [0, 1]  # the third dropped
+        # A membership older than the group expiry is removed by the next send, which it does not get.
+        key = publisher._group_key(group)
+        redis = publisher.connection(publisher.consistent_hash(group))
+        await redis.zadd(key, {second: 1})  # joined in 1970
+        await live.send(publisher, group, {"type": "run.update", "n": 3})
+        assert (await a.receive(first))["n"] == 3
+        assert [m.decode() for m in await redis.zrange(key, 0, -1)] == [first]
+        assert await redis.zcard(prefix.encode() + b.non_local_name(second).encode()) == 0
+    finally:
+        for layer in (publisher, a, b):
+            await layer.flush()
+            await layer.close_pools()
