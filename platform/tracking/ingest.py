@@ -1,6 +1,7 @@
-"""The metrics ingestion front: the engine's metrics POSTs served beside Django's request cycle (issue 19).
+"""The ingestion front: the engine's metrics and samples POSTs served beside Django's request cycle.
 
-The engine's sink posts a metrics batch to ``/api/runs/<id>/metrics`` many times a second per run. Through
+The engine's sink posts a metrics batch to ``/api/runs/<id>/metrics`` many times a second per run, and
+its samples to ``/api/runs/<id>/samples`` about once a second. Through
 Django's ASGI handler each one paid a new thread (asgiref's per-request executor), a database connection
 taken from the pool and checked with a query, three thread hops through the middleware chain, the
 ORM-built token query and DRF's request machinery: 12-15 ms of web CPU for 30 points. ``IngestFront``
@@ -11,9 +12,11 @@ long-lived threads (each keeps its database connection):
   redirect rule and response headers (Django's SecurityMiddleware, CommonMiddleware and
   XFrameOptionsMiddleware, called directly; DRF's ``Allow`` and ``Vary``);
 - the same authentication (``TokenAuthentication``'s checks, ``ingest_token``), JSON parser
-  (``NulSafeJSONParser``), batch limit, wire validation (``rl_engine.wire``), throttle (``IngestThrottle``'s key and window) and storage
-  (``services.metrics_ingest``: idempotent on (run, key, step), published live after it is stored);
-- the same answer: 200 with ``{"received": n, "inserted": m}`` rendered by the view's JSON renderer.
+  (``NulSafeJSONParser``), batch limit, wire validation (``rl_engine.wire``), throttle (``IngestThrottle``'s
+  key and window) and storage (``services.metrics_ingest``: idempotent on (run, key, step), published live
+  after it is stored; ``services.samples_record``: capped per step, idempotent on the batch id);
+- the same answer: the view's status (200 for metrics, 201 for samples) and reply model
+  (``MetricsReply``, ``SamplesReply``), rendered by the view's JSON renderer.
 
 Only a success is answered here. Anything else (another token or a session, a body that does not parse
 or validate, a batch over the limit, a throttled token, a disallowed host, an ``Accept`` or a query
@@ -32,6 +35,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -44,14 +48,16 @@ from django.middleware.common import CommonMiddleware
 from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 from django.utils.cache import patch_vary_headers
+from pydantic import BaseModel
 from rest_framework import exceptions
+from rest_framework.views import APIView
 
 from accounts.authentication import ingest_token
 from accounts.parsers import NulSafeJSONParser
 from accounts.throttles import IngestThrottle
 from rl_engine import wire
 from tracking import live, services
-from tracking.api import RunMetricsView
+from tracking.api import RunMetricsView, RunSamplesView
 
 log = logging.getLogger(__name__)
 
@@ -60,34 +66,70 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 THREADS = 4  # per web process: requests stored at once (each thread holds one database connection)
-URL_NAME = "api-run-metrics"
 _ACCEPTED = {"", "*/*", "application/json"}  # DRF picks the JSON renderer for these
 _JSON_TYPES = {"application/json", "application/json; charset=utf-8"}
 
 # Built once per process, not per request.
 _parser = NulSafeJSONParser()
-_renderer = RunMetricsView.renderer_classes[0]()  # what DRF picks for these Accept values
+_renderer = RunMetricsView.renderer_classes[0]()  # what DRF picks for these Accept values (both views)
+assert RunSamplesView.renderer_classes[0] is type(_renderer)
 _middleware = [
     m(lambda request: None) for m in (SecurityMiddleware, CommonMiddleware, XFrameOptionsMiddleware)
 ]
 
 
-def _view_headers() -> dict[str, str]:
+def _view_headers(view_class: type[APIView]) -> dict[str, str]:
     """What DRF adds to the view's every answer (``APIView.default_response_headers``)."""
-    view = RunMetricsView()
+    view = view_class()
     view.setup(None)
     return view.default_response_headers
 
 
+def _store_metrics(run_id: int, body: wire.MetricsBody) -> wire.MetricsReply:
+    points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in body.points]
+    result = services.metrics_ingest(run_id=run_id, points=points)
+    return wire.MetricsReply(received=result.received, inserted=result.inserted)
+
+
+def _store_samples(run_id: int, body: wire.SamplesBody) -> wire.SamplesReply:
+    """As ``RunSamplesView.post``."""
+    stored = services.samples_record(
+        run_id=run_id,
+        samples=[services.NewSample(**s.model_dump()) for s in body.samples],
+        batch_id=body.batch_id or "",
+    )
+    return wire.SamplesReply(received=len(body.samples), stored=stored)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint the front serves: its wire name, body model, storage, and the Django view that answers
+    it otherwise (its success status, and the headers DRF adds to its answers)."""
+
+    endpoint: str
+    body: type[BaseModel]
+    store: Callable[[int, Any], BaseModel]
+    status: int
+    view: type[APIView]
+
+
+ROUTES = {  # by URL name
+    "api-run-metrics": Route(wire.METRICS, wire.MetricsBody, _store_metrics, 200, RunMetricsView),
+    "api-run-samples": Route(wire.SAMPLES, wire.SamplesBody, _store_samples, 201, RunSamplesView),
+}
+_PATH_ENDS = tuple("/" + route.endpoint for route in ROUTES.values())  # what may be one of them
+
+
 def serve(scope: Scope, body: bytes) -> HttpResponse | None:
-    """The answer to a metrics POST with its run's ingest token, the batch stored; None for any other
-    request (the Django application answers it). Runs in the front's threads."""
+    """The answer to a metrics or samples POST with its run's ingest token, the batch stored; None for any
+    other request (the Django application answers it). Runs in the front's threads."""
     if scope.get("query_string") or scope.get("root_path"):
         return None
     try:
         request = ASGIRequest(scope, io.BytesIO(body))
         match = resolve(request.path_info)
-        if match.url_name != URL_NAME:
+        route = ROUTES.get(match.url_name)
+        if route is None:
             return None
         request.get_host()  # ALLOWED_HOSTS
     except (Resolver404, DisallowedHost, UnicodeDecodeError, ValueError):
@@ -112,20 +154,20 @@ def serve(scope: Scope, body: bytes) -> HttpResponse | None:
         data = _parser.parse(io.BytesIO(body), "application/json", {})
     except (exceptions.ParseError, exceptions.ValidationError):
         return None
-    n = wire.batch_length(data, wire.ITEMS[wire.METRICS])
-    if n is not None and n > wire.LIMITS[wire.METRICS]:
+    n = wire.batch_length(data, wire.ITEMS[route.endpoint])
+    if n is not None and n > wire.LIMITS[route.endpoint]:
         return None
     try:
-        batch = wire.parse(wire.MetricsBody, data)
+        batch = wire.parse(route.body, data)
     except wire.WireError:
         return None
     if not IngestThrottle().allow_ingest_token(token.pk):
         return None
-    points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in batch.points]
-    result = services.metrics_ingest(run_id=run_id, points=points)
-    reply = wire.MetricsReply(received=result.received, inserted=result.inserted)
-    response = HttpResponse(_renderer.render(reply.model_dump(mode="json")), content_type="application/json")
-    for name, value in _VIEW_HEADERS.items():
+    reply = route.store(run_id, batch)
+    response = HttpResponse(
+        _renderer.render(reply.model_dump(mode="json")), content_type="application/json", status=route.status
+    )
+    for name, value in _VIEW_HEADERS[route.view].items():
         if name == "Vary":
             patch_vary_headers(response, [value])
         else:
@@ -139,14 +181,14 @@ def _serve_in_thread(scope: Scope, body: bytes) -> HttpResponse | None:
     try:
         return serve(scope, body)
     except Exception:
-        log.warning("metrics ingestion front: handing the request to Django after an error", exc_info=True)
+        log.warning("ingestion front: handing the request to Django after an error", exc_info=True)
         connection.close()  # a broken connection is not reused; the next request opens another
         return None
 
 
 class IngestFront:
-    """ASGI middleware: metrics POSTs by a run's own ingest token are served by ``serve``; everything else,
-    and whatever ``serve`` declines, goes to ``app`` unchanged."""
+    """ASGI middleware: metrics and samples POSTs by a run's own ingest token are served by ``serve``;
+    everything else, and whatever ``serve`` declines, goes to ``app`` unchanged."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.app = app
@@ -177,7 +219,7 @@ class IngestFront:
         self._pools.clear()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/metrics"):
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith(_PATH_ENDS):
             return await self.app(scope, receive, send)
         chunks: list[bytes] = []
         size, limit = 0, settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -217,4 +259,4 @@ def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
     return replayed
 
 
-_VIEW_HEADERS = _view_headers()
+_VIEW_HEADERS = {route.view: _view_headers(route.view) for route in ROUTES.values()}

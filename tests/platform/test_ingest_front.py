@@ -1,5 +1,5 @@
-"""The metrics ingestion front (tracking/ingest.py) through ASGI: a run's own ingest token gets its batch
-stored with the answer Django gives (status, body, headers), without Django's request cycle; every
+"""The ingestion front (tracking/ingest.py) through ASGI: a run's own ingest token gets its metrics or
+samples batch stored with the answer Django gives (status, body, headers), without Django's request cycle; every
 other request reaches the Django application with its body and gets Django's own answer. Real database
 (transactional: the front stores from its own threads), real throttle counters and channel layer."""
 
@@ -24,7 +24,7 @@ from experiments.services import run_create
 from rl_engine import wire
 from tracking import live, services
 from tracking.ingest import IngestFront
-from tracking.models import MetricPoint
+from tracking.models import MetricPoint, Sample
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -123,6 +123,29 @@ async def test_a_runs_own_token_is_served_by_the_front_with_djangos_answer(front
     assert lean == full  # status, every header, body
     assert lean[0] == 200 and json.loads(lean[2]) == {"received": 30, "inserted": 30}
     assert await sync_to_async(stored)(run.pk) == sent(a, b)
+
+
+def samples(step: int, batch_id: str | None = None, n: int = 3) -> dict[str, Any]:
+    body: dict[str, Any] = {"step": step, "samples": [{"prompt": f"p{i}", "response": "r", "reward": 0.5}
+                                                      for i in range(n)]}  # fmt: skip
+    if batch_id:
+        body["batch_id"] = batch_id
+    return body
+
+
+async def test_a_runs_own_samples_are_served_by_the_front_with_djangos_answer(front, world):
+    app, django = front
+    run, token = world["runs"][0], world["ingest"][0]
+    url = f"/api/runs/{run.pk}/samples"
+    lean = await call(app, url, json.dumps(samples(1, "batch-1")).encode(), token)
+    assert django.paths == []  # the front answered alone
+    full = await call(django_asgi_app, url, json.dumps(samples(2, "batch-2")).encode(), token)
+    assert lean == full  # status, every header, body
+    assert lean[0] == 201 and json.loads(lean[2]) == {"received": 3, "stored": 3}
+    again = await call(app, url, json.dumps(samples(1, "batch-1")).encode(), token)  # a resent batch
+    assert again == lean and django.paths == []
+    count = sync_to_async(lambda: Sample.objects.filter(run=run).count())
+    assert await count() == 6  # nothing stored twice
 
 
 async def test_a_retried_batch_stores_nothing_twice_and_the_first_value_wins(front, world):
@@ -233,6 +256,30 @@ def _refused_cases(world: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         (
             "another endpoint",
             {"path": f"/api/runs/{run.pk}/events", "body": b'{"events": []}', "token": world["ingest"][0]},
+        ),
+        (
+            "samples: one without a step",
+            {
+                "path": f"/api/runs/{run.pk}/samples",
+                "body": json.dumps({"samples": [{"prompt": "p", "response": "r"}]}).encode(),
+                "token": world["ingest"][0],
+            },
+        ),
+        (
+            "samples: over the batch limit",
+            {
+                "path": f"/api/runs/{run.pk}/samples",
+                "body": json.dumps(samples(1, n=wire.MAX_SAMPLES_PER_BATCH + 1)).encode(),
+                "token": world["ingest"][0],
+            },
+        ),
+        (
+            "samples: another run's token",
+            {
+                "path": f"/api/runs/{run.pk}/samples",
+                "body": json.dumps(samples(1)).encode(),
+                "token": world["ingest"][1],
+            },
         ),
     ]
 
