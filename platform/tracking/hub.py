@@ -174,6 +174,14 @@ class LiveHub:
             messages.append(message)
         return messages
 
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Hand a message this process publishes to its own followers of the run, without a round trip
+        through the layer (``tracking.live`` leaves this hub's channel out of the layer's send)."""
+        try:
+            self._dispatch(message)
+        except Exception:
+            log.warning("live message to %s dropped", message.get("group"), exc_info=True)
+
     def _dispatch(self, message: dict[str, Any]) -> None:
         inboxes = self.subscribers.get(message.get("group", ""))
         if not inboxes:
@@ -185,6 +193,13 @@ class LiveHub:
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, LiveHub]] = weakref.WeakKeyDictionary()
+
+
+def local_hub(layer: Any) -> LiveHub | None:
+    """The running event loop's hub for ``layer`` when it has a layer channel, else None (no follower
+    ever subscribed in this process)."""
+    hub = _hubs.get(asyncio.get_running_loop(), {}).get(id(layer))
+    return hub if hub is not None and hub.layer is layer and hub.channel is not None else None
 
 
 def hub_for(layer: Any) -> LiveHub:

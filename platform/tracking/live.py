@@ -36,6 +36,7 @@ from channels_redis.core import RedisChannelLayer
 
 from rl_engine import wire
 from tracking.coverage import Span
+from tracking.hub import local_hub
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def publish(run_id: int, payload: wire.LiveMessage, *, span: Span | None = None)
         return False
 
 
-async def send(layer: Any, group: str, message: dict[str, Any]) -> None:
+async def send(layer: Any, group: str, message: dict[str, Any], *, skip: str | None = None) -> None:
     """``group_send`` within SEND_TIMEOUT_S, once more if the first attempt's connection was closed under
     it: the layer's pool keeps its connections across a Redis restart, and the first command on each
     fails with ConnectionError ("Connection closed by server") while the next, on a fresh connection,
@@ -88,10 +89,10 @@ async def send(layer: Any, group: str, message: dict[str, Any]) -> None:
     that arrives as the send completes, and the sender task would then outlive its event loop's shutdown."""
     try:
         async with asyncio.timeout(SEND_TIMEOUT_S):
-            await _group_send(layer, group, message)
+            await _group_send(layer, group, message, skip)
     except (redis.exceptions.ConnectionError, ConnectionError):
         async with asyncio.timeout(SEND_TIMEOUT_S):
-            await _group_send(layer, group, message)
+            await _group_send(layer, group, message, skip)
 
 
 # What channels-redis' group_send does after reading the group, in one script: for each member channel's
@@ -115,8 +116,9 @@ return over
 """
 
 
-async def _group_send(layer: Any, group: str, message: dict[str, Any]) -> None:
-    """``layer.group_send``; on channels-redis in two round trips instead of four.
+async def _group_send(layer: Any, group: str, message: dict[str, Any], skip: str | None = None) -> None:
+    """``layer.group_send``; on channels-redis in two round trips instead of four, to every member but
+    ``skip`` (this process's hub, which got the message directly), and in one when no other is left.
 
     channels-redis sends to a group in four commands one after the other (drop the group's expired
     members, read the members, drop each queue's expired messages, then a script that enqueues), each
@@ -132,7 +134,7 @@ async def _group_send(layer: Any, group: str, message: dict[str, Any]) -> None:
     pipe.zremrangebyscore(key, min=0, max=int(time.time()) - layer.group_expiry)
     pipe.zrange(key, 0, -1)
     _, members = await pipe.execute()
-    channels = [m.decode("utf8") for m in members]
+    channels = [name for name in (m.decode("utf8") for m in members) if name != skip]
     by_connection, messages, capacities = layer._map_channel_keys_to_connection(channels, message)
     for index, keys in by_connection.items():
         queue_connection = layer.connection(index)
@@ -199,8 +201,14 @@ class Outbox:
     async def drain(self) -> None:
         while self.messages:
             layer, message = self.messages.popleft()
+            # With Redis, this process's own followers of the run get the message from here, at once
+            # (whatever Redis does); the layer carries it to the other processes. The in-process layer
+            # carries everything itself.
+            hub = local_hub(layer) if isinstance(layer, RedisChannelLayer) else None
+            if hub is not None:
+                hub.deliver(message)
             try:
-                await send(layer, self.group, message)
+                await send(layer, self.group, message, skip=hub.channel if hub is not None else None)
             except Exception:
                 # The layer is away (or too slow): what waits behind this message would only reach
                 # consumers late, after the layer is back. Drop it; the consumers' polls read it from the

@@ -352,18 +352,25 @@ async def test_an_idle_socket_on_redis_stays_open_past_10_s_then_receives(setup,
 
 
 async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_returns(
-    setup, settings, tmp_path
+    setup, settings, tmp_path, monkeypatch
 ):
     """Redis (a private server: the shared one is never stopped) goes away under an open socket: the
     consumer stays open and follows the database; when Redis is back it joins the run's group again
-    (a restarted Redis forgot it) and live messages flow. No point is lost or sent twice."""
+    (a restarted Redis forgot it) and live messages flow. No point is lost or sent twice. The data is
+    published by another web process (its own layer: a process's own followers get its messages
+    without the layer)."""
+    from channels_redis.core import RedisChannelLayer
+
     from config.layers import redis_channel_layer
     from tests.private_redis import PrivateRedis, require_redis_server
+    from tracking import live
 
     require_redis_server()
     redis = PrivateRedis(tmp_path)
     redis.start()
     settings.CHANNEL_LAYERS = {"default": redis_channel_layer(redis.url)}
+    publisher = RedisChannelLayer(**redis_channel_layer(redis.url)["CONFIG"])
+    monkeypatch.setattr(live, "get_channel_layer", lambda: publisher)
     settings.LIVE_POLL_INTERVAL_S = 0  # as deployed with Redis: no poll while the layer works
     run = setup["run"]
     ingest = database_sync_to_async(metrics_ingest)
@@ -402,6 +409,7 @@ async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_retu
         assert sorted(set(steps)) == list(range(step + 1))  # every point: rejoin catch-up plus live
         await comm.disconnect()
     finally:
+        await publisher.close_pools()
         redis.stop()
 
 

@@ -173,3 +173,37 @@ async def test_a_group_send_in_two_round_trips_is_what_channels_redis_receivers_
         for layer in (publisher, a, b):
             await layer.flush()
             await layer.close_pools()
+
+
+async def test_the_publishing_process_hands_its_own_followers_the_message_and_redis_the_rest(redis_url):
+    """A web process's followers of a run get what that process publishes straight from its outbox; the
+    layer carries it to the other processes' hubs only: this process's queue in Redis never holds it
+    (so no second copy), and its hub's Redis reader is not needed (stopped here)."""
+    from channels_redis.core import RedisChannelLayer
+
+    from config.layers import redis_channel_layer
+    from tracking.hub import hub_for
+
+    layer = get_channel_layer()
+    assert isinstance(layer, RedisChannelLayer)
+    group = "run_565656"
+    here, here_inbox = hub_for(layer), Inbox()
+    other_layer = RedisChannelLayer(**redis_channel_layer(redis_url, layer.prefix)["CONFIG"])
+    other, other_inbox = LiveHub(other_layer), Inbox()  # another process: its own layer and hub
+    try:
+        assert await here.subscribe(group, here_inbox)
+        assert await other.subscribe(group, other_inbox)
+        here._reader.cancel()  # this process reads nothing from Redis from now on
+        await sync_to_async(live.publish)(565656, metrics(1))  # a request thread of this process
+        got_here = await asyncio.wait_for(here_inbox.get(), 5)
+        got_there = await asyncio.wait_for(other_inbox.get(), 5)
+        assert (
+            got_here["payload"]["series"]["k"]["steps"] == got_there["payload"]["series"]["k"]["steps"] == [1]
+        )
+        assert got_here["text"]  # encoded once by the hub, as for a message read from Redis
+        queue = layer.prefix + layer.non_local_name(here.channel)
+        assert await layer.connection(layer.consistent_hash(queue)).zcard(queue) == 0
+    finally:
+        await here.unsubscribe(group, here_inbox)
+        await other.unsubscribe(group, other_inbox)
+        await other_layer.close_pools()
