@@ -18,7 +18,8 @@ Modes:
 
 - ``sinks`` (default): the engine's real ``HttpSink``, one per run (``--runs``, 20), each logging a step
   of 30 keys every ``--step-ms`` (40 ms) and 4 samples a second, in a process of their own, while
-  ``--clients`` (100) logged-in websocket clients follow the runs (spread evenly). Reported: sink
+  ``--clients`` (100) logged-in websocket clients follow the runs (spread evenly), offering
+  permessage-deflate as browsers do (``--ws-compress``, 0: not offered). Reported: sink
   requests and failures, delivery completeness (every step of every run at every follower, counted
   after the sinks closed and ``--drain`` seconds), engine → browser (receipt minus the point's
   wall_time), POST → websocket (receipt minus the time the sink sent the request carrying the step),
