@@ -14,21 +14,23 @@ Protocol (docs/dashboard.md has the full picture):
   consumer read the gap from the database first.
 - Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also checks the database for metric points
   and events the layer did not carry. For metrics it reads one row, the run's batch counter
-  (tracking/coverage.py), and compares it with the batches that arrived live; it reads points only when a
-  batch is still missing one poll later (or at once while the layer is down). The embedded default's in-process channel layer cannot carry a message from a
-  Celery worker (status changes) to the web process, so there it polls every 1.5 s. With Redis the
-  layer carries everything and the poll (10 s) is a safety net: a Redis restart that redis-py's
-  automatic reconnect hides from the consumer loses its group membership, so each poll also joins the
-  run's group again and sends what the layer did not.
+  (tracking/coverage.py), and compares it with the batches that arrived live; it reads points only when
+  a batch is still missing one poll later (or at once while the layer is down). The embedded default's
+  in-process channel layer cannot carry a message from a Celery worker (status changes) to the web
+  process, so there it polls every 1.5 s. With Redis the layer carries everything and the poll (10 s)
+  is a safety net: a Redis restart that redis-py's automatic reconnect hides from the consumer loses
+  its group membership, so each poll also joins the run's group again and sends what the layer did not.
 - Live messages reach the consumer through its process's ``LiveHub`` (tracking/hub.py): one layer
   membership per run and process, each message received once and encoded to JSON once for every local
   follower of the run.
 - A channel layer that is unreachable (Redis down) does not end the stream: the consumer polls the
   database every ``FALLBACK_POLL_S`` meanwhile; the hub retries the layer with a backoff, and once it
   answers joins the runs' groups again and tells each consumer to read what it missed.
-- Membership and the session (for a token stream: the token) are re-checked on every poll, at least every ``MEMBERSHIP_RECHECK_S`` and
-  on every client message: a user removed from the project (or deactivated), logged out, or whose
-  password changed since the stream opened is disconnected with code 4403.
+- Membership and the session (for a token stream: the token) are re-checked on every poll, at least
+  every ``MEMBERSHIP_RECHECK_S`` and on every client message (``tracking/stream_access.py``: one
+  statement while the rows Django's check read are unchanged): a user removed from the project (or
+  deactivated), logged out, or whose password changed since the stream opened is disconnected with
+  code 4403.
 """
 
 from __future__ import annotations

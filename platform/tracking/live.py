@@ -6,13 +6,14 @@ Message: ``{"type": "run.update", "group": "run_<id>", "payload": <a live messag
 by ``rl_engine.wire`` (``live_metrics`` or ``live_event``; docs/api.md); a metrics message also names
 the stored batches it carries (``"spans"``: tracking/coverage.py), which the followers' polls check
 against instead of reading the points back. Each web process's ``tracking.hub.LiveHub`` receives it
-once and hands it to that process's followers of the run.
+once and hands it to that process's followers of the run; with Redis the publishing process's own hub
+gets it straight from the outbox, and the layer carries it to the other processes only.
 
 Off the request's critical path: in the web server (a sync view running in asgiref's thread, with the
 server's event loop running beside it) a publish is handed to that loop and the request goes on at
 once; each run has an outbox there with one send in flight, which sends its messages in the order they
 were published (so a run's events leave in seq order) and merges metrics messages that wait. The same
-holds in the threads of the metrics ingestion front (tracking/ingest.py), which name their server loop
+holds in the threads of the ingestion front (tracking/ingest.py), which name their server loop
 with ``bind_loop``. Elsewhere (Celery workers, management commands, the sync test client) it is sent
 before ``publish`` returns. Either way a consumer that misses a message (a crash, the layer away) reads
 it from the database on its next poll.
