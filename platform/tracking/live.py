@@ -212,9 +212,14 @@ class Outbox:
                 await send(layer, self.group, message, skip=hub.channel if hub is not None else None)
             except Exception:
                 # The layer is away (or too slow): what waits behind this message would only reach
-                # consumers late, after the layer is back. Drop it; the consumers' polls read it from the
-                # database, and messages published from now on go out as they come.
+                # other processes' consumers late, after the layer is back. Drop it (this process's own
+                # followers get it first); the other consumers' polls read it from the database, and
+                # messages published from now on go out as they come.
                 dropped = len(self.messages)
+                if hub is not None:
+                    for waiting_layer, waiting in self.messages:
+                        if waiting_layer is layer:
+                            hub.deliver(waiting)
                 self.messages.clear()
                 log.warning(
                     "live publish to %s failed (%d queued messages left to the consumers' polls)",

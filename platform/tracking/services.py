@@ -202,10 +202,10 @@ INGEST_LOCK_SPACE = 0x524C50  # the advisory locks' first key: "RLP" metrics ing
 
 def _insert_postgres(cur, run_id: int, points: Sequence[Point]) -> tuple[list[StoredPoint], int]:
     """The stored rows and the run's counter after them. One statement (the rollups CTE runs to
-    completion whether or not its output is read). The batch
-    travels as one JSON text of ``[key, step, value, wall_time]`` rows, in order: one parameter quoted
-    by C code, where four arrays were quoted element by element in Python (psycopg's client-side
-    binding). Floats are written as their shortest repr, which PostgreSQL reads back exactly."""
+    completion whether or not its output is read). The batch travels as one JSON text of
+    ``[key, step, value, wall_time]`` rows, in order: one parameter quoted by C code, where four arrays
+    were quoted element by element in Python (psycopg's client-side binding). Floats are written as
+    their shortest repr, which PostgreSQL reads back exactly."""
     cur.execute(
         _PG_INGEST.format(
             points=MetricPoint._meta.db_table,

@@ -207,3 +207,36 @@ async def test_the_publishing_process_hands_its_own_followers_the_message_and_re
         await here.unsubscribe(group, here_inbox)
         await other.unsubscribe(group, other_inbox)
         await other_layer.close_pools()
+
+
+async def test_when_the_layer_fails_the_publishing_process_still_hands_its_followers_every_message(
+    redis_url, monkeypatch
+):
+    """A send that fails (Redis away) drops what waited behind it for the other processes (their polls
+    read it); this process's own followers still get every message, in order."""
+    from tracking.hub import hub_for
+
+    layer = get_channel_layer()
+    group = "run_575757"
+    hub, inbox = hub_for(layer), Inbox()
+    gate = asyncio.Event()
+
+    async def failing(*args: Any, **kwargs: Any) -> None:
+        await gate.wait()
+        raise ConnectionError("Redis went away")
+
+    monkeypatch.setattr(live, "_group_send", failing)
+    try:
+        assert await hub.subscribe(group, inbox)
+
+        def view() -> None:  # a request thread: three events, the first one's send hangs, then fails
+            for seq in (1, 2, 3):
+                live.publish(575757, {"kind": "event", "event": {"seq": seq}})
+
+        await sync_to_async(view)()
+        await asyncio.sleep(0.2)  # the second and third wait behind the first send
+        gate.set()
+        got = [(await asyncio.wait_for(inbox.get(), 5))["payload"]["event"]["seq"] for _ in range(3)]
+        assert got == [1, 2, 3]
+    finally:
+        await hub.unsubscribe(group, inbox)
