@@ -71,12 +71,15 @@ class Coverage:
         return self.count < stored.count
 
     def missed(self, ids: list[int], upto: Stored) -> list[int]:
-        """Of ``ids`` (rows after ``last_id`` up to ``upto.last_id``, ascending), those no received span
-        holds: the rows to send."""
+        """Of ``ids`` (the run's rows up to ``upto.last_id``, ascending), those neither in the received
+        prefix (which may have grown since they were read) nor in a span received beyond it: the rows
+        to send."""
         ranges = sorted((s.first_id, s.last_id) for s in self.ahead.values() if s.start < upto.count)
         firsts = [r[0] for r in ranges]
         out = []
         for i in ids:
+            if i <= self.last_id:
+                continue
             k = bisect.bisect_right(firsts, i) - 1
             if k < 0 or i > ranges[k][1]:
                 out.append(i)
