@@ -56,8 +56,6 @@ from live_latency import Deployment, pct  # noqa: E402
 
 LIVE_READ_INDEXES = ("tracking_metricpoint_pkey", "uniq_event_seq")
 BEFORE = "a55cc87"  # the last commit with one daphne process and the urllib sink
-# The followers offer permessage-deflate with a 15-bit window, as browsers do (0: they do not offer it).
-WS_COMPRESS = [15]
 
 
 def index_scans(db_name: str) -> int:
@@ -117,11 +115,12 @@ def web_cpu(dep: Deployment) -> float:
 
 
 async def follow(session: Any, dep: Deployment, run_id: int, stop: list[float], seen: dict[int, float],
-                 stats: dict[str, Any]) -> None:  # fmt: skip
-    """Record the receipt time of each step of ``load/k00`` (sinks) or ``load/0`` (fixed) at this follower."""
+                 stats: dict[str, Any], compress: int) -> None:  # fmt: skip
+    """Record the receipt time of each step of ``load/k00`` (sinks) or ``load/0`` (fixed) at this follower,
+    which offers permessage-deflate with a ``compress``-bit window as browsers do (15; 0: not offered)."""
     url, headers = dep.ws_url(run_id)
     async with session.ws_connect(url, headers=headers, heartbeat=None, max_msg_size=0,
-                                  compress=WS_COMPRESS[0]) as ws:  # fmt: skip
+                                  compress=compress) as ws:  # fmt: skip
         while time.monotonic() < stop[0]:
             try:
                 frame = await asyncio.wait_for(ws.receive(), timeout=0.5)
@@ -155,7 +154,8 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
     stop = [time.monotonic() + 3600]
     spool = tempfile.mkdtemp(prefix="rlp-load-spool-", dir="/tmp")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        followers = [asyncio.create_task(follow(session, dep, runs[i % len(runs)], stop, seen[i], stats))
+        followers = [asyncio.create_task(follow(session, dep, runs[i % len(runs)], stop, seen[i], stats,
+                                                args.ws_compress))
                      for i in range(args.clients)]  # fmt: skip
         await asyncio.sleep(3)  # every follower connected and caught up
         cpu0, t0, own0 = web_cpu(dep), time.monotonic(), time.process_time()
@@ -292,7 +292,7 @@ async def ingest(session: Any, dep: Deployment, run_id: int, stop: float, stats:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
-async def fixed_phase(dep: Deployment, clients: int, seconds: float) -> dict[str, Any]:
+async def fixed_phase(dep: Deployment, clients: int, seconds: float, compress: int) -> dict[str, Any]:
     import aiohttp
 
     runs = dep.info["runs"]
@@ -301,7 +301,8 @@ async def fixed_phase(dep: Deployment, clients: int, seconds: float) -> dict[str
     seen: list[dict[int, float]] = [{} for _ in range(clients)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         stop = [time.monotonic() + 3 + seconds]
-        followers = [asyncio.create_task(follow(session, dep, runs[i % len(runs)], stop, seen[i], stats))
+        followers = [asyncio.create_task(follow(session, dep, runs[i % len(runs)], stop, seen[i], stats,
+                                                compress))
                      for i in range(clients)]  # fmt: skip
         await asyncio.sleep(3)
         scans0, cpu0, t0 = index_scans(dep.db_name), web_cpu(dep), time.monotonic()
@@ -361,7 +362,6 @@ def main() -> None:
                    help="followers offer permessage-deflate with this window (browsers: 15; 0: not offered)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 3 runs, 6 clients, 5 s")
     args = p.parse_args()
-    WS_COMPRESS[0] = args.ws_compress
     if args.quick:
         args.runs, args.clients, args.seconds, args.drain, args.connections = 3, 6, 5.0, 10.0, 2
     specs = (args.configs or f"{BEFORE}@daphne:1,gunicorn:1,gunicorn:2").split(",")
@@ -382,7 +382,7 @@ def main() -> None:
                     for r in measured(
                         cfg,
                         args.runs,
-                        lambda d, n=clients: [asyncio.run(fixed_phase(d, n, args.seconds))],
+                        lambda d, n=clients: [asyncio.run(fixed_phase(d, n, args.seconds, args.ws_compress))],
                         poll,
                     ):
                         results.append(r | {"phase": name})

@@ -139,10 +139,7 @@ class LiveHub:
                 continue
             self.up = True
             for message in messages:
-                try:
-                    self._dispatch(message)
-                except Exception:  # one bad message must not stop the process's live stream
-                    log.warning("live message to %s dropped", message.get("group"), exc_info=True)
+                self.deliver(message)
 
     async def _receive_batch(self) -> list[dict[str, Any]]:
         """The next messages for the hub's channel, in the order they were sent.
@@ -175,8 +172,9 @@ class LiveHub:
         return messages
 
     def deliver(self, message: dict[str, Any]) -> None:
-        """Hand a message this process publishes to its own followers of the run, without a round trip
-        through the layer (``tracking.live`` leaves this hub's channel out of the layer's send)."""
+        """Hand a message to this process's followers of its run: one read from the layer, or one this
+        process publishes (``tracking.live`` hands it here and leaves this hub's channel out of the
+        layer's send). One bad message is logged and dropped: it must not stop the live stream."""
         try:
             self._dispatch(message)
         except Exception:

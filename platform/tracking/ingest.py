@@ -13,8 +13,9 @@ long-lived threads (each keeps its database connection):
   XFrameOptionsMiddleware, called directly; DRF's ``Allow`` and ``Vary``);
 - the same authentication (``TokenAuthentication``'s checks, ``ingest_token``), JSON parser
   (``NulSafeJSONParser``), batch limit, wire validation (``rl_engine.wire``), throttle (``IngestThrottle``'s
-  key and window) and storage (``services.metrics_ingest``: idempotent on (run, key, step), published live
-  after it is stored; ``services.samples_record``: capped per step, idempotent on the batch id);
+  key and window) and storage (``api.store_metrics``: idempotent on (run, key, step), published live
+  after it is stored; ``api.store_samples``: capped per step, idempotent on the batch id: what the views
+  call);
 - the same answer: the view's status (200 for metrics, 201 for samples) and reply model
   (``MetricsReply``, ``SamplesReply``), rendered by the view's JSON renderer.
 
@@ -56,8 +57,8 @@ from accounts.authentication import ingest_token
 from accounts.parsers import NulSafeJSONParser
 from accounts.throttles import IngestThrottle
 from rl_engine import wire
-from tracking import live, services
-from tracking.api import RunMetricsView, RunSamplesView
+from tracking import live
+from tracking.api import RunMetricsView, RunSamplesView, store_metrics, store_samples
 
 log = logging.getLogger(__name__)
 
@@ -85,22 +86,6 @@ def _view_headers(view_class: type[APIView]) -> dict[str, str]:
     return view.default_response_headers
 
 
-def _store_metrics(run_id: int, body: wire.MetricsBody) -> wire.MetricsReply:
-    points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in body.points]
-    result = services.metrics_ingest(run_id=run_id, points=points)
-    return wire.MetricsReply(received=result.received, inserted=result.inserted)
-
-
-def _store_samples(run_id: int, body: wire.SamplesBody) -> wire.SamplesReply:
-    """As ``RunSamplesView.post``."""
-    stored = services.samples_record(
-        run_id=run_id,
-        samples=[services.NewSample(**s.model_dump()) for s in body.samples],
-        batch_id=body.batch_id or "",
-    )
-    return wire.SamplesReply(received=len(body.samples), stored=stored)
-
-
 @dataclass(frozen=True)
 class Route:
     """One endpoint the front serves: its wire name, body model, storage, and the Django view that answers
@@ -114,8 +99,8 @@ class Route:
 
 
 ROUTES = {  # by URL name
-    "api-run-metrics": Route(wire.METRICS, wire.MetricsBody, _store_metrics, 200, RunMetricsView),
-    "api-run-samples": Route(wire.SAMPLES, wire.SamplesBody, _store_samples, 201, RunSamplesView),
+    "api-run-metrics": Route(wire.METRICS, wire.MetricsBody, store_metrics, 200, RunMetricsView),
+    "api-run-samples": Route(wire.SAMPLES, wire.SamplesBody, store_samples, 201, RunSamplesView),
 }
 _PATH_ENDS = tuple("/" + route.endpoint for route in ROUTES.values())  # what may be one of them
 

@@ -14,6 +14,7 @@ hash), a deactivated user or a removed membership all differ, and get Django's v
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import import_module
 from types import SimpleNamespace
@@ -66,6 +67,7 @@ def run_for_member(user: Any, run_id: int, session: Any = None, *, by_token: boo
     ).first()
 
 
+@functools.cache
 def _grant_sql() -> str:
     users, sessions = get_user_model()._meta.db_table, Session._meta.db_table
     runs, members = Run._meta.db_table, Membership._meta.db_table
