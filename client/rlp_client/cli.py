@@ -90,6 +90,22 @@ def cmd_presets(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def _millions(count: Any) -> str:
+    return f"{count / 1e6:.1f}M" if isinstance(count, int) else "?"
+
+
+def cmd_models(args: argparse.Namespace, out: Output) -> int:
+    with client_from_config() as client:
+        catalogue = client.models()
+    rows = [[m["name"], _millions(m.get("parameters")), str(m.get("vocab_size") or "?"), str(m.get("head_dim") or "?"),
+             "yes" if m.get("chat_template") else "no", ",".join(m.get("backends") or []), m["path"]]
+            for m in catalogue["models"]]  # fmt: skip
+    out.table(catalogue, ["model", "params", "vocab", "head_dim", "chat", "backends", "model.path"], rows)
+    for missing in catalogue["not_fetched"]:
+        out.say(f"not fetched: {missing['name']} (an operator runs: {missing['command']})")
+    return 0
+
+
 def cmd_experiment_create(args: argparse.Namespace, out: Output) -> int:
     text, data = _read_config(args.file)
     if args.set:
@@ -150,6 +166,9 @@ def build_parser() -> Parser:
     p = sub.add_parser("presets", parents=[common], help="the engine's presets (or one, as YAML)")
     p.add_argument("name", nargs="?")
     p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("models", parents=[common], help="the models a config may name (model.path) here")
+    p.set_defaults(func=cmd_models)
 
     exp = sub.add_parser("experiment", help="create, export, list experiments").add_subparsers(
         dest="action", required=True, parser_class=Parser

@@ -67,10 +67,13 @@ class Output:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(*columns, box=None, pad_edge=False)
+        table = Table(box=None, pad_edge=False)
+        for column in columns:  # a narrow terminal folds a long name or path rather than cutting it
+            table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(*row)
-        Console().print(table)
+        # piped (not a terminal): no width to fit, so that names and paths come out whole for grep
+        Console(width=None if sys.stdout.isatty() else 100_000).print(table)
 
 
 def client_from_config() -> Client:

@@ -75,6 +75,11 @@ class Client:
         """``{name: config}``: the engine's presets as this platform accepts them."""
         return dict(self.transport.get("/api/presets"))
 
+    def models(self) -> dict[str, Any]:
+        """``{"models": [...], "not_fetched": [...]}``: the model directories a config may name here
+        (``model.path``), with parameters, vocabulary, head size, chat template and serving backends."""
+        return dict(self.transport.get("/api/models"))
+
     # --- experiments -----------------------------------------------------------------------------------
 
     def experiments(self, project: int | None = None, tag: str | None = None) -> Iterator[Experiment]:

@@ -18,6 +18,7 @@ from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
 from experiments import services
 from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
+from experiments.model_catalogue import catalogue_document
 from experiments.models import Experiment, Run, RunState
 from experiments.selectors import runs_compared, stored_config, visible_experiments, visible_runs, with_tag
 from experiments.serializers import (
@@ -198,6 +199,19 @@ class PresetDetailView(JsonOnly, APIView):
                 f"no preset {name!r}; choose one of {', '.join(presets.preset_names())}"
             )
         return Response(preset_document(name))
+
+
+class ModelListView(JsonOnly, APIView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT},
+        operation_id="models_list",
+        description="The models a config may name here (``model.path``): every model directory under "
+        "MODEL_ROOTS and each local one of ALLOWED_MODELS, with parameters, vocabulary, head size, chat "
+        "template, the rollout backends that can serve it and its card; and the engine's catalogue models "
+        "not fetched yet (``not_fetched``: the command an operator runs).",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(catalogue_document())
 
 
 STATE_Q = OpenApiParameter(

@@ -6,6 +6,7 @@ urlpatterns = [
     path("schema/experiment", api.ExperimentSchemaView.as_view(), name="api-experiment-schema"),
     path("presets", api.PresetListView.as_view(), name="api-presets"),
     path("presets/<str:name>", api.PresetDetailView.as_view(), name="api-preset"),
+    path("models", api.ModelListView.as_view(), name="api-models"),
     path("experiments", api.ExperimentListView.as_view(), name="api-experiments"),
     path("experiments/import", api.ExperimentImportView.as_view(), name="api-experiment-import"),
     path("experiments/<int:pk>", api.ExperimentDetailView.as_view(), name="api-experiment"),

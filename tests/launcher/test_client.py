@@ -174,6 +174,20 @@ def test_cli_login_stores_the_token_0600_and_a_refused_token_is_one_line_exit_3(
     assert code == 3 and "credentials refused" in one_line(err)
 
 
+def test_cli_models_shows_what_the_api_answers(account):
+    import httpx
+
+    api = httpx.get(f"{account['url']}/api/models", headers={"Authorization": f"Token {account['token']}"})
+    assert api.status_code == 200
+    code, out, err = rlp(account, "models", "--json")
+    assert code == 0, err
+    assert json.loads(out) == api.json()
+    code, out, err = rlp(account, "models")
+    assert code == 0, err
+    names = [m["name"] for m in api.json()["models"]] + [u["name"] for u in api.json()["not_fetched"]]
+    assert names and all(name in out for name in names), out
+
+
 def test_cli_create_export_launch_follow_metrics_list(account, tmp_path):
     from experiments.models import Experiment
 

@@ -81,6 +81,7 @@ ENDPOINTS = [
     Endpoint("GET", "/api/schema/experiment", "public", 200),
     Endpoint("GET", "/api/presets", "public", 200),
     Endpoint("GET", "/api/presets/demo-cpu", "public", 200),
+    Endpoint("GET", "/api/models", "auth", 200),
     Endpoint("GET", "/api/runs", "list", 200),
     Endpoint("POST", "/api/runs", "member", 201, "run_body"),
     Endpoint("GET", "/api/runs/{run}", "viewer", 200),
