@@ -104,6 +104,50 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval": {"every": 50, "before_training": True, "at_end": True, "greedy": True},
         "logging": {"sinks": ["stdout"], "log_every": 25},
     },
+    # A real pretrained instruct model learning arithmetic word problems on 2 CPU cores: SmolLM2-135M-
+    # Instruct (`python -m rl_engine models fetch smollm2-135m-instruct` puts it at model.path), the
+    # GSM8K-format generated problems through its ChatML template, math-verify on the final number, the
+    # held-out split evaluated greedily before, during and after (docs/benchmarks.md, "A real model").
+    "smollm2-arith-cpu": {
+        "name": "smollm2-arith-cpu",
+        "seed": 0,
+        "model": {"path": "var/models/smollm2-135m-instruct"},
+        "rollout": {
+            "backend": "hf",
+            "n": 8,
+            "temperature": 0.7,
+            "max_new_tokens": 64,
+            "max_prompt_tokens": 128,
+            "micro_batch_size": 32,
+        },
+        "trainer": {
+            "total_steps": 80,
+            "batch_size": 32,
+            "mini_batch_size": 32,
+            "lr": 2e-5,
+            "lr_schedule": "constant",
+            "max_tokens_per_micro_batch": 1024,
+        },
+        "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "kl_coef": 0.0},
+        "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "trigger_parameter_sync_step": 1},
+        "data": {
+            "source": "dataset",
+            "path": "var/data/arith-word-problems",
+            "synthetic": {
+                "kind": "gsm8k_style",
+                "train_size": 4000,
+                "test_size": 128,
+                "max_value": 20,
+                "seed": 0,
+            },
+            "columns": {"prompt": "question", "answer": "answer"},
+            "validation_split": "test",
+            "chat_template": "on",
+        },
+        "reward": {"name": "math_verify", "kwargs": {"answer_format": "auto"}},
+        "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True, "max_prompts": 64},
+        "logging": {"sinks": ["stdout"], "log_every": 1},
+    },
     "gsm8k-qwen2.5-1.5b-vllm": {
         "name": "gsm8k-qwen2.5-1.5b-vllm",
         "seed": 0,

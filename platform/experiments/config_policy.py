@@ -209,11 +209,12 @@ def check_resume_checkpoint(checkpoint: Checkpoint, *, project: Project) -> None
 
 
 def platform_preset(name: str) -> ExperimentConfig:
-    """The engine's preset as this platform accepts it: a tiny model is built under the first model
-    root, a generated dataset under the first data root (the engine's own defaults, ``var/models/...``
-    and ``var/data/...``, count from the working directory)."""
+    """The engine's preset as this platform accepts it: its model (a tiny one it builds, or a catalogue
+    model ``models fetch`` brings) under the first model root, a generated dataset under the first data
+    root (the engine's own defaults, ``var/models/...`` and ``var/data/...``, count from the working
+    directory); a model given by absolute path stays as it is."""
     cfg = parse_config(get_preset(name))
-    if cfg.model.tiny is not None and settings.MODEL_ROOTS:
+    if not Path(cfg.model.path).is_absolute() and settings.MODEL_ROOTS:
         path = str(Path(settings.MODEL_ROOTS[0]) / Path(cfg.model.path).name)
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": path})})
     if isinstance(cfg.data, DatasetDataConfig) and cfg.data.synthetic is not None and settings.DATA_ROOTS:

@@ -41,6 +41,13 @@ def ensure_model(model_cfg: ModelConfig) -> Path:
     if (path / "config.json").exists():
         return path
     if model_cfg.tiny is None:
+        from rl_engine.catalogue import CATALOGUE
+
+        if path.name in CATALOGUE:
+            raise FileNotFoundError(
+                f"model.path {model_cfg.path!r} has no config.json: fetch the model first "
+                f"(python -m rl_engine models fetch {path.name} --root {path.parent})"
+            )
         raise FileNotFoundError(
             f"model.path {model_cfg.path!r} has no config.json; point it at a model directory "
             "or set model.tiny to build a tiny model there"
