@@ -89,8 +89,8 @@ def _unreadable_character(text: str, exc: yaml.reader.ReaderError) -> str:
     position = exc.position
     line = text.count("\n", 0, position) + 1
     column = position - (text.rfind("\n", 0, position) + 1) + 1
-    char = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
-    return f"not valid YAML: the character U+{char:04X} is not allowed (line {line}, column {column})"
+    char = f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
+    return f"not valid YAML: the character {char} is not allowed (line {line}, column {column})"
 
 
 def load_yaml_text(text: str) -> Any:
