@@ -41,9 +41,18 @@ ESSENTIAL: dict[str, Any] = {"x-essential": True}
 
 
 class _Strict(BaseModel):
-    """Base: unknown keys are errors (a typo must not silently fall back to a default)."""
+    """Base: unknown keys are errors (a typo must not silently fall back to a default), and every float
+    field is finite (``.inf`` or NaN is never a sensible size, rate or coefficient)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+# A seed: what torch.manual_seed takes (at most 2**64 - 1) and a signed 64-bit database column holds.
+SEED_LIMIT = 2**63
+
+
+def _seed(description: str) -> Any:
+    return Field(0, ge=0, lt=SEED_LIMIT, description=f"{description} 0 <= seed < 2**63.")
 
 
 # --- model --------------------------------------------------------------------------------------------
@@ -58,7 +67,7 @@ class TinyModelSpec(_Strict):
     num_heads: int = Field(4, ge=1, le=32)
     intermediate_size: int = Field(128, ge=8, le=8192)
     max_position_embeddings: int = Field(256, ge=16, le=8192)
-    seed: int = 0
+    seed: int = _seed("Seed of the random initialisation.")
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> TinyModelSpec:
@@ -438,7 +447,7 @@ class SyntheticDataSpec(_Strict):
     train_size: int = Field(2000, ge=1, le=1_000_000)
     test_size: int = Field(100, ge=1, le=100_000)
     max_value: int = Field(9, ge=2, le=10_000, description="Largest operand of a problem.")
-    seed: int = 0
+    seed: int = _seed("Seed of the generated problems.")
 
 
 class DatasetDataConfig(_DataCommon):
@@ -501,23 +510,43 @@ class RewardConfig(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+# Ray's own resources, which the fields above ask for: never a custom resource of a role.
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+NodeResources = dict[
+    Annotated[str, Field(min_length=1, max_length=200)], Annotated[float, Field(gt=0.0, le=1_000_000.0)]
+]
+
+
 class ResourcesConfig(_Strict):
-    rollout_gpus: int = Field(0, ge=0, description="GPUs per rollouter.")
-    trainer_gpus: int = Field(
-        0, ge=0, description="GPUs of the trainer group: one trainer rank per GPU (FSDP2, NCCL)."
+    rollout_gpus: int = Field(
+        0, ge=0, le=64, description="GPUs per rollouter (one Ray actor: they must be on one node)."
     )
-    cpus_per_actor: float = Field(1.0, gt=0.0)
-    trainer_node_resources: dict[str, float] = Field(
+    trainer_gpus: int = Field(
+        0, ge=0, le=4096, description="GPUs of the trainer group: one trainer rank per GPU (FSDP2, NCCL)."
+    )
+    cpus_per_actor: float = Field(1.0, gt=0.0, le=1024.0)
+    trainer_node_resources: NodeResources = Field(
         default_factory=dict,
         description=(
             'Custom Ray resources each trainer rank asks for, e.g. {"trainer_node": 1}: ranks go only to '
             "nodes started with them (`ray start --resources`)."
         ),
     )
-    rollout_node_resources: dict[str, float] = Field(
+    rollout_node_resources: NodeResources = Field(
         default_factory=dict,
         description='Custom Ray resources each rollouter asks for, e.g. {"rollout_node": 1}.',
     )
+
+    @field_validator("trainer_node_resources", "rollout_node_resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        builtin = [name for name in RAY_BUILTIN_RESOURCES if name in value]
+        if builtin:
+            raise ValueError(
+                f"{', '.join(builtin)}: Ray's own resources are set by cpus_per_actor and rollout_gpus / "
+                "trainer_gpus, not as custom resources"
+            )
+        return value
 
     def trainer_world_size(self, cpu_world_size: int) -> int:
         """Trainer ranks: one per GPU when the trainer has GPUs, else ``trainer.world_size``."""
@@ -598,7 +627,7 @@ class EvalConfig(_Strict):
 
 class ExperimentConfig(_Strict):
     name: str = Field("experiment", min_length=1, max_length=200)
-    seed: int = 0
+    seed: int = _seed("Seed of the run (prompt order, sampling, initialisation).")
     model: ModelConfig
     rollout: RolloutConfig = Field(default_factory=HFRolloutConfig, json_schema_extra=ESSENTIAL)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)

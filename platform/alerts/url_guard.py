@@ -3,7 +3,9 @@
 A webhook URL is a request the platform makes on a project member's behalf, from inside its network.
 It must be ``http`` or ``https`` with a host name and no credentials, and **every** address the name
 resolves to must be a public one: not loopback, link-local (the cloud metadata service, 169.254.169.254),
-private (RFC 1918, unique-local IPv6), shared (100.64/10), multicast, reserved or unspecified, and none
+private (RFC 1918, unique-local IPv6), shared (100.64/10), multicast, reserved or unspecified, nor an
+IPv6 range the standard library counts as global that leads elsewhere (site-local ``fec0::/10``; every
+6to4 address, ``2002::/16``, whatever IPv4 address it embeds; documentation ``3fff::/20``), and none
 of the addresses of the platform's own services (``PLATFORM_URL``, the database, Redis, the Ray
 cluster) — unless the host is listed, verbatim, in the administrator's ``WEBHOOK_ALLOWED_HOSTS``.
 
@@ -25,6 +27,13 @@ from django.conf import settings
 
 SCHEMES = {"http": 80, "https": 443}
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# IPv6 ranges Python's ``is_global`` (3.11) lets through. 6to4 is refused whole (it is deprecated, RFC
+# 7526): a relay the platform does not choose forwards it to the IPv4 address it embeds.
+REFUSED_V6 = (
+    (ipaddress.IPv6Network("fec0::/10"), "a site-local address (fec0::/10)"),
+    (ipaddress.IPv6Network("2002::/16"), "a 6to4 address (2002::/16), relayed to the IPv4 address it embeds"),
+    (ipaddress.IPv6Network("3fff::/20"), "a documentation address (3fff::/20)"),
+)
 
 
 class UrlRefused(ValueError):
@@ -108,6 +117,10 @@ def _own_service_addresses() -> set[IpAddress]:
 def _why_not_public(addr: IpAddress) -> str | None:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
+    if isinstance(addr, ipaddress.IPv6Address):
+        for network, why in REFUSED_V6:
+            if addr in network:
+                return why
     if addr.is_unspecified:
         return "an unspecified address"
     if addr.is_loopback:

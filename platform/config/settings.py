@@ -337,6 +337,12 @@ ALLOW_DATASET_DOWNLOADS = env_bool("ALLOW_DATASET_DOWNLOADS", True)
 # engine sends the cluster's MLflow credentials to the server it names, so none is allowed by default;
 # without a server a run's MLflow store lives in its own folder.
 ALLOWED_MLFLOW_SERVERS = env_list("ALLOWED_MLFLOW_SERVERS", [])
+# What a config from the platform may ask of the cluster: GPUs of the trainer group and of the
+# rollouters together, CPUs per actor, and the custom Ray resources (node labels such as trainer_node)
+# it may name in resources.*_node_resources. None by default; node:<address> never.
+RUN_MAX_GPUS = env_int("RUN_MAX_GPUS", 64)
+RUN_MAX_CPUS_PER_ACTOR = env_float("RUN_MAX_CPUS_PER_ACTOR", 64.0)
+ALLOWED_NODE_RESOURCES = env_list("ALLOWED_NODE_RESOURCES", [])
 # YAML import: documents larger than this are refused before parsing (a config is a few KB).
 YAML_IMPORT_MAX_BYTES = env_int("YAML_IMPORT_MAX_BYTES", 200_000)
 # Request bodies above this are a 413 (Django's default, 2.5 MB, would refuse a batch of 1000 samples

@@ -26,6 +26,10 @@ the typed config: where a run's job then reads and writes is its placement, whic
 - ``model.tiny`` and ``data.synthetic`` build into the project's own folder,
   ``<first root>/projects/project-<id>/<last component of the path>``, whatever the path says: a run
   never writes a model or a dataset where another project (or an allowed model name) reads it.
+- ``resources``: what a run asks of the cluster is bounded (``RUN_MAX_GPUS`` for the trainer group and
+  for the rollouters together, ``RUN_MAX_CPUS_PER_ACTOR``), and a custom Ray resource
+  (``trainer_node_resources``, ``rollout_node_resources``) only one the deployment lists in
+  ``ALLOWED_NODE_RESOURCES``; ``node:<address>`` (Ray's resource of one machine) never.
 
 Violations are :class:`ConfigError` with field paths, i.e. HTTP 400s naming the field.
 """
@@ -33,6 +37,7 @@ Violations are :class:`ConfigError` with field paths, i.e. HTTP 400s naming the 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +52,7 @@ from rl_engine.config import (
     JsonlDataConfig,
     MlflowConfig,
     ModelConfig,
+    ResourcesConfig,
     parse_config,
 )
 from rl_engine.presets import get_preset, preset_names
@@ -71,6 +77,27 @@ REMOTE_CODE_RULE = (
     "this project may not run code shipped with a model; an administrator can allow it for the project "
     "(admin: Projects, 'allow trust_remote_code')"
 )
+
+
+NODE_PREFIX = "node:"  # Ray gives every machine the resource node:<its address>
+
+
+@dataclass(frozen=True)
+class ResourcePolicy:
+    """What a run from the platform may ask of the cluster (settings ``RUN_MAX_GPUS``,
+    ``RUN_MAX_CPUS_PER_ACTOR``, ``ALLOWED_NODE_RESOURCES``)."""
+
+    max_gpus: int = 64
+    max_cpus_per_actor: float = 64.0
+    node_resources: frozenset[str] = frozenset()  # custom Ray resources members may name
+
+    @classmethod
+    def from_settings(cls) -> ResourcePolicy:
+        return cls(
+            max_gpus=int(getattr(settings, "RUN_MAX_GPUS", cls.max_gpus)),
+            max_cpus_per_actor=float(getattr(settings, "RUN_MAX_CPUS_PER_ACTOR", cls.max_cpus_per_actor)),
+            node_resources=frozenset(getattr(settings, "ALLOWED_NODE_RESOURCES", [])),
+        )
 
 
 class CheckpointRefused(ValueError):
@@ -179,13 +206,65 @@ def _tracker_violations(mlflow: MlflowConfig, policy: PathPolicy) -> list[tuple[
     ]
 
 
+def _node_resource_violation(names: list[str], policy: ResourcePolicy) -> str | None:
+    pinned = [n for n in names if n.startswith(NODE_PREFIX)]
+    if pinned:
+        return (
+            f"{pinned[0]!r} pins the run to one machine of the cluster: a run from the platform may not "
+            "ask for node:<address> resources"
+        )
+    unknown = [n for n in names if n not in policy.node_resources]
+    if unknown:
+        allowed = list_text(tuple(sorted(policy.node_resources)))
+        return (
+            f"{unknown[0]!r} is not a custom resource runs may ask for here: allowed are {allowed} "
+            "(ALLOWED_NODE_RESOURCES)"
+        )
+    return None
+
+
+def _resource_violations(
+    resources: ResourcesConfig, rollouters: int, policy: ResourcePolicy
+) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    limit = f"this platform allows at most {policy.max_gpus} (RUN_MAX_GPUS)"
+    if resources.trainer_gpus > policy.max_gpus:
+        out.append(
+            ("resources.trainer_gpus", f"{resources.trainer_gpus} GPUs for the trainer group: {limit}")
+        )
+    if resources.rollout_gpus * rollouters > policy.max_gpus:
+        asked = (
+            f"{resources.rollout_gpus} GPUs per rollouter x {rollouters} rollouters (pipeline.num_rollouters)"
+        )
+        out.append(("resources.rollout_gpus", f"{asked}: {limit}"))
+    if resources.cpus_per_actor > policy.max_cpus_per_actor:
+        out.append(
+            (
+                "resources.cpus_per_actor",
+                f"{resources.cpus_per_actor:g} CPUs per actor: this platform allows at most "
+                f"{policy.max_cpus_per_actor:g} (RUN_MAX_CPUS_PER_ACTOR)",
+            )
+        )
+    for field in ("trainer_node_resources", "rollout_node_resources"):
+        problem = _node_resource_violation(sorted(getattr(resources, field)), policy)
+        if problem:
+            out.append((f"resources.{field}", problem))
+    return out
+
+
 def config_violations(
-    cfg: ExperimentConfig, *, allow_remote_code: bool, policy: PathPolicy | None = None
+    cfg: ExperimentConfig,
+    *,
+    allow_remote_code: bool,
+    policy: PathPolicy | None = None,
+    resources: ResourcePolicy | None = None,
 ) -> list[tuple[str, str]]:
     """(field.path, problem) for everything ``cfg`` asks that the platform does not allow."""
     policy = policy or PathPolicy.from_settings()
+    resources = resources or ResourcePolicy.from_settings()
     out = _model_violations(cfg.model, policy) + _data_violations(cfg, policy)
     out += _tracker_violations(cfg.logging.mlflow, policy)
+    out += _resource_violations(cfg.resources, cfg.pipeline.num_rollouters, resources)
     if cfg.model.trust_remote_code and not allow_remote_code:
         out.append(("model.trust_remote_code", REMOTE_CODE_RULE))
     return out

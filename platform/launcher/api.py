@@ -15,6 +15,7 @@ from accounts.access import require_role
 from accounts.models import Role
 from accounts.parsers import JsonOnly
 from experiments.models import Run
+from experiments.selectors import visible_runs
 from launcher import exports
 
 
@@ -34,7 +35,9 @@ class ExportSerializer(serializers.Serializer):
 
 
 def _run(request: Request, run_id: int, minimum: str) -> Run:
-    run = get_object_or_404(Run.objects.only("id", "project_id", "created_at"), pk=run_id)
+    """One query filtered by visibility (a run of another project is the same 404 as no run), then the
+    role: a visible run the user may not change is a 403."""
+    run = get_object_or_404(visible_runs(request, "id", "project_id", "created_at"), pk=run_id)
     require_role(request, run.project_id, minimum)
     return run
 

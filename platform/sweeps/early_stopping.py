@@ -7,10 +7,16 @@ other runs' best values up to ``s``, over the other runs whose metric reached ``
 or running; at least ``min_runs`` of them). Strictly worse: ``r`` is stopped (recorded on its sweep
 entry and as a run event, then cancelled: sweeps.services.sweep_run_stop_early). :func:`median_rule`
 is the pure rule; :func:`sweeps_early_stop` reads the series and applies it.
+
+The values are reports (a run's job, or any member of its project, posts them), so what they can decide
+is bounded: only the runs of the same sweep are compared (one project's, whose members may cancel them
+anyway), and a non-finite value (which the ingestion wire refuses; a row written around it) is left out,
+so that no single report can put the median at infinity.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +54,9 @@ def _best_upto(series: Series, step: int, goal: str) -> float | None:
 def median_rule(
     series: Mapping[int, Series], candidates: Sequence[int], *, goal: str, rule: EarlyStopping
 ) -> list[Verdict]:
-    """The candidates (running runs) the median rule stops, given every run's series of the metric."""
+    """The candidates (running runs) the median rule stops, given every run's series of the metric
+    (non-finite values left out)."""
+    series = {run: [(s, v) for s, v in points if math.isfinite(v)] for run, points in series.items()}
     out: list[Verdict] = []
     for run_id in candidates:
         own = series.get(run_id) or []

@@ -6,7 +6,9 @@ A search space maps dotted config paths (``trainer.lr``) to a spec:
 - ``{"choice": [...]}``: the same as a list;
 - ``{"uniform": [a, b]}``, ``{"loguniform": [a, b]}`` (0 < a), ``{"int": [a, b]}`` (both ends included):
   distributions, for a random search only;
-- the string forms ``"uniform(a, b)"``, ``"loguniform(a, b)"``, ``"int(a, b)"``.
+- the string forms ``"uniform(a, b)"``, ``"loguniform(a, b)"``, ``"int(a, b)"`` (at most
+  ``MAX_SPEC_TEXT`` characters, read by :func:`parse_string_form` in one pass: no regular expression,
+  whose backtracking made a long run of spaces cost seconds to hours of a web process).
 
 A grid search is the Cartesian product of the lists (fields in sorted order, values in the order given);
 a random search draws ``n`` points from ``random.Random(seed)``, the fields in sorted order, so that the
@@ -26,7 +28,7 @@ from typing import Any, Literal
 MAX_FIELDS = 20
 MAX_VALUES = 100
 PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,7}$")
-STRING_FORM = re.compile(r"^\s*(uniform|loguniform|int)\s*\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)\s*$")
+MAX_SPEC_TEXT = 200  # "loguniform(1e-6, 1e-4)" is 22
 DISTRIBUTIONS = ("uniform", "loguniform", "int")
 
 Method = Literal["grid", "random"]
@@ -71,18 +73,40 @@ class SearchSpace:
         return math.prod(len(s.values) for s in self.fields.values() if isinstance(s, Values))
 
 
+def parse_string_form(text: str) -> tuple[str, str, str] | None:
+    """``"uniform(a, b)"`` -> ``("uniform", "a", "b")``: a distribution's name, ``(``, two non-empty
+    arguments without ``,``, ``(`` or ``)``, then ``)``, with whitespace around each part. None for any
+    other text. Linear in ``len(text)`` (string methods only)."""
+    name, paren, rest = text.partition("(")
+    name = name.strip()
+    if not paren or name not in DISTRIBUTIONS:
+        return None
+    inside, close, tail = rest.partition(")")
+    if not close or tail.strip() or "(" in inside:
+        return None
+    args = inside.split(",")
+    if len(args) != 2:
+        return None
+    low, high = args[0].strip(), args[1].strip()
+    if not low or not high:
+        return None
+    return name, low, high
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def _number(raw: Any) -> float | None:
     if isinstance(raw, bool):
         return None
-    if isinstance(raw, (int, float)):
-        return float(raw) if math.isfinite(raw) else None
-    if isinstance(raw, str):
-        try:
-            value = float(raw)
-        except ValueError:
-            return None
-        return value if math.isfinite(value) else None
-    return None
+    if not isinstance(raw, (int, float, str)):
+        return None
+    try:
+        value = float(raw)  # an int beyond the float range (10**400) overflows
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _distribution(kind: str, bounds: Any) -> Distribution:
@@ -93,6 +117,8 @@ def _distribution(kind: str, bounds: Any) -> Distribution:
         raise ValueError(f"{kind}'s bounds must be finite numbers")
     if low > high:
         raise ValueError(f"{kind}: low ({low:g}) is above high ({high:g})")
+    if kind == "uniform" and not math.isfinite(high - low):  # a draw low + (high - low) * u: infinity
+        raise ValueError(f"uniform: the range from {low:g} to {high:g} is wider than a float holds")
     if kind == "loguniform" and low <= 0:
         raise ValueError("loguniform's bounds must be above 0")
     if kind == "int" and (low != int(low) or high != int(high)):
@@ -113,12 +139,19 @@ def parse_spec(raw: Any) -> Spec:
     if isinstance(raw, list):
         return _values(raw)
     if isinstance(raw, str):
-        m = STRING_FORM.match(raw)
-        if not m:
+        if len(raw) > MAX_SPEC_TEXT:
             raise ValueError(
-                f"{raw!r} is not a spec: give a list of values, uniform(a, b), loguniform(a, b) or int(a, b)"
+                f"a spec written as text has at most {MAX_SPEC_TEXT} characters (e.g. uniform(0.1, 0.3)), "
+                f"got {len(raw)}"
             )
-        return _distribution(m.group(1), [m.group(2), m.group(3)])
+        form = parse_string_form(raw)
+        if form is None:
+            raise ValueError(
+                f"{_shown(raw)} is not a spec: give a list of values, uniform(a, b), loguniform(a, b) or "
+                "int(a, b)"
+            )
+        kind, low, high = form
+        return _distribution(kind, [low, high])
     if isinstance(raw, dict) and len(raw) == 1:
         ((kind, arg),) = raw.items()
         if kind == "choice":

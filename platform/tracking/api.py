@@ -19,12 +19,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.access import IngestOrMember, require_ingest, require_role
-from accounts.models import ApiToken, Role, TokenKind
+from accounts.access import IngestOrMember, require_ingest
+from accounts.models import ApiToken, TokenKind
 from accounts.parsers import JsonOnly, query_int, query_str
 from accounts.throttles import HeartbeatThrottle, IngestThrottle
 from experiments.models import Run
 from experiments.run_files import checkpoint_folder, is_inside
+from experiments.selectors import visible_runs
 from experiments.services import run_heartbeat
 from rl_engine import wire
 from tracking import selectors, services
@@ -44,10 +45,9 @@ class PayloadTooLarge(exceptions.APIException):
 
 
 def _readable_run(request: Request, run_id: int) -> Run:
-    """A run the user may read (viewer or better); 404 otherwise."""
-    run = get_object_or_404(Run.objects.only("id", "project_id", "state"), pk=run_id)
-    require_role(request, run.project_id, Role.VIEWER)
-    return run
+    """A run the user may read (viewer or better): one query filtered by visibility, so that a run of
+    another project answers the same 404 as no run at all."""
+    return get_object_or_404(visible_runs(request, "id", "project_id", "state"), pk=run_id)
 
 
 def _ingest_run(request: Request, run_id: int) -> Run:
@@ -56,10 +56,9 @@ def _ingest_run(request: Request, run_id: int) -> Run:
     token = request.auth
     if isinstance(token, ApiToken) and token.kind == TokenKind.INGEST and token.run_id == run_id:
         return token.run
-    try:
-        run = Run.objects.only("id", "project_id", "state", "created_at").get(pk=run_id)
-    except Run.DoesNotExist:
-        raise exceptions.NotFound("Not found.") from None
+    run = visible_runs(request, "id", "project_id", "state", "created_at").filter(pk=run_id).first()
+    if run is None:  # another project's run, another run's ingest token, or no such run: one answer
+        raise exceptions.NotFound("Not found.")
     require_ingest(request, run.pk, run.project_id)
     return run
 

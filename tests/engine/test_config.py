@@ -201,3 +201,69 @@ def test_a_fork_may_change_the_kind_of_rollout_or_data_keeping_the_fields_both_k
     with pytest.raises(ConfigError) as info:
         fork_config(parent, {"data": {"source": "parquet"}})
     assert {p for p, _ in info.value.errors} == {"data"}
+
+
+# --- bounded numbers: seeds, resources, finite floats ---------------------------------------------------
+
+SEED_FIELDS = {
+    "seed": {},
+    "model.tiny.seed": {"model": {"path": "m", "tiny": {}}},
+    "data.synthetic.seed": {"data": {"source": "dataset", "path": "/d", "synthetic": {}}},
+}
+
+
+def _with(base: dict, path: str, value) -> dict:
+    import copy
+
+    data = copy.deepcopy({"model": {"path": "m"}, **base})
+    *parents, leaf = path.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return data
+
+
+@pytest.mark.parametrize("path", list(SEED_FIELDS))
+def test_a_seed_is_what_torch_takes_and_a_signed_64_bit_column_holds(path):
+    import torch
+
+    base = SEED_FIELDS[path]
+    for seed in (0, 1, 2**31, 2**63 - 1):
+        parse_config(_with(base, path, seed))
+        torch.Generator().manual_seed(seed)  # the engine seeds torch with it
+    for seed in (-1, 2**63, 2**64, 2**70):
+        assert path in errors_of(_with(base, path, seed))
+    with pytest.raises((RuntimeError, ValueError)):
+        torch.Generator().manual_seed(2**64)  # torch's own limit, above the schema's
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("resources.rollout_gpus", 100_000),
+        ("resources.trainer_gpus", 100_000),
+        ("resources.cpus_per_actor", 1e300),
+        ("resources.cpus_per_actor", float("inf")),
+        ("resources.cpus_per_actor", float("nan")),
+        ("resources.trainer_node_resources", {"trainer_node": float("inf")}),
+        ("resources.rollout_node_resources", {"rollout_node": -1}),
+        ("resources.rollout_node_resources", {"GPU": 1}),
+        ("resources.trainer_node_resources", {"CPU": 64}),
+        ("resources.trainer_node_resources", {"": 1}),
+        ("algorithm.kl_coef", float("inf")),
+        ("eval.success_threshold", float("nan")),
+        ("trainer.weight_decay", float("inf")),
+    ],
+)
+def test_absurd_or_non_finite_numbers_are_refused_at_their_field(path, value):
+    errors = errors_of(_with({}, path, value))
+    assert any(p == path or p.startswith(path + ".") for p in errors), errors
+
+
+def test_custom_resources_with_sane_amounts_are_accepted():
+    cfg = parse_config(
+        _with({}, "resources", {"cpus_per_actor": 0.5, "trainer_node_resources": {"trainer_node": 1},
+                                "rollout_node_resources": {"rollout_node": 0.25}, "rollout_gpus": 8})
+    )  # fmt: skip
+    assert cfg.resources.trainer_node_resources == {"trainer_node": 1.0}

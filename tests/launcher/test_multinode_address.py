@@ -31,7 +31,7 @@ def _actor_nodes(run, class_name: str) -> list[str]:
 
 
 def test_provider_address_runs_a_trainer_group_across_the_nodes_of_a_multi_node_cluster(
-    launcher_stack, tmp_path
+    launcher_stack, tmp_path, settings
 ):
     from experiments.services import experiment_create, run_create
     from launcher import job_env, ray_local
@@ -44,6 +44,7 @@ def test_provider_address_runs_a_trainer_group_across_the_nodes_of_a_multi_node_
     workers = [(1, {"trainer_node": 2}), (1, {"rollout_node": 1})]
     with nodes.started(workers=workers, join=(head.gcs_address, Path(head.temp_dir))):
         trainer_node, rollout_node = (n.node_id for n in nodes.nodes)
+        settings.ALLOWED_NODE_RESOURCES = ["trainer_node", "rollout_node"]  # the deployment's labels
         cfg = tiny_config(steps=2, world_size=2)
         cfg["resources"] = {
             "cpus_per_actor": 0.5,

@@ -261,3 +261,40 @@ def test_free_form_config_values_are_an_experiment_or_a_400_as_json_and_as_yaml(
     )
     assert resp.status_code in (201, 400), resp.content[:300]
     assert client.get("/api/experiments").status_code == 200
+
+
+SWEEP_NUMBER = st.one_of(
+    st.integers(-(2**80), 2**80),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([2**63, 2**63 - 1, 2**64, -1, 1e308, -1e308, 10**400]),  # column, torch, float edges
+)
+
+
+@FREE_SETTINGS
+@given(
+    field=st.sampled_from(["seed", "model.tiny.seed", "trainer.total_steps", "algorithm.kl_coef",
+                           "resources.cpus_per_actor", "resources.rollout_gpus"]),
+    form=st.sampled_from(["grid", "int", "uniform", "loguniform", "text"]),
+    low=SWEEP_NUMBER,
+    high=SWEEP_NUMBER,
+)  # fmt: skip
+@example(field="seed", form="grid", low=2**63, high=0)
+@example(field="seed", form="text", low=-1e308, high=1e308)
+@example(field="algorithm.kl_coef", form="uniform", low=-1e308, high=1e308)
+def test_sweep_points_from_any_numbers_are_a_sweep_or_a_400_at_the_space(fuzz_world, field, form, low, high):
+    """Search spaces whose numbers overflow a column, torch's seed or a float: a sweep, or a 400 under
+    ``search_space``; never a 500."""
+    if form == "grid":
+        spec, method = [low, high], "grid"
+    elif form == "text":
+        spec, method = f"int({low}, {high})", "random"
+    else:
+        spec, method = {form: [low, high]}, "random"
+    body = {
+        "experiment": fuzz_world["ids"]["experiment"], "metric": "m", "method": method,
+        "search_space": {field: spec}, "max_runs": 2,
+    }  # fmt: skip
+    resp = _api(fuzz_world).post("/api/sweeps", body, format="json")
+    assert resp.status_code in (201, 400), resp.content[:300]
+    if resp.status_code == 400:
+        assert all(k.startswith("search_space") for k in resp.json()["errors"]), resp.json()

@@ -255,3 +255,79 @@ def test_rows_stored_before_the_check_still_list_and_the_migration_repairs_them(
     migration.repair_stored_json(apps, SimpleNamespace(connection=connection))  # all it reads of the editor
     bad.refresh_from_db()
     assert bad.data == {"s": "a\ufffd", "k\ufffd": ["\ufffd"]}
+
+
+# --- what PyYAML or a column cannot take: a 400 at the field, never a 500 ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("model: {path: m}\nname: a\u0003\n", "U+0003 is not allowed (line 2, column 8)"),
+        ("model: {path: m}\nseed: " + "1" * 5_000 + "\n", "an integer of 5000 characters"),
+        ("model: {path: m}\nseed: 0x" + "f" * 20_000 + "\n", "an integer of 20002 characters"),
+        ("model: {path: m}\nseed: 0b" + "1" * 60_000 + "\n", "an integer of 60002 characters"),
+        ("model: {path: m}\nseed: " + ":".join(["59"] * 30_000) + "\n", "characters is not allowed"),
+        ("model: {path: m}\nreward: {kwargs: {when: 2024-02-30}}\n", "'2024-02-30' cannot be read"),
+    ],
+    ids=["control character", "5000 digits", "20000 hex digits", "60000 binary digits", "base 60", "no date"],
+)
+def test_yaml_that_pyyaml_or_python_cannot_read_is_a_400_saying_where(team, text, words):
+    resp = import_yaml(team, text)
+    assert resp.status_code == 400, resp.content
+    (message,) = resp.json()["errors"]["yaml"]
+    assert words in message and "line" in message
+    assert not Experiment.objects.exists()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**70])
+def test_a_seed_torch_or_a_bigint_column_cannot_take_is_a_400_at_the_field(team, seed):
+    member = client_for(team["member"])
+    cfg = {**demo_config(), "seed": seed}
+    resp = member.post(
+        "/api/experiments", {"project": team["project"].pk, "name": "x", "config": cfg}, format="json"
+    )
+    assert resp.status_code == 400 and "config.seed" in resp.json()["errors"], resp.content
+    resp = import_yaml(team, yaml.safe_dump(cfg))
+    assert resp.status_code == 400 and "yaml.seed" in resp.json()["errors"], resp.content
+    assert not Experiment.objects.exists()
+
+
+def test_a_fork_with_a_seed_beyond_the_bound_is_a_400_at_the_override(team, run):
+    from experiments.services import run_transition
+    from tracking.services import checkpoint_record
+
+    run_transition(run_id=run.pk, to="failed", error="x")
+    checkpoint_record(run_id=run.pk, step=1, path=checkpoint_path(run, 1))
+    resp = client_for(team["member"]).post(
+        f"/api/runs/{run.pk}/fork", {"config_overrides": {"seed": 2**70}}, format="json"
+    )
+    assert resp.status_code == 400 and "config_overrides.seed" in resp.json()["errors"], resp.content
+
+
+@pytest.mark.parametrize(
+    ("method", "space", "field"),
+    [
+        ("grid", {"seed": [2**63]}, "search_space.seed"),
+        ("random", {"seed": "int(-1e308, 1e308)"}, "search_space.seed"),
+        ("random", {"model.tiny.seed": {"int": [2**63, 2**64]}}, "search_space.model.tiny.seed"),
+        ("random", {"algorithm.kl_coef": "uniform(-1e308, 1e308)"}, "search_space.algorithm.kl_coef"),
+        ("random", {"trainer.lr": {"uniform": [0, 10**400]}}, "search_space.trainer.lr"),
+    ],
+)
+def test_a_sweep_whose_points_overflow_a_column_or_a_float_is_a_400_at_the_field(
+    team, experiment, method, space, field
+):
+    from sweeps.models import Sweep, SweepRun
+
+    body = {
+        "experiment": experiment.pk,
+        "metric": "m",
+        "method": method,
+        "search_space": space,
+        "max_runs": 2,
+    }
+    resp = client_for(team["member"]).post("/api/sweeps", body, format="json")
+    assert resp.status_code == 400, resp.content
+    assert field in resp.json()["errors"], resp.json()
+    assert not Sweep.objects.exists() and not SweepRun.objects.exists()
