@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang check-vllm-cpu base-images compose-smoke gpu-wheels check-floor
+.PHONY: demo model test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang check-vllm-cpu base-images compose-smoke gpu-wheels check-floor
 
 $(RUNTIME_STAMP): requirements.txt client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,14 @@ install: $(STAMP)
 migrate: install-runtime
 	$(PY) manage.py migrate --noinput
 
+# DEMO_PRESET=smollm2-arith-cpu: the demo run post-trains a real model (fetched first when missing).
 demo: migrate
-	$(PY) scripts/demo.py
+	$(PY) scripts/demo.py $(if $(DEMO_PRESET),--preset $(DEMO_PRESET))
+
+# A catalogue model (or a hub id) into the first model root: make model [MODEL=smollm2-135m-instruct].
+MODEL ?= smollm2-135m-instruct
+model: install-runtime
+	$(PY) -m rl_engine models fetch $(MODEL)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

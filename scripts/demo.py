@@ -1,8 +1,10 @@
 """`make demo`: run the platform on its embedded defaults and launch the demo experiment.
 
 Starts the ASGI server (daphne) and a Celery worker (with the periodic scheduler) in the foreground,
-creates a demo user and project (printing the password once), launches the `demo-cpu` preset as a run
-and prints its dashboard URL. Ctrl-C stops both processes and the platform's local Ray head.
+creates a demo user and project (printing the password once), launches the `demo-cpu` preset (or
+`--preset NAME` / `DEMO_PRESET`) as a run and prints its dashboard URL; a preset whose model is a catalogue
+model not fetched yet (`smollm2-arith-cpu`) has it fetched first. Ctrl-C stops both processes and the
+platform's local Ray head.
 """
 
 from __future__ import annotations
@@ -55,15 +57,29 @@ def ensure_demo_user() -> tuple[str, str | None]:
     return "demo", password
 
 
-def launch_demo_run() -> str:
-    """Create (or reuse) the demo project and experiment, launch a run; returns its dashboard path."""
+def launch_demo_run(preset: str) -> str:
+    """Create (or reuse) the demo project and the preset's experiment, launch a run; returns its dashboard path."""
     from io import StringIO
 
     from django.core.management import call_command
 
     out = StringIO()
-    call_command("launch_demo", user="demo", stdout=out)
+    call_command("launch_demo", user="demo", preset=preset, stdout=out)
     return out.getvalue().strip()
+
+
+def fetch_preset_model(preset: str, env: dict[str, str]) -> bool:
+    """Fetch the preset's model when it is a catalogue model missing from its folder (a progress bar, about
+    a minute for SmolLM2); False when the fetch failed (its one-line error printed)."""
+    from experiments.config_policy import platform_preset
+    from rl_engine.catalogue import CATALOGUE, is_model_dir
+
+    path = Path(platform_preset(preset).model.path)
+    if path.name not in CATALOGUE or is_model_dir(path):
+        return True
+    print(f"fetching the model of {preset}: {path.name} into {path.parent}", flush=True)
+    cmd = [PYTHON, "-m", "rl_engine", "models", "fetch", path.name, "--root", str(path.parent)]
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=False).returncode == 0
 
 
 def wait_http(url: str, timeout_s: float) -> bool:
@@ -100,6 +116,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "8000")))
     parser.add_argument("--no-launch", action="store_true", help="start the platform without a demo run")
+    parser.add_argument(
+        "--preset",
+        default=os.environ.get("DEMO_PRESET") or "demo-cpu",
+        help="the engine preset the demo run launches (default: demo-cpu; smollm2-arith-cpu: a real model)",
+    )
     args = parser.parse_args()
 
     port = free_port(args.port)
@@ -113,6 +134,16 @@ def main() -> int:
     from django.conf import settings
 
     username, password = ensure_demo_user()
+    from rl_engine.presets import preset_names
+
+    if args.preset not in preset_names():
+        print(
+            f"error: --preset: no preset {args.preset!r}; choose one of {', '.join(preset_names())}",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.no_launch and not fetch_preset_model(args.preset, env):
+        return 1
 
     # Each running run holds one worker thread while it is supervised: concurrency >= runs + a few.
     access_log = Path(settings.VAR_DIR) / "access.log"
@@ -180,7 +211,7 @@ def main() -> int:
                 f"Demo user: {username} (password shown when it was created; reset: python manage.py changepassword demo)"
             )
         if not args.no_launch:
-            path = launch_demo_run()
+            path = launch_demo_run(args.preset)
             print(f"Demo run launched — dashboard: {base_url}{path}")
         print(f"HTTP access log: {access_log}.   Ctrl-C stops the platform.\n", flush=True)
         while not stopping:

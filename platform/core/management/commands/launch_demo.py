@@ -41,6 +41,8 @@ class Command(BaseCommand):
         parser.add_argument("--preset", default=DEMO_PRESET, choices=preset_names(), help="the engine preset")
 
     def handle(self, *args: object, user: str, preset: str = DEMO_PRESET, **options: object) -> None:
+        if preset not in preset_names():
+            raise CommandError(f"no preset {preset!r}; choose one of {', '.join(preset_names())}")
         owner = get_user_model().objects.filter(username=user).first()
         if owner is None:
             raise CommandError(f"no user named {user!r} (create one with `python manage.py createsuperuser`)")
