@@ -18,7 +18,7 @@ from typing import Literal
 from django.conf import settings
 
 from experiments.run_files import is_inside
-from rl_engine import paths
+from rl_engine import dataset_folder, paths
 from rl_engine.strict_url import UrlError, parse_strict_url
 
 # The form `datasets` resolves on the hub and in its cache only, never as a local folder (datasets >= 5).
@@ -92,6 +92,21 @@ class PathPolicy:
             return paths.escaping(ref.value, self.data_roots)
         except paths.TooManyEntries as exc:
             return [str(exc)]
+
+    def data_folder_problem(self, ref: DataRef, config_name: str | None) -> str | None:
+        """What a local data folder's card (or ``save_to_disk`` manifest) would make the job read that it
+        may not: a file whose real path leaves DATA_ROOTS, or any URL (``rl_engine.dataset_folder``,
+        the engine's own resolver; a job never follows a URL in a card)."""
+        if ref.kind != "path" or not os.path.isdir(ref.value):
+            return None
+        try:
+            if dataset_folder.is_saved_dataset(ref.value):
+                dataset_folder.check_saved(ref.value, self.data_roots)
+            else:
+                dataset_folder.resolve_files(ref.value, config_name, roots=self.data_roots, allow_urls=False)
+        except (dataset_folder.FolderError, OSError) as exc:
+            return str(exc)
+        return None
 
     def dataset_allowed(self, hub_id: str) -> bool:
         return any(fnmatchcase(hub_id, pattern) for pattern in self.allowed_datasets)
