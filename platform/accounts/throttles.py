@@ -1,5 +1,5 @@
-"""Rate limits (DRF throttles) on login, token creation, ingestion and heartbeats: 429 with ``Retry-After``
-beyond them.
+"""Rate limits (DRF throttles) on login, token creation, ingestion and heartbeats, and per project on the
+alert and webhook actions that queue work: 429 with ``Retry-After`` beyond them.
 
 Rates are ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` (settings ``THROTTLE_*``), read on every request.
 Counting is a fixed window per key in the cache (one atomic increment, one round trip to Redis: O(1) per
@@ -177,6 +177,31 @@ class HeartbeatThrottle(IngestThrottle):
     token would expire with the run still working)."""
 
     scope = "heartbeat"
+
+
+class ProjectThrottle(FixedWindowThrottle):
+    """What one project's members can make the platform do, per project whoever asks (webhook and rule
+    writes, alert resolutions, alert events a member posts: each one queues work for the workers). The
+    views check it once they know the project (``check``: 429 with Retry-After beyond the rate). Let
+    through while the store is away: the per-project caps and the delivery budget still hold."""
+
+    fail_open = True
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        super().__init__()
+
+    def check(self, project_id: int) -> None:
+        if self.rate is None:
+            return
+        self.key = self.cache_format % {"scope": self.scope, "ident": f"project{project_id}"}
+        if not self._count_key():
+            raise exceptions.Throttled(wait=math.ceil(self.wait()))
+
+
+def project_throttle(scope: str, project_id: int) -> None:
+    """Count one action of ``scope`` for the project; raise Throttled (429) beyond its rate."""
+    ProjectThrottle(scope).check(project_id)
 
 
 class LoginAddressThrottle(FixedWindowThrottle):
