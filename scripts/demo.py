@@ -147,7 +147,15 @@ def main() -> int:
 
     # Each running run holds one worker thread while it is supervised: concurrency >= runs + a few.
     access_log = Path(settings.VAR_DIR) / "access.log"
-    queues = ",".join(sorted({settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_LAUNCHER_QUEUE}))
+    queues = ",".join(
+        sorted(
+            {
+                settings.CELERY_TASK_DEFAULT_QUEUE,
+                settings.CELERY_LAUNCHER_QUEUE,
+                settings.CELERY_DELIVERY_QUEUE,  # webhook deliveries: a queue of their own
+            }
+        )
+    )
     procs = [
         # The engine posts metrics several times a second: its requests go to a file, not the console.
         start(

@@ -121,9 +121,13 @@ class PlatformStack:
     def start_worker(
         self, queue: str, *, concurrency: int = 8, beat: bool = False, timeout_s: float = 90.0
     ) -> None:
-        """``celery worker`` consuming ``queue`` (with the embedded beat when ``beat``)."""
+        """``celery worker`` consuming ``queue`` and the webhook deliveries' queue (``CELERY_DELIVERY_QUEUE``,
+        default ``<CELERY_QUEUE>-deliveries``), with the embedded beat when ``beat``."""
         seen = self.log("worker").count(" ready.")
-        args = ["celery", "-A", "config", "worker", "-l", "INFO", "-Q", queue, "--pool=threads",
+        default = self.env.get("CELERY_QUEUE") or "celery"
+        deliveries = self.env.get("CELERY_DELIVERY_QUEUE") or f"{default}-deliveries"
+        queues = ",".join(dict.fromkeys([queue, deliveries]))
+        args = ["celery", "-A", "config", "worker", "-l", "INFO", "-Q", queues, "--pool=threads",
                 f"--concurrency={concurrency}", "--without-gossip", "--without-mingle", "--without-heartbeat",
                 "-n", f"worker-{self.port}@%h"]  # fmt: skip
         if beat:

@@ -27,6 +27,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SESSION_QUEUE = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+SESSION_DELIVERY_QUEUE = f"{SESSION_QUEUE}-deliveries"  # what settings derive from CELERY_QUEUE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -121,7 +122,8 @@ def child_process_env() -> dict[str, str]:
 
 @dataclass
 class CeleryWorker:
-    """A real ``celery worker`` subprocess consuming this session's queue from the configured broker."""
+    """A real ``celery worker`` subprocess consuming this session's queues (its default one and the
+    webhook deliveries') from the configured broker."""
 
     proc: subprocess.Popen[bytes]
     log_path: Path
@@ -166,7 +168,7 @@ def start_celery_worker(
         "-l",
         "INFO",
         "-Q",
-        SESSION_QUEUE,
+        f"{SESSION_QUEUE},{SESSION_DELIVERY_QUEUE}",
         f"--pool={pool}",
         f"--concurrency={concurrency}",
         "--without-gossip",

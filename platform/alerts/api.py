@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from accounts.access import require_role
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int
+from accounts.throttles import project_throttle
 from alerts import selectors, services, url_guard
 from alerts.models import Alert, MetricRule, Webhook, WebhookDelivery
 from alerts.serializers import (
@@ -35,6 +36,10 @@ OPEN_Q = OpenApiParameter("open", int, enum=[0, 1], description="1: only open al
 
 def _url_refused(exc: url_guard.UrlRefused) -> exceptions.ValidationError:
     return exceptions.ValidationError({"url": [str(exc)]})
+
+
+def _limit_reached(exc: services.LimitReached) -> exceptions.ValidationError:
+    return exceptions.ValidationError({"project": [str(exc)]})
 
 
 class AlertListView(JsonOnly, generics.ListAPIView):
@@ -60,6 +65,7 @@ class AlertResolveView(JsonOnly, APIView):
     def post(self, request: Request, pk: int) -> Response:
         alert = get_object_or_404(selectors.visible_alerts(request), pk=pk)
         require_role(request, alert.project_id, Role.MEMBER)
+        project_throttle("alert_resolve", alert.project_id)  # a resolved alert opens again: deliveries
         alert = services.alert_resolve(alert=alert, user=request.user)
         return Response(AlertSerializer(alert).data)
 
@@ -80,17 +86,21 @@ class MetricRuleListView(JsonOnly, generics.ListCreateAPIView):
     def perform_create(self, serializer: MetricRuleSerializer) -> None:
         data = serializer.validated_data
         require_role(self.request, data["project_id"], Role.MEMBER)
-        serializer.instance = services.rule_create(
-            project=Project.objects.get(pk=data["project_id"]),
-            spec=services.RuleSpec(
-                metric=data["metric"],
-                kind=data["kind"],
-                steps=data["steps"],
-                goal=data["goal"],
-                active=data.get("active", True),
-            ),
-            user=self.request.user,
-        )
+        project_throttle("alert_rule_writes", data["project_id"])
+        try:
+            serializer.instance = services.rule_create(
+                project=Project.objects.get(pk=data["project_id"]),
+                spec=services.RuleSpec(
+                    metric=data["metric"],
+                    kind=data["kind"],
+                    steps=data["steps"],
+                    goal=data["goal"],
+                    active=data.get("active", True),
+                ),
+                user=self.request.user,
+            )
+        except services.LimitReached as exc:
+            raise _limit_reached(exc) from None
 
 
 class MetricRuleDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
@@ -102,11 +112,13 @@ class MetricRuleDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
 
     def perform_update(self, serializer: MetricRuleSerializer) -> None:
         require_role(self.request, serializer.instance.project_id, Role.MEMBER)
+        project_throttle("alert_rule_writes", serializer.instance.project_id)  # a change re-reads its runs
         changes = {k: v for k, v in serializer.validated_data.items() if k != "project_id"}
         serializer.instance = services.rule_update(rule=serializer.instance, changes=changes)
 
     def perform_destroy(self, instance: MetricRule) -> None:
         require_role(self.request, instance.project_id, Role.MEMBER)
+        project_throttle("alert_rule_writes", instance.project_id)
         services.rule_delete(rule=instance)
 
 
@@ -125,6 +137,7 @@ class WebhookListView(JsonOnly, generics.ListCreateAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         require_role(request, data["project_id"], Role.OWNER)
+        project_throttle("webhook_writes", data["project_id"])
         try:
             hook = services.webhook_create(
                 project=Project.objects.get(pk=data["project_id"]),
@@ -135,6 +148,8 @@ class WebhookListView(JsonOnly, generics.ListCreateAPIView):
             )
         except url_guard.UrlRefused as exc:
             raise _url_refused(exc) from None
+        except services.LimitReached as exc:
+            raise _limit_reached(exc) from None
         return Response(WebhookCreatedSerializer(hook).data, status=status.HTTP_201_CREATED)
 
     def get_queryset(self) -> QuerySet[Webhook]:
@@ -157,6 +172,7 @@ class WebhookDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
         return hook
 
     def perform_update(self, serializer: WebhookSerializer) -> None:
+        project_throttle("webhook_writes", serializer.instance.project_id)
         changes = {k: v for k, v in serializer.validated_data.items() if k != "project_id"}
         try:
             serializer.instance = services.webhook_update(webhook=serializer.instance, changes=changes)
@@ -164,6 +180,7 @@ class WebhookDetailView(JsonOnly, generics.RetrieveUpdateDestroyAPIView):
             raise _url_refused(exc) from None
 
     def perform_destroy(self, instance: Webhook) -> None:
+        project_throttle("webhook_writes", instance.project_id)
         services.webhook_delete(webhook=instance)
 
 

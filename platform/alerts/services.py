@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -38,6 +39,18 @@ log = logging.getLogger(__name__)
 MESSAGE_MAX = 1000  # characters of an alert's message (the engine's text is cut here)
 WEBHOOK_SECRET_BYTES = 32
 WEBHOOK_EVENT = "alert.opened"
+
+
+class LimitReached(ValueError):
+    """A project already has the most webhooks or rules it may have; the message names the setting."""
+
+
+def _check_room(project: Project, model: type[MetricRule] | type[Webhook], setting: str, what: str) -> None:
+    """In a transaction: the project row locked, so two creates at once cannot both take the last place."""
+    limit = int(getattr(settings, setting))
+    Project.objects.select_for_update().filter(pk=project.pk).first()
+    if model.objects.filter(project=project).count() >= limit:
+        raise LimitReached(f"this project has {limit} {what}, the most it may have ({setting})")
 
 
 def bounded_message(text: str) -> str:
@@ -150,15 +163,18 @@ class RuleSpec:
 
 
 def rule_create(*, project: Project, spec: RuleSpec, user: Any | None) -> MetricRule:
-    return MetricRule.objects.create(
-        project=project,
-        metric=spec.metric,
-        kind=spec.kind,
-        goal=spec.goal,
-        steps=spec.steps,
-        active=spec.active,
-        created_by=user if user is not None and user.is_authenticated else None,
-    )
+    """Raises LimitReached when the project has ALERT_RULES_PER_PROJECT rules already."""
+    with transaction.atomic():
+        _check_room(project, MetricRule, "ALERT_RULES_PER_PROJECT", "metric rules")
+        return MetricRule.objects.create(
+            project=project,
+            metric=spec.metric,
+            kind=spec.kind,
+            goal=spec.goal,
+            steps=spec.steps,
+            active=spec.active,
+            created_by=user if user is not None and user.is_authenticated else None,
+        )
 
 
 def rule_update(*, rule: MetricRule, changes: dict[str, Any]) -> MetricRule:
@@ -189,15 +205,18 @@ def rule_delete(*, rule: MetricRule) -> None:
 def webhook_create(
     *, project: Project, url: str, secret: str = "", events: list[str] | None = None, user: Any | None
 ) -> Webhook:
-    """Raises url_guard.UrlRefused for a URL the platform will not send to."""
+    """Raises url_guard.UrlRefused for a URL the platform will not send to, LimitReached when the
+    project has WEBHOOKS_PER_PROJECT webhooks already."""
     url_guard.check(url)
-    return Webhook.objects.create(
-        project=project,
-        url=url,
-        secret=secret or secrets.token_urlsafe(WEBHOOK_SECRET_BYTES),
-        events=sorted(set(events or [])),
-        created_by=user if user is not None and user.is_authenticated else None,
-    )
+    with transaction.atomic():
+        _check_room(project, Webhook, "WEBHOOKS_PER_PROJECT", "webhooks")
+        return Webhook.objects.create(
+            project=project,
+            url=url,
+            secret=secret or secrets.token_urlsafe(WEBHOOK_SECRET_BYTES),
+            events=sorted(set(events or [])),
+            created_by=user if user is not None and user.is_authenticated else None,
+        )
 
 
 def webhook_update(*, webhook: Webhook, changes: dict[str, Any]) -> Webhook:
@@ -243,13 +262,41 @@ def delivery_payload(alert: Alert, delivery_id: str) -> dict[str, Any]:
     }
 
 
+DELIVERY_WINDOW = timedelta(hours=1)
+
+
+def deliveries_left(project_id: int) -> int:
+    """How many more deliveries the project's alerts may queue now: WEBHOOK_DELIVERIES_PER_HOUR less
+    those queued in the last hour (counted in the database, at most the budget's worth of rows read)."""
+    budget = int(settings.WEBHOOK_DELIVERIES_PER_HOUR)
+    since = timezone.now() - DELIVERY_WINDOW
+    recent = WebhookDelivery.objects.filter(webhook__project_id=project_id, created__gte=since)
+    return max(0, budget - recent.values("pk")[:budget].count())
+
+
 def _queue_deliveries(alert: Alert) -> list[WebhookDelivery]:
     """A delivery per active webhook of the project that takes the alert's kind, each enqueued for the
-    delivery task once the transaction commits."""
+    delivery task once the transaction commits; beyond the project's hourly budget, none: the alert's
+    detail says how many webhooks were not notified."""
+    hooks = [
+        hook
+        for hook in Webhook.objects.filter(project_id=alert.project_id, active=True)
+        if not hook.events or alert.kind in hook.events
+    ]
+    if not hooks:
+        return []
+    room = deliveries_left(alert.project_id)
+    if room < len(hooks):
+        skipped = len(hooks) - room
+        log.warning(
+            "project %s: over WEBHOOK_DELIVERIES_PER_HOUR, alert %s notifies %d of %d webhooks",
+            alert.project_id, alert.pk, room, len(hooks),
+        )  # fmt: skip
+        alert.detail = {**alert.detail, "webhooks_not_notified": skipped}
+        alert.save(update_fields=["detail"])
+        hooks = hooks[:room]
     out: list[WebhookDelivery] = []
-    for hook in Webhook.objects.filter(project_id=alert.project_id, active=True):
-        if hook.events and alert.kind not in hook.events:
-            continue
+    for hook in hooks:
         delivery = WebhookDelivery(webhook=hook, alert=alert, payload={}, next_attempt_at=timezone.now())
         delivery.payload = delivery_payload(alert, str(delivery.delivery_id))
         delivery.save()

@@ -11,8 +11,9 @@ __all__ = ["deliver_webhook", "evaluate_rules", "resend_due_deliveries"]
 
 
 @shared_task(name="alerts.evaluate_rules", acks_late=True)
-def evaluate_rules() -> int:
-    """The metric rules over the running runs (beat: every ALERT_RULES_INTERVAL_S)."""
+def evaluate_rules() -> int | None:
+    """The metric rules over the running runs (beat: every ALERT_RULES_INTERVAL_S); None: skipped, a
+    pass was still running."""
     return rules.rules_evaluate()
 
 

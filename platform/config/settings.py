@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kombu import Exchange, Queue
+
 from config.env import (
     env_bool,
     env_float,
@@ -270,7 +272,19 @@ LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 15)  # a supervisor silent this l
 LAUNCHER_SWEEP_INTERVAL_S = env_int("LAUNCHER_SWEEP_INTERVAL_S", 3)  # reaper / re-attach / queue period
 # Launcher tasks (some follow a job for its whole life) get their own queue so they never hold up others.
 CELERY_LAUNCHER_QUEUE = env_str("CELERY_LAUNCHER_QUEUE") or CELERY_TASK_DEFAULT_QUEUE
-CELERY_TASK_ROUTES = {"launcher.*": {"queue": CELERY_LAUNCHER_QUEUE}}
+# Webhook deliveries always get a queue of their own: an attempt to a receiver that never answers holds
+# a worker thread for WEBHOOK_TIMEOUT_S, and must never make starts and cancels wait behind it.
+CELERY_DELIVERY_QUEUE = env_str("CELERY_DELIVERY_QUEUE") or f"{CELERY_TASK_DEFAULT_QUEUE}-deliveries"
+CELERY_TASK_ROUTES = {
+    "launcher.*": {"queue": CELERY_LAUNCHER_QUEUE},
+    "alerts.deliver_webhook": {"queue": CELERY_DELIVERY_QUEUE},
+}
+# The queues a worker started without -Q consumes: the default one and the deliveries' (a worker given
+# -Q consumes what it lists: list both, docs/deploy.md). A launcher queue of its own is left to -Q.
+CELERY_TASK_QUEUES = [
+    Queue(name, Exchange(name), routing_key=name)
+    for name in dict.fromkeys([CELERY_TASK_DEFAULT_QUEUE, CELERY_DELIVERY_QUEUE])
+]
 # The sweep runs from `celery worker -B` (embedded beat) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "launcher-sweep": {
@@ -295,6 +309,15 @@ WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 600.0)
 # How often beat re-sends webhook attempts overdue by more than this (their countdown task was lost: a
 # worker killed, a broker restart) or abandoned mid-request by a dead worker (0: never, no beat entry).
 WEBHOOK_SWEEP_INTERVAL_S = env_float("WEBHOOK_SWEEP_INTERVAL_S", 30.0)
+# What one project can make the workers do (docs/api.md, "Trust boundary"): at most this many webhooks
+# and metric rules (a create beyond is a 400), and at most this many webhook deliveries queued per hour
+# for all its webhooks together (an alert opened beyond it notifies none; the alert says so). The
+# project actions that queue work are throttled too (THROTTLE_ALERT_*, THROTTLE_WEBHOOK_WRITES below).
+WEBHOOKS_PER_PROJECT = env_int("WEBHOOKS_PER_PROJECT", 10)
+ALERT_RULES_PER_PROJECT = env_int("ALERT_RULES_PER_PROJECT", 50)
+WEBHOOK_DELIVERIES_PER_HOUR = env_int("WEBHOOK_DELIVERIES_PER_HOUR", 300)
+# Metric points one rule reads of one run in one pass (a new or changed rule catches up over passes).
+ALERT_RULE_POINTS_PER_PASS = env_int("ALERT_RULE_POINTS_PER_PASS", 20000)
 if ALERT_RULES_INTERVAL_S > 0:
     CELERY_BEAT_SCHEDULE["alerts-evaluate-rules"] = {
         "task": "alerts.evaluate_rules",
@@ -359,6 +382,11 @@ THROTTLE_RATES = {
     # Heartbeats renew the ingest token: a bucket of their own, so a throttled backlog of data never
     # lets the token expire. An engine beats every 1-10 s (and once more after a 429).
     "heartbeat": env_str("THROTTLE_HEARTBEAT", "600/minute"),  # per ingest token (run) or user
+    # Per project, whoever asks: actions that queue work for the workers (webhook deliveries, rule passes).
+    "alert_events": env_str("THROTTLE_ALERT_EVENTS", "60/hour"),  # event POSTs with an alert, by members
+    "alert_resolve": env_str("THROTTLE_ALERT_RESOLVE", "120/hour"),  # POST /api/alerts/{id}/resolve
+    "alert_rule_writes": env_str("THROTTLE_ALERT_RULE_WRITES", "120/hour"),  # rule create, change, delete
+    "webhook_writes": env_str("THROTTLE_WEBHOOK_WRITES", "60/hour"),  # webhook create, change, delete
 }
 REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = THROTTLE_RATES
 # Reverse proxies in front of the web server: the client address is taken that many hops back in

@@ -7,7 +7,9 @@ the typed config: where a run's job then reads and writes is its placement, whic
 
 - ``model.path`` / ``model.tokenizer_path``: one of ``ALLOWED_MODELS`` (verbatim) or a path under
   ``MODEL_ROOTS``.
-- ``data.path`` / ``data.validation_path``: a path (file, glob or directory) under ``DATA_ROOTS``; for
+- ``data.path`` / ``data.validation_path``: a path (file, glob or directory) under ``DATA_ROOTS``, a
+  directory only if what its dataset card (or ``save_to_disk`` manifest) names stays there too and is no
+  URL (``rl_engine.dataset_folder``, the resolver the engine reads the folder with); for
   ``source: dataset`` also a hub dataset id ``namespace/name`` matching ``ALLOWED_DATASETS``, which the
   job reads as ``hf://datasets/namespace/name`` so that ``datasets`` resolves it on the hub and in its
   cache only, never as a folder of the engine's working directory. ``data.cache_dir`` under
@@ -138,7 +140,9 @@ def _model_violations(model: ModelConfig, policy: PathPolicy) -> list[tuple[str,
     return out
 
 
-def _data_field_violation(value: str, policy: PathPolicy, *, hub: bool) -> str | None:
+def _data_field_violation(
+    value: str, policy: PathPolicy, *, hub: bool, config_name: str | None = None
+) -> str | None:
     ref = policy.data_ref(value, hub=hub)
     roots = f"under {roots_text(policy.data_roots)} (DATA_ROOTS)"
     if ref is None and not hub:
@@ -153,6 +157,8 @@ def _data_field_violation(value: str, policy: PathPolicy, *, hub: bool) -> str |
             f"{value!r} is not allowed here: it reads {escapes[0]!r}, whose real path (symlinks followed) "
             f"leaves {roots_text(policy.data_roots)} (DATA_ROOTS)"
         )
+    if hub and (problem := policy.data_folder_problem(ref, config_name)):
+        return f"{value!r} is not allowed here: {problem} (DATA_ROOTS)"
     if ref.kind == "hub" and not policy.dataset_allowed(ref.value):
         allowed = list_text(tuple(policy.allowed_datasets))
         return f"hub dataset {ref.value!r} is not allowed here: allowed are {allowed} (ALLOWED_DATASETS)"
@@ -165,9 +171,10 @@ def _data_violations(cfg: ExperimentConfig, policy: PathPolicy) -> list[tuple[st
         return []  # built-in tasks read nothing
     hub = isinstance(data, DatasetDataConfig)
     out: list[tuple[str, str]] = []
+    name = data.name if isinstance(data, DatasetDataConfig) else None
     for field, value in (("path", data.path), ("validation_path", data.validation_path)):
         if value is not None:
-            problem = _data_field_violation(value, policy, hub=hub)
+            problem = _data_field_violation(value, policy, hub=hub, config_name=name)
             if problem:
                 out.append((f"data.{field}", problem))
     if not isinstance(data, DatasetDataConfig):

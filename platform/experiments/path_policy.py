@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Literal
 from django.conf import settings
 
 from experiments.run_files import is_inside
-from rl_engine import paths
+from rl_engine import dataset_folder, paths
 from rl_engine.strict_url import UrlError, parse_strict_url
 
 # The form `datasets` resolves on the hub and in its cache only, never as a local folder (datasets >= 5).
@@ -26,6 +29,31 @@ HUB_URL = "hf://datasets/"
 # A hub dataset repository: `namespace/name`. One slash exactly: a bare name is also the name of one of
 # `datasets`' packaged builders (`json`, `parquet`...), which read the files of the working directory.
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+# What data paths read, remembered while :func:`data_walks_once` is active: (question, path, ...) -> answer.
+_walks: ContextVar[dict[tuple[object, ...], object] | None] = ContextVar("data_walks", default=None)
+
+
+@contextmanager
+def data_walks_once() -> Iterator[None]:
+    """Within it each distinct data path is walked (and its folder's card resolved) once, whatever
+    number of configs name it: a sweep checks every point's config, then run_create checks each again.
+    Only for the span of one request: the engine checks again right before it reads."""
+    token = _walks.set({})
+    try:
+        yield
+    finally:
+        _walks.reset(token)
+
+
+def _remembered(key: tuple[object, ...], compute):  # type: ignore[no-untyped-def]
+    memo = _walks.get()
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
 
 
 @dataclass(frozen=True)
@@ -88,10 +116,35 @@ class PathPolicy:
         now) whose real path leaves DATA_ROOTS: a symlink inside a root may point anywhere."""
         if ref.kind != "path":
             return []
-        try:
-            return paths.escaping(ref.value, self.data_roots)
-        except paths.TooManyEntries as exc:
-            return [str(exc)]
+
+        def walk() -> list[str]:
+            try:
+                return paths.escaping(ref.value, self.data_roots)
+            except paths.TooManyEntries as exc:
+                return [str(exc)]
+
+        return list(_remembered(("escapes", ref.value, self.data_roots), walk))
+
+    def data_folder_problem(self, ref: DataRef, config_name: str | None) -> str | None:
+        """What a local data folder's card (or ``save_to_disk`` manifest) would make the job read that it
+        may not: a file whose real path leaves DATA_ROOTS, or any URL (``rl_engine.dataset_folder``,
+        the engine's own resolver; a job never follows a URL in a card)."""
+        if ref.kind != "path" or not os.path.isdir(ref.value):
+            return None
+
+        def resolve() -> str | None:
+            try:
+                if dataset_folder.is_saved_dataset(ref.value):
+                    dataset_folder.check_saved(ref.value, self.data_roots)
+                else:
+                    dataset_folder.resolve_files(
+                        ref.value, config_name, roots=self.data_roots, allow_urls=False
+                    )
+            except (dataset_folder.FolderError, OSError) as exc:
+                return str(exc)
+            return None
+
+        return _remembered(("folder", ref.value, config_name, self.data_roots), resolve)
 
     def dataset_allowed(self, hub_id: str) -> bool:
         return any(fnmatchcase(hub_id, pattern) for pattern in self.allowed_datasets)

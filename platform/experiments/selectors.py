@@ -4,6 +4,7 @@ and how the configs of runs differ."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -79,10 +80,32 @@ class ComparedRun:
     config: ComparedConfig
 
 
+# The answer is bounded whatever the configs hold (a free-form ``model.override_config`` may hold
+# thousands of keys): at most this many differing fields, each value's JSON text at most this long (a
+# longer one is cut to it, as text, and its run listed in ``cut``), and at most this much value text in
+# all; ``truncated`` says that something was left out.
+COMPARE_MAX_DIFFERENCES = 200
+COMPARE_MAX_VALUE_CHARS = 1000
+COMPARE_MAX_TEXT_CHARS = 500_000
+
+
+@dataclass(frozen=True)
+class ShownDifference:
+    """A difference as the answer shows it: the values of the runs that have the field, a value too
+    long to show cut to the start of its JSON text (``cut`` lists those runs)."""
+
+    path: str
+    values: dict[int, Any]
+    absent: list[int]
+    cut: list[int]
+
+
 @dataclass(frozen=True)
 class RunComparison:
     runs: list[ComparedRun]
-    differences: list[Difference[int]]
+    differences: list[ShownDifference]
+    total_differences: int = 0  # how many fields differ, shown or not
+    truncated: bool = False  # fields left out (past the caps) or values cut
 
 
 def compared_config(run: Run) -> ComparedConfig:
@@ -93,12 +116,42 @@ def compared_config(run: Run) -> ComparedConfig:
         return ComparedConfig(document=document, basis="stored", problem=str(exc))
 
 
+def _shown(difference: Difference[int]) -> tuple[ShownDifference, int]:
+    """The difference as shown, and the characters of value text it takes."""
+    values: dict[int, Any] = {}
+    cut: list[int] = []
+    chars = 0
+    for run_id, value in difference.present().items():
+        text = json.dumps(value, ensure_ascii=False)
+        if len(text) > COMPARE_MAX_VALUE_CHARS:
+            values[run_id] = text[: COMPARE_MAX_VALUE_CHARS - 1] + "…"
+            cut.append(run_id)
+            chars += COMPARE_MAX_VALUE_CHARS
+        else:
+            values[run_id] = value
+            chars += len(text)
+    return ShownDifference(difference.path, values, difference.absent, cut), chars
+
+
 def runs_compared(runs: list[Run]) -> RunComparison:
-    """``runs`` (in the order given) with the leaf config fields whose value is not the same in all."""
+    """``runs`` (in the order given) with the leaf config fields whose value is not the same in all,
+    by path, as many as the answer's bounds allow (see COMPARE_MAX_*)."""
     compared = [ComparedRun(run=run, config=compared_config(run)) for run in runs]
+    differences = config_differences({c.run.pk: c.config.document for c in compared})
+    shown: list[ShownDifference] = []
+    text, cut_any = 0, False
+    for difference in differences[:COMPARE_MAX_DIFFERENCES]:
+        one, chars = _shown(difference)
+        if shown and text + chars > COMPARE_MAX_TEXT_CHARS:
+            break
+        shown.append(one)
+        text += chars
+        cut_any = cut_any or bool(one.cut)
     return RunComparison(
         runs=compared,
-        differences=config_differences({c.run.pk: c.config.document for c in compared}),
+        differences=shown,
+        total_differences=len(differences),
+        truncated=cut_any or len(shown) < len(differences),
     )
 
 

@@ -189,7 +189,8 @@ class ComparedRunSerializer(serializers.Serializer):
 
 
 class ConfigDifferenceSerializer(serializers.Serializer):
-    """One leaf config field whose value is not the same in every run (renders ``config_diff.Difference``)."""
+    """One leaf config field whose value is not the same in every run (renders
+    ``selectors.ShownDifference``)."""
 
     path = serializers.CharField(help_text='Dotted field path, e.g. "trainer.lr" (a list is one value).')
     values = serializers.SerializerMethodField(
@@ -198,15 +199,25 @@ class ConfigDifferenceSerializer(serializers.Serializer):
     absent = serializers.ListField(
         child=serializers.IntegerField(), help_text="Ids of the runs whose config lacks the field."
     )
+    cut = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Ids of the runs whose value was too long to show: their value is the start of its JSON "
+        "text, ending in an ellipsis.",
+    )
 
     @extend_schema_field({"type": "object", "additionalProperties": {}})
     def get_values(self, obj: Any) -> dict[str, Any]:
-        return {str(run_id): value for run_id, value in obj.present().items()}
+        return {str(run_id): value for run_id, value in obj.values.items()}
 
 
 class RunCompareSerializer(serializers.Serializer):
     runs = ComparedRunSerializer(many=True)
     differences = ConfigDifferenceSerializer(many=True)
+    total_differences = serializers.IntegerField(help_text="How many fields differ, shown or not.")
+    truncated = serializers.BooleanField(
+        help_text="Something was left out: fields past the answer's bounds (the first ones by path are "
+        "shown) or values cut (see each difference's `cut`)."
+    )
 
 
 # --- fork (issue 22) -----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from experiments.config_policy import check_config
 from experiments.models import CANCELLABLE_STATES, Experiment, Run, RunState
+from experiments.path_policy import data_walks_once
 from experiments.selectors import stored_config
 from experiments.services import InvalidTransition, run_create, run_request_cancel
 from rl_engine.config import ConfigError, ExperimentConfig, merge_config, parse_config
@@ -169,6 +170,7 @@ def sweep_plan(*, experiment: Experiment, spec: SweepSpec, seed: int) -> list[Pl
     return planned
 
 
+@data_walks_once()  # the data paths the points name are walked once each, not once per point and check
 def sweep_create(*, experiment: Experiment, user: AbstractBaseUser | None, spec: SweepSpec) -> Sweep:
     """Validate every point, then store the sweep and its runs (queued, in index order) in one
     transaction; the launcher admits them ``max_concurrent`` at a time. Raises SweepInvalid."""

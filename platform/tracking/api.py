@@ -19,10 +19,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.access import IngestOrMember, require_ingest
+from accounts.access import IngestOrMember, ingest_token_run_id, require_ingest
 from accounts.models import ApiToken, TokenKind
 from accounts.parsers import JsonOnly, query_int, query_str
-from accounts.throttles import HeartbeatThrottle, IngestThrottle
+from accounts.throttles import HeartbeatThrottle, IngestThrottle, project_throttle
 from experiments.models import Run
 from experiments.run_files import checkpoint_folder, is_inside
 from experiments.selectors import visible_runs
@@ -207,6 +207,10 @@ class RunEventsView(IngestView):
         refused = _events_refused(run, body.events)
         if refused:
             raise exceptions.ValidationError(refused)
+        if ingest_token_run_id(request) is None and any(e.kind == wire.EventKind.ALERT for e in body.events):
+            # A member's alert opens an alert (webhook deliveries) once the last one is resolved: per
+            # project, like resolving. The engine's own alerts are its run's (they repeat the open one).
+            project_throttle("alert_events", run.project_id)
         new = [services.NewEvent(kind=e.kind, message=e.message, data=e.data) for e in body.events]
         rows = services.events_ingest(run_id=run.pk, events=new, batch_id=body.batch_id or "")
         reply = wire.EventsReply(received=len(rows), last_seq=rows[-1].seq if rows else None)

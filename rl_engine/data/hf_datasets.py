@@ -1,6 +1,11 @@
 """Loading splits through Hugging Face ``datasets``: local files, ``save_to_disk`` directories, data
 directories laid out like a hub repository, and hub datasets already in the local cache.
 
+A data directory is never handed to ``datasets`` as a folder: its card could name files outside the data
+roots or URLs (``rl_engine.dataset_folder``). The engine works out the split's files itself (the card's
+``configs``, checked there, or ``datasets``' conventional layout of the folder) and loads them with
+their builder and explicit ``data_files``.
+
 A hub id is ``namespace/name``; a local folder of that name in the working directory wins over the hub
 (``datasets``' own rule), except in the form ``hf://datasets/namespace/name``, which only ever means the
 hub (and the datasets cache): the platform gives the engine hub ids in that form.
@@ -16,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rl_engine import dataset_folder, paths
 from rl_engine.config import DatasetDataConfig
 from rl_engine.data.rows import DataError, check_local_data
 
@@ -65,10 +71,6 @@ def _is_single_file(path: str) -> bool:
     return Path(path).expanduser().is_file() or any(ch in path for ch in "*?[")
 
 
-def _is_saved_dataset(p: Path) -> bool:
-    return (p / "dataset_dict.json").exists() or (p / "state.json").exists()
-
-
 def _pick_split(obj: Any, split: str, where: str) -> Any:
     """A split of a DatasetDict (or the Dataset itself when it is not a dict)."""
     if not hasattr(obj, "keys"):
@@ -76,6 +78,62 @@ def _pick_split(obj: Any, split: str, where: str) -> Any:
     if split not in obj:
         raise DataError(f"{where}: no split {split!r}; its splits: {', '.join(obj.keys())}")
     return obj[split]
+
+
+def _conventional_files(base: str) -> dict[str, list[str]]:
+    """``datasets``' own layout rules for a folder without card configs (``data/train-*``,
+    ``train.csv``, ``train/``, ``test*``... or every file as ``train``), through its public pattern
+    helpers: the files lie inside ``base`` (what the data-roots walk covered)."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    patterns = get_data_patterns(base)
+    return {str(split): list(files) for split, files in DataFilesDict.from_patterns(patterns, base).items()}
+
+
+def _folder_format(files: list[str], configured: str, where: str, *, named: bool) -> tuple[str, list[str]]:
+    """The builder for a split's files and the files it reads. Files of the folder's layout whose
+    extension no builder here reads are left out (a LICENSE, a .gitattributes); files the card names
+    must all be readable."""
+    if configured != "auto":
+        return configured, files
+    by_format: dict[str, list[str]] = {}
+    for f in files:
+        suffix = Path(f.replace("*", "x")).suffix.lower()
+        if suffix in _EXTENSIONS:
+            by_format.setdefault(_EXTENSIONS[suffix], []).append(f)
+        elif named:
+            _file_format(f, configured)  # raises, naming the file
+    if len(by_format) != 1:
+        found = ", ".join(sorted(by_format)) or "none"
+        raise DataError(
+            f"{where}: expected the files of one format ({', '.join(sorted(set(_EXTENSIONS.values())))}), "
+            f"found {found}; set data.format"
+        )
+    [(builder, kept)] = by_format.items()
+    return builder, kept
+
+
+def _load_folder(cfg: DatasetDataConfig, path: str, split: str, kwargs: dict[str, Any]) -> Any:
+    """A split of a data folder, from the files the engine resolved (never the folder's card)."""
+    import datasets
+
+    roots = paths.roots_from_env()
+    try:
+        # a URL in the card only for the CLI with downloads on; a platform job (roots) never follows one
+        layout = dataset_folder.resolve_files(
+            path, cfg.name, roots=roots, allow_urls=cfg.allow_download and not roots
+        )
+    except dataset_folder.FolderError as exc:
+        raise DataError(str(exc)) from None
+    named = layout.splits is not None
+    splits = layout.splits if layout.splits is not None else _conventional_files(layout.base)
+    if split not in splits:
+        raise DataError(f"{path}: no split {split!r}; its splits: {', '.join(splits) or 'none'}")
+    for f in splits[split]:
+        if not dataset_folder.is_url(f) and roots and not paths.real_inside(f, roots):
+            raise DataError(f"{path}: reads {f}, whose real path leaves the data roots {', '.join(roots)}")
+    builder, files = _folder_format(splits[split], cfg.format, f"{path} split {split!r}", named=named)
+    return datasets.load_dataset(builder, data_files={split: files}, split=split, **kwargs)
 
 
 def _load(cfg: DatasetDataConfig, path: str, split: str) -> Any:
@@ -90,14 +148,18 @@ def _load(cfg: DatasetDataConfig, path: str, split: str) -> Any:
     p = Path(path).expanduser()
     if p.exists() or _is_single_file(path):
         check_local_data(path)
-    if p.is_dir() and _is_saved_dataset(p):
+    if p.is_dir() and dataset_folder.is_saved_dataset(p):
+        try:
+            dataset_folder.check_saved(p, paths.roots_from_env())
+        except dataset_folder.FolderError as exc:
+            raise DataError(str(exc)) from None
         return _pick_split(datasets.load_from_disk(str(p)), split, path)
     if _is_single_file(path):
         # A single file (or glob) is one split whatever its name: map it to the split asked for.
         builder = _file_format(path, cfg.format)
         return datasets.load_dataset(builder, data_files={split: str(p)}, split=split, **kwargs)
     if p.is_dir():
-        return datasets.load_dataset(str(p), cfg.name, split=split, **kwargs)
+        return _load_folder(cfg, str(p), split, kwargs)
     if path.startswith((".", "/", "~")) or path.count("/") > 1:
         raise DataError(f"{path}: no such file or directory")
     return datasets.load_dataset(path, cfg.name, split=split, **kwargs)  # a hub id (cache unless allowed)

@@ -28,8 +28,9 @@ SHARED_MODULE = "models"
 # What the platform may import of the engine: the config schema and presets, the model catalogue
 # (what a model directory holds), the launch spec, the
 # table of the fields that moved from the config to the launch spec's placement (its data migration),
-# the ingestion wire format, the walk of local data paths, the strict URL grammar and the check of
-# free-form JSON values. Each imports neither torch nor ray nor transformers (checked below).
+# the ingestion wire format, the walk of local data paths, what a dataset folder's card or manifest
+# reads, the strict URL grammar and the check of free-form JSON values. Each imports neither torch nor
+# ray nor transformers (checked below).
 ENGINE_PUBLIC = (
     "rl_engine.config",
     "rl_engine.presets",
@@ -38,6 +39,7 @@ ENGINE_PUBLIC = (
     "rl_engine.moved_fields",
     "rl_engine.wire",
     "rl_engine.paths",
+    "rl_engine.dataset_folder",
     "rl_engine.strict_url",
     "rl_engine.safe_json",
 )

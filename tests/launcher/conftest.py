@@ -24,7 +24,14 @@ from urllib.request import urlopen
 
 import pytest
 
-from tests.conftest import REPO_ROOT, SESSION_QUEUE, CeleryWorker, child_process_env, start_celery_worker
+from tests.conftest import (
+    REPO_ROOT,
+    SESSION_DELIVERY_QUEUE,
+    SESSION_QUEUE,
+    CeleryWorker,
+    child_process_env,
+    start_celery_worker,
+)
 
 # Short enough to keep each test at seconds, long enough for a loaded 2-core machine.
 LEASE_S = 8
@@ -99,8 +106,10 @@ class LauncherStack:
 
 
 def _worker_args(tmp: Path) -> list[str]:
-    # A later -Q replaces the default one: this worker consumes only the launcher queue.
-    return ["-Q", LAUNCHER_QUEUE, "-B", "-s", str(tmp / f"beat-{uuid.uuid4().hex[:6]}")]
+    # A later -Q replaces the default one: this worker consumes the launcher queue and the webhook
+    # deliveries' (a run that fails opens an alert, whose deliveries the worker's settings route there).
+    queues = f"{LAUNCHER_QUEUE},{SESSION_DELIVERY_QUEUE}"
+    return ["-Q", queues, "-B", "-s", str(tmp / f"beat-{uuid.uuid4().hex[:6]}")]
 
 
 @pytest.fixture(scope="package")

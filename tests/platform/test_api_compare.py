@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 from drf_spectacular.generators import SchemaGenerator
@@ -50,8 +51,14 @@ def test_lists_the_fields_that_differ_with_each_runs_value_and_not_the_equal_one
         "config_problem": None,
     }
     assert body["differences"] == [
-        {"path": "trainer.lr", "values": {str(b.pk): 3e-6, str(a.pk): 1e-6, str(c.pk): 1e-6}, "absent": []}
+        {
+            "path": "trainer.lr",
+            "values": {str(b.pk): 3e-6, str(a.pk): 1e-6, str(c.pk): 1e-6},
+            "absent": [],
+            "cut": [],
+        }
     ]
+    assert (body["total_differences"], body["truncated"]) == (1, False)
     assert compare(client_for(team["member"]), [a.pk, c.pk])["differences"] == []
     assert compare(client_for(team["member"]), [a.pk])["differences"] == []
 
@@ -97,7 +104,7 @@ def test_a_config_that_no_longer_parses_is_compared_as_stored_and_said_so(team):
     assert body["runs"][0]["config_problem"] is None
     assert "trainer.legacy_knob" in body["runs"][1]["config_problem"]
     assert body["differences"] == [
-        {"path": "trainer.legacy_knob", "values": {str(b.pk): None}, "absent": [a.pk]}
+        {"path": "trainer.legacy_knob", "values": {str(b.pk): None}, "absent": [a.pk], "cut": []}
     ]
 
 
@@ -152,4 +159,60 @@ def test_the_openapi_document_describes_the_operation(db):
     assert ids["in"] == "query" and ids["required"] is True
     assert {"200", "400", "404"} <= set(op["responses"])
     ref = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
-    assert set(schema["components"]["schemas"][ref]["properties"]) == {"runs", "differences"}
+    assert set(schema["components"]["schemas"][ref]["properties"]) == {
+        "runs",
+        "differences",
+        "total_differences",
+        "truncated",
+    }
+
+
+def with_overrides(config: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(config)
+    out["model"]["override_config"] = overrides
+    return out
+
+
+def test_the_answer_is_bounded_whatever_the_free_form_overrides_hold(team):
+    """``model.override_config`` is free-form: thousands of differing keys, or one huge value, still give
+    a bounded answer (the first fields by path, values cut), which says what it left out."""
+    from experiments.selectors import COMPARE_MAX_DIFFERENCES, COMPARE_MAX_VALUE_CHARS
+
+    base = stored_demo_config()
+    keys = [f"k{i:04d}" for i in range(1000)]
+    runs = [launched(team, with_overrides(base, {k: n for k in keys}), f"r{n}") for n in range(3)]
+    body = compare(client_for(team["viewer"]), [r.pk for r in runs])
+    # the reference: every key differs (its value is the run's number); the first by path are shown
+    expected = sorted(f"model.override_config.{k}" for k in keys)[:COMPARE_MAX_DIFFERENCES]
+    assert [d["path"] for d in body["differences"]] == expected
+    assert body["total_differences"] == 1000 and body["truncated"] is True
+    assert body["differences"][0]["values"] == {str(r.pk): n for n, r in enumerate(runs)}
+
+    huge = "x" * 50_000
+    a = launched(team, with_overrides(base, {"blob": huge}), "huge")
+    b = launched(team, with_overrides(base, {"blob": "small"}), "small")
+    [diff] = compare(client_for(team["viewer"]), [a.pk, b.pk])["differences"]
+    assert diff["cut"] == [a.pk]
+    shown = diff["values"][str(a.pk)]
+    assert (
+        len(shown) == COMPARE_MAX_VALUE_CHARS and shown == ('"' + huge)[: COMPARE_MAX_VALUE_CHARS - 1] + "…"
+    )
+    assert diff["values"][str(b.pk)] == "small"
+
+
+def test_twenty_runs_of_long_values_stay_under_the_answers_text_budget(team):
+    from experiments.selectors import COMPARE_MAX_TEXT_CHARS, COMPARE_MAX_VALUE_CHARS
+
+    base = stored_demo_config()
+    runs = [
+        launched(team, with_overrides(base, {f"k{i:03d}": f"{n}-" + "v" * 900 for i in range(100)}), f"r{n}")
+        for n in range(20)
+    ]
+    resp = client_for(team["viewer"]).get("/api/runs/compare", {"ids": ",".join(str(r.pk) for r in runs)})
+    body = resp.json()
+    text = sum(len(json.dumps(v)) for d in body["differences"] for v in d["values"].values())
+    assert text <= COMPARE_MAX_TEXT_CHARS and body["truncated"] and body["total_differences"] == 100
+    assert 0 < len(body["differences"]) < 100
+    per_field = 20 * min(len(json.dumps("19-" + "v" * 900)), COMPARE_MAX_VALUE_CHARS)
+    assert len(body["differences"]) == COMPARE_MAX_TEXT_CHARS // per_field
+    assert len(resp.content) < 2 * COMPARE_MAX_TEXT_CHARS

@@ -372,3 +372,32 @@ async def test_the_fronts_stored_points_are_published_to_the_runs_group(front, w
     series = message["payload"]["series"]
     got = {(k, s, v) for k, ser in series.items() for s, v in zip(ser["steps"], ser["values"], strict=True)}
     assert got == sent(body)
+
+
+async def test_with_the_throttle_counters_store_away_the_front_still_stores(front, world, settings, tmp_path):
+    """The ingest throttle lets a run's own token through while its store (a private Redis, killed) is
+    away: the front stores and answers alone, with no detour through Django and no 500."""
+    from tests.private_redis import PrivateRedis, require_redis_server
+
+    require_redis_server()
+    server = PrivateRedis(tmp_path)
+    server.start()
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": server.url,
+            "KEY_PREFIX": "front-outage",
+        }
+    }
+    app, django = front
+    run, token = world["runs"][0], world["ingest"][0]
+    url = f"/api/runs/{run.pk}/metrics"
+    try:
+        assert (await call(app, url, json.dumps(batch(0)).encode(), token))[0] == 200
+        server.stop()
+        status, _, body = await call(app, url, json.dumps(batch(100)).encode(), token)
+        assert status == 200 and json.loads(body) == {"received": 30, "inserted": 30}
+        assert django.paths == []
+        assert await sync_to_async(stored)(run.pk) == sent(batch(0), batch(100))
+    finally:
+        server.stop()

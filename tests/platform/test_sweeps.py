@@ -390,3 +390,48 @@ def test_a_sweep_without_early_stopping_is_never_stopped(member, experiment):
         run_transition(run_id=run_id, to="starting")
         run_transition(run_id=run_id, to="running")
     assert sweeps_early_stop() == []
+
+
+def test_a_sweep_walks_its_data_folder_once_whatever_its_number_of_points(
+    settings, team, member, tmp_path, monkeypatch
+):
+    """Every point's config is checked (and each again by run_create); the data folder they all name is
+    walked once per sweep, not twice per point. Counted at os.listdir, the walk's one way into a folder."""
+    import os
+
+    from tests.factories import ExperimentFactory, demo_config
+
+    data = tmp_path / "data"
+    folder = data / "set"
+    for sub in ("a", "b", "c"):
+        (folder / sub).mkdir(parents=True)
+        for i in range(20):
+            (folder / sub / f"train-{i}.csv").write_text("question,answer\nq,1\n")
+    settings.DATA_ROOTS = [data]
+    cfg = demo_config()
+    cfg["data"] = {"source": "dataset", "path": str(folder), "columns": {"prompt": "question"}}
+    assert client_for(team["member"]).post(
+        "/api/experiments", {"project": team["project"].pk, "name": "d", "config": cfg}, format="json"
+    ).status_code == 201  # fmt: skip
+    experiment = ExperimentFactory(project=team["project"], config=cfg)
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def counting_listdir(path="."):
+        listed.append(os.fspath(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    space = {"trainer.lr": [1e-6 * (i + 1) for i in range(20)]}
+    resp = _create(member, experiment, method="grid", search_space=space, max_concurrent=2, seed=1)
+    assert resp.status_code == 201, resp.content
+    assert resp.json()["max_runs"] == 20
+    walked = [p for p in listed if p == str(folder)]
+    assert len(walked) == 1, f"the folder was listed {len(walked)} times"
+    assert sorted(p for p in listed if p.startswith(str(folder))) == sorted(
+        [str(folder)] + [str(folder / sub) for sub in ("a", "b", "c")]
+    )
+    # a second sweep is another request: its own walk
+    listed.clear()
+    assert _create(member, experiment, method="grid", search_space=space, seed=2).status_code == 201
+    assert [p for p in listed if p == str(folder)] == [str(folder)]

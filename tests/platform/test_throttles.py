@@ -172,3 +172,60 @@ def test_on_redis_the_throttle_counts_with_one_pipelined_round_trip_not_the_cach
     full = caches["default"].make_and_validate_key(key)
     ttl = redis_lib.Redis.from_url(redis_url).ttl(full)
     assert 0 < ttl <= 30  # the window's key expires
+
+
+@pytest.fixture
+def private_cache(settings, tmp_path):
+    """The throttle counters in a private Redis (the shared one is never stopped): (server, stop, start)."""
+    from tests.private_redis import PrivateRedis, require_redis_server
+
+    require_redis_server()
+    server = PrivateRedis(tmp_path)
+    server.start()
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": server.url,
+            "KEY_PREFIX": "throttle-outage",
+        }
+    }
+    yield server
+    server.stop()
+
+
+def test_with_the_counters_store_away_ingestion_goes_through_and_login_and_tokens_answer_503(
+    team, experiment, private_cache
+):
+    """A real outage (the private Redis killed): the engine's posts are stored, never a 500; login and
+    token creation, whose rates are the point, are refused with 503 and Retry-After until it is back."""
+    from tracking.models import MetricPoint, RunEvent
+
+    run = run_create(experiment=experiment, user=None)
+    engine, url = client_for(token=ingest_token_issue(run=run).secret), f"/api/runs/{run.pk}"
+    member = client_for(team["member"])
+
+    def point(step: int) -> dict:
+        return {"points": [{"key": "k", "step": step, "value": 1.0, "wall_time": 0.0}]}
+
+    assert engine.post(f"{url}/metrics", point(0), format="json").status_code == 200
+    private_cache.stop()
+    assert engine.post(f"{url}/metrics", point(1), format="json").status_code == 200
+    event = {"events": [{"kind": "log", "message": "during the outage", "data": {}}]}
+    assert engine.post(f"{url}/events", event, format="json").status_code == 201
+    assert engine.post(f"{url}/samples", {"step": 1, "samples": []}, format="json").status_code == 201
+    assert engine.post(f"{url}/heartbeat").status_code == 200
+    assert set(MetricPoint.objects.filter(run=run).values_list("step", flat=True)) == {0, 1}
+    assert RunEvent.objects.filter(run=run, message="during the outage").exists()
+
+    refused = member.post("/api/tokens", {"name": "t"}, format="json")
+    assert refused.status_code == 503 and int(refused["Retry-After"]) >= 1, refused.content[:300]
+    assert "rate-limit store" in refused.json()["detail"]
+    for login_url in ("/accounts/login/", "/admin/login/"):
+        away = login(Client(), "member", password="pw-for-tests", url=login_url)
+        assert away.status_code == 503 and int(away["Retry-After"]) >= 1, login_url
+        assert b"try again in" in away.content
+    assert not ApiToken.objects.filter(user=team["member"], name="t").exists()
+
+    private_cache.start()  # same port, empty
+    assert member.post("/api/tokens", {"name": "t"}, format="json").status_code == 201
+    assert login(Client(), "member", password="pw-for-tests").status_code == 302

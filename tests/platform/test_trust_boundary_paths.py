@@ -13,6 +13,7 @@ import pytest
 from experiments.models import Experiment
 from experiments.services import run_create
 from launcher import services
+from tests.counting_server import counting_server
 from tests.factories import demo_config
 from tests.platform.conftest import client_for
 
@@ -132,3 +133,53 @@ def test_building_needs_a_root_and_a_plain_folder_name(team, roots, settings, se
     settings.MODEL_ROOTS = settings.DATA_ROOTS = []
     resp = _post(team, demo_config())
     assert resp.status_code == 400 and "none is configured" in resp.json()["errors"]["config.model.tiny"][0]
+
+
+def _card(folder: Path, yaml_text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text(f"---\n{yaml_text.strip()}\n---\n# a dataset\n")
+
+
+@pytest.mark.parametrize("field", ["path", "validation_path"])
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "glob", "data_dir", "url"])
+def test_a_dataset_card_that_reads_outside_or_fetches_a_url_is_refused_at_create(team, roots, field, kind):
+    """No symlink involved: the card itself names the outside file (or a URL). The policy resolves the
+    folder as the engine will (rl_engine/dataset_folder.py); the internal service gets no request."""
+    good = roots["data"] / "good"
+    (good / "train.csv").parent.mkdir()
+    (good / "train.csv").write_text("question,answer\nmine,1\n")
+    data = roots["data"] / "set"
+    (data / "train.csv").parent.mkdir()
+    (data / "train.csv").write_text("question,answer\nmine,1\n")
+    with counting_server() as server:
+        files = {"dotdot": "../../outside/secret.csv", "absolute": str(roots["outside"] / "secret.csv"),
+                 "glob": "../../**/*.csv", "url": f"{server.url}/x.csv"}  # fmt: skip
+        if kind == "data_dir":
+            _card(data, "configs:\n- config_name: default\n  data_dir: ../../outside")
+        else:
+            _card(
+                data,
+                f"configs:\n- config_name: default\n  data_files:\n  - split: train\n    path: {files[kind]}",
+            )
+        paths = {"path": str(good), "validation_path": str(data)} if field == "validation_path" else {
+            "path": str(data)}  # fmt: skip
+        resp = _post(team, _dataset_config(**paths))
+        assert server.requests == 0
+    assert resp.status_code == 400, resp.json()
+    [message] = resp.json()["errors"][f"config.data.{field}"]
+    assert f"{data}/README.md config 'default'" in message
+    expected = "a URL in a dataset card is not followed" if kind == "url" else "leaves the data roots"
+    assert expected in message and "\n" not in message
+    assert not Experiment.objects.exists()
+
+
+def test_a_dataset_card_that_stays_inside_the_roots_is_accepted(team, roots):
+    shared = roots["data"] / "shared"
+    shared.mkdir()
+    (shared / "train.csv").write_text("question,answer\nq,1\n")
+    data = roots["data"] / "set"
+    _card(data, "configs:\n- config_name: main\n  data_files: ../shared/*.csv\n- config_name: other\n"
+                "  data_files: https://example.com/x.csv")  # fmt: skip
+    assert _post(team, _dataset_config(str(data), name="main")).status_code == 201
+    resp = _post(team, _dataset_config(str(data), name="other"))
+    assert resp.status_code == 400 and "URL" in resp.json()["errors"]["config.data.path"][0]

@@ -19,7 +19,7 @@ from alerts.delivery import attempt, deliver_webhook, resend_due
 from alerts.models import AlertKind, DeliveryStatus, Webhook, WebhookDelivery
 from alerts.services import alert_raise
 from experiments.services import run_create
-from tests.conftest import SESSION_QUEUE, start_celery_worker, wait_for
+from tests.conftest import SESSION_DELIVERY_QUEUE, SESSION_QUEUE, start_celery_worker, wait_for
 from tests.factories import ExperimentFactory
 from tests.platform.webhook_receiver import Receiver, free_port
 
@@ -174,7 +174,11 @@ def test_a_worker_killed_while_holding_the_countdown_the_next_worker_delivers_on
     from config.celery import app
 
     previous = app.conf.task_routes  # route to this session's worker (see test_webhooks.py)
-    app.conf.task_routes = {**(previous or {}), "alerts.*": {"queue": SESSION_QUEUE}}
+    app.conf.task_routes = {
+        **(previous or {}),
+        "alerts.*": {"queue": SESSION_QUEUE},
+        "alerts.deliver_webhook": {"queue": SESSION_DELIVERY_QUEUE},  # the deliveries' own queue
+    }
     app.amqp.flush_routes()
     monkeypatch.setattr(app.amqp, "router", app.amqp.Router())
     request.addfinalizer(lambda: (setattr(app.conf, "task_routes", previous), app.amqp.flush_routes()))

@@ -15,7 +15,7 @@ from alerts.delivery import attempt, backoff_s
 from alerts.models import AlertKind, DeliveryStatus, Webhook, WebhookDelivery
 from alerts.services import alert_raise
 from experiments.services import run_create
-from tests.conftest import SESSION_QUEUE, start_celery_worker, wait_for
+from tests.conftest import SESSION_DELIVERY_QUEUE, SESSION_QUEUE, start_celery_worker, wait_for
 from tests.factories import ExperimentFactory
 from tests.platform.conftest import client_for
 from tests.platform.webhook_receiver import Receiver, free_port
@@ -186,7 +186,11 @@ def test_a_receiver_down_for_a_while_gets_the_alert_once_when_it_is_up(
     # default queue here is "celery"): route explicitly, as the launcher's tests do, so that this worker,
     # and only it, gets the task (the router is built once: rebuild it for the new table).
     previous = app.conf.task_routes
-    app.conf.task_routes = {**(previous or {}), "alerts.*": {"queue": SESSION_QUEUE}}
+    app.conf.task_routes = {
+        **(previous or {}),
+        "alerts.*": {"queue": SESSION_QUEUE},
+        "alerts.deliver_webhook": {"queue": SESSION_DELIVERY_QUEUE},  # the deliveries' own queue
+    }
     app.amqp.flush_routes()
     monkeypatch.setattr(app.amqp, "router", app.amqp.Router())
     request.addfinalizer(lambda: (setattr(app.conf, "task_routes", previous), app.amqp.flush_routes()))

@@ -45,12 +45,17 @@ export function alignSeries(seriesList) {
 }
 
 
-/** One run's cell of a difference: its value, or "(absent)" where its config lacks the field (not null). */
+/** One run's cell of a difference: its value, or "(absent)" where its config lacks the field (not null);
+ * a value too long to show is the start of its JSON text (the answer cut it). */
 function diffCell(difference, runId) {
   if (difference.absent.includes(runId)) {
     return el("td", { class: "muted", title: "this run's config has no such field" }, "(absent)");
   }
-  return el("td", { class: "mono" }, configText(difference.values[String(runId)]));
+  const value = difference.values[String(runId)];
+  if ((difference.cut || []).includes(runId)) {
+    return el("td", { class: "mono", title: "too long to show in full: its start" }, value);
+  }
+  return el("td", { class: "mono" }, configText(value));
 }
 
 let diffToken = 0;
@@ -81,8 +86,9 @@ async function loadDiff(ids) {
     el("th", { style: `border-bottom: 3px solid ${PALETTE[i % PALETTE.length]}` }, r.label))));
   $("diff-rows").append(...answer.differences.map((d) => el("tr", { dataset: { path: d.path } },
     el("td", {}, el("code", {}, d.path)), answer.runs.map((r) => diffCell(d, r.id)))));
-  const n = answer.differences.length;
-  note.textContent = n ? `${n} field${n === 1 ? " differs" : "s differ"}` : "The runs' configs are identical.";
+  const n = answer.total_differences ?? answer.differences.length;
+  const shown = answer.differences.length < n ? ` (the first ${answer.differences.length} shown)` : "";
+  note.textContent = n ? `${n} field${n === 1 ? " differs" : "s differ"}${shown}` : "The runs' configs are identical.";
   $("diff-basis").append(...answer.runs.filter((r) => r.config_basis !== "validated").map((r) =>
     el("li", {}, `${r.label}: compared as stored (it no longer parses: ${r.config_problem})`)));
 }
