@@ -257,7 +257,8 @@ class TrainerConfig(_Strict):
         ge=1,
         description=(
             "Token budget of a forward/backward (padded prompt+response tokens); samples are packed up to it. "
-            "None: derived from the vocabulary (2 GiB of float32 logits, 512..16384 tokens)."
+            "None: derived from the vocabulary and the model's depth and widths (2 GiB of float32 logits or of "
+            "saved activations, 512..16384 tokens)."
         ),
     )
     logits_chunk_tokens: int | None = Field(

@@ -126,7 +126,6 @@ PRESETS: dict[str, dict[str, Any]] = {
             "mini_batch_size": 32,
             "lr": 2e-5,
             "lr_schedule": "constant",
-            "max_tokens_per_micro_batch": 1024,
         },
         "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "kl_coef": 0.0},
         "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "trigger_parameter_sync_step": 1},

@@ -22,16 +22,64 @@ import torch
 
 from rl_engine.models.batching import PackedBatch
 
-# Default token budget: the tokens whose float32 logits would fill 2 GiB at this vocabulary (3,533 at
-# 151,936), clamped to 512..16,384. The log-probs themselves never hold more than one chunk of logits
-# (rl_engine.models.logprobs); this bounds a micro-batch's activations and, for an output layer that
-# cannot be chunked (soft-capped logits), its full logits.
+# Default token budget: the smaller of two bounds, clamped to 512..16,384 tokens.
+# - The tokens whose float32 logits would fill 2 GiB at this vocabulary (3,533 at 151,936). The log-probs
+#   themselves never hold more than one chunk of logits (rl_engine.models.logprobs); this bounds an output
+#   layer that cannot be chunked (soft-capped logits).
+# - The tokens whose saved activations would fill 2 GiB: what autograd keeps of a decoder layer per token
+#   is at most 12 floats per hidden unit and 4 per MLP unit (measured with saved-tensor hooks on Llama and
+#   Qwen2 layers: 11-12 and 3.7, the most where every head has its own keys and values;
+#   tests/engine/test_microbatch_budget.py), 2 per hidden unit under gradient checkpointing (the layer's
+#   input), and a few bytes of ids and positions per token. SmolLM2-135M (30 layers, 576 / 1,536): 1.57 MB a
+#   token, 1,370 tokens — where the vocabulary bound alone (10,922) let one 32-row micro-batch hold 8.6 GB.
 LOGITS_BUDGET_BYTES = 2 * 2**30
+ACTIVATION_BUDGET_BYTES = 2 * 2**30
 MIN_TOKENS, MAX_TOKENS = 512, 16384
+FLOATS_PER_HIDDEN, FLOATS_PER_MLP, FLOATS_PER_HIDDEN_CHECKPOINTED = 12, 4, 2
+BYTES_PER_TOKEN = 64  # token ids, positions, the causal mask's share: independent of the depth
 
 
-def default_token_budget(vocab_size: int) -> int:
-    return int(min(MAX_TOKENS, max(MIN_TOKENS, LOGITS_BUDGET_BYTES // (4 * vocab_size))))
+@dataclass(frozen=True)
+class ModelShape:
+    """What sizes a micro-batch's memory: the vocabulary, and the decoder's depth and widths."""
+
+    vocab_size: int
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    gradient_checkpointing: bool = False
+
+    @classmethod
+    def of(cls, config: object, vocab_size: int, gradient_checkpointing: bool) -> ModelShape:
+        """From a transformers config (its ``text_config`` where it has one); missing sizes stay None."""
+        text = getattr(config, "text_config", None) or config
+
+        def size(name: str) -> int | None:
+            value = getattr(text, name, None)
+            return value if isinstance(value, int) and value > 0 else None
+
+        return cls(vocab_size, size("num_hidden_layers"), size("hidden_size"), size("intermediate_size"),
+                   gradient_checkpointing)  # fmt: skip
+
+    def activation_bytes_per_token(self) -> int | None:
+        """float32 bytes autograd saves per token across the decoder layers (an upper estimate)."""
+        if self.num_layers is None or self.hidden_size is None:
+            return None
+        if self.gradient_checkpointing:
+            floats = FLOATS_PER_HIDDEN_CHECKPOINTED * self.hidden_size
+        else:
+            floats = FLOATS_PER_HIDDEN * self.hidden_size + FLOATS_PER_MLP * (
+                self.intermediate_size or 4 * self.hidden_size
+            )
+        return 4 * floats * self.num_layers + BYTES_PER_TOKEN
+
+
+def default_token_budget(shape: ModelShape) -> int:
+    tokens = LOGITS_BUDGET_BYTES // (4 * shape.vocab_size)
+    per_token = shape.activation_bytes_per_token()
+    if per_token:
+        tokens = min(tokens, ACTIVATION_BUDGET_BYTES // per_token)
+    return int(min(MAX_TOKENS, max(MIN_TOKENS, tokens)))
 
 
 def row_lengths(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,6 +54,7 @@ from rl_engine.trainer.distributed import (
 from rl_engine.trainer.forward import PolicyForward
 from rl_engine.trainer.microbatch import (
     MicroBatch,
+    ModelShape,
     default_token_budget,
     plan_micro_batches,
     row_lengths,
@@ -109,7 +110,8 @@ class PolicyTrainer:
         self.temperature = cfg.rollout.temperature
         vocab = self.model.get_output_embeddings().weight.shape[0]
         self.chunk_tokens = tc.logits_chunk_tokens or default_chunk_tokens(vocab)
-        self.max_tokens = tc.max_tokens_per_micro_batch or default_token_budget(vocab)
+        shape = ModelShape.of(self.model.config, vocab, cfg.model.gradient_checkpointing)
+        self.max_tokens = tc.max_tokens_per_micro_batch or default_token_budget(shape)
         self.policy = self._wrap(self.model)  # sharded per decoder layer and at the root when world > 1
         self.version = 0
         self.optimizer_steps = 0
