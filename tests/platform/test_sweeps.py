@@ -10,6 +10,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from experiments.models import Run, RunState
 from experiments.services import run_create, run_transition
@@ -324,10 +326,10 @@ def _brute_force_losers(series, running, goal, min_steps, min_runs) -> set[int]:
         if s < min_steps:
             continue
         mine = better(v for step, v in series[r] if step <= s)
-        others = [
+        others = [  # the other runs that reached step s, each with a value at or before it
             better(v for step, v in pts if step <= s)
             for o, pts in series.items()
-            if o != r and pts and max(step for step, _ in pts) >= s
+            if o != r and pts and max(step for step, _ in pts) >= s and min(step for step, _ in pts) <= s
         ]
         if len(others) < min_runs:
             continue
@@ -335,6 +337,45 @@ def _brute_force_losers(series, running, goal, min_steps, min_runs) -> set[int]:
         if (mine < med) if goal == "max" else (mine > med):
             losers.add(r)
     return losers
+
+
+# A run's series: ascending steps, values from a small set (ties and equal medians happen).
+SERIES = st.lists(
+    st.tuples(st.integers(0, 12), st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 3.0])), max_size=6
+).map(lambda points: sorted(dict(points).items()))
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(
+    series=st.dictionaries(st.integers(1, 8), SERIES, max_size=8),
+    candidates=st.sets(st.integers(1, 9)),
+    goal=st.sampled_from(["max", "min"]),
+    min_steps=st.integers(0, 6),
+    min_runs=st.integers(1, 4),
+)
+def test_the_median_rule_is_the_brute_force_rule(series, candidates, goal, min_steps, min_runs):
+    """The pure rule against the brute-force one: a candidate is stopped exactly when its best value is
+    strictly worse than the median of the *other* runs' bests at its step (itself never counted), and
+    the verdict says that median and how many runs it was taken over."""
+    from sweeps.early_stopping import median_rule
+    from sweeps.services import EarlyStopping
+
+    rule = EarlyStopping(min_steps=min_steps, min_runs=min_runs)
+    running = sorted(candidates)
+    got = median_rule(series, running, goal=goal, rule=rule)
+    assert {v.run_id for v in got} == _brute_force_losers(
+        {r: series.get(r, []) for r in {*series, *running}}, running, goal, min_steps, min_runs
+    )
+    better = max if goal == "max" else min
+    for verdict in got:
+        step = series[verdict.run_id][-1][0]
+        others = [
+            better(v for s, v in pts if s <= step)
+            for r, pts in series.items()
+            if r != verdict.run_id and pts and pts[-1][0] >= step and pts[0][0] <= step
+        ]
+        assert (verdict.step, verdict.others) == (step, len(others))
+        assert verdict.median == _brute_median(others)
 
 
 @pytest.mark.parametrize(("goal", "seed"), [("max", 1), ("max", 2), ("min", 3), ("min", 4)])
