@@ -130,6 +130,62 @@ def test_a_grid_sweep_makes_one_queued_run_per_point_with_its_overrides_and_seed
     assert {r["index"] for r in body["runs"]} == set(range(6))
 
 
+@pytest.mark.parametrize(
+    ("method", "space", "max_runs"),
+    [
+        ("grid", {"seed": [3, 7], "trainer.lr": [1e-6, 2e-6]}, None),
+        ("grid", {"trainer.lr": [1e-6, 2e-6, 3e-6]}, None),
+        ("random", {"seed": {"int": [0, 10**6]}, "trainer.lr": {"loguniform": [1e-6, 1e-4]}}, 4),
+        ("random", {"seed": {"choice": [5, 6]}}, 3),
+        ("random", {"trainer.lr": {"loguniform": [1e-6, 1e-4]}}, 3),
+    ],
+)
+def test_a_point_that_names_a_seed_keeps_it_and_the_others_get_the_sweeps_seed_plus_their_index(
+    member, experiment, method, space, max_runs
+):
+    """The rule, checked run by run: a point whose search space has a ``seed`` field runs with that seed
+    (its own draw or grid value); any other point with the sweep's seed plus its index."""
+    body = {"method": method, "search_space": space, "seed": 100, "max_concurrent": 10}
+    resp = _create(member, experiment, **body, **({"max_runs": max_runs} if max_runs else {}))
+    assert resp.status_code == 201, resp.content
+    members = list(
+        SweepRun.objects.filter(sweep_id=resp.json()["id"]).select_related("run").order_by("index")
+    )
+    written_out = _points_written_out(method, space, len(members), seed=100)
+    assert len(members) == len(written_out)
+    for m, point in zip(members, written_out, strict=True):  # lr: as the config holds it (1e-06)
+        assert m.params.keys() == point.keys() and m.params == pytest.approx(point, rel=1e-12), m.index
+    for m, point in zip(members, written_out, strict=True):
+        want = point["seed"] if "seed" in point else 100 + m.index
+        assert m.run.config["seed"] == m.seed == want, (m.index, point)
+
+
+def _points_written_out(method: str, space: dict, n: int, seed: int) -> list[dict]:
+    """The sweep's points by the documented rule, written out here: the grid's Cartesian product of the
+    sorted fields (the last varying fastest), or ``n`` draws of ``random.Random(seed)``, field by field
+    in sorted order (a list or ``choice``: ``choice``; ``int``: ``randint``; ``loguniform``: ``uniform``
+    in log space)."""
+    fields = sorted(space)
+    if method == "grid":
+        return [
+            dict(zip(fields, combo, strict=True)) for combo in itertools.product(*(space[f] for f in fields))
+        ]
+    rng, out = random.Random(seed), []
+    for _ in range(n):
+        point = {}
+        for f in fields:
+            spec = space[f]
+            if isinstance(spec, list) or "choice" in spec:
+                point[f] = rng.choice(spec if isinstance(spec, list) else spec["choice"])
+            elif "int" in spec:
+                point[f] = rng.randint(*spec["int"])
+            else:
+                low, high = spec["loguniform"]
+                point[f] = math.exp(rng.uniform(math.log(low), math.log(high)))
+        out.append(point)
+    return out
+
+
 def test_a_random_sweep_with_the_same_seed_draws_the_same_points(member, experiment):
     space = {"algorithm.clip_eps_high": "uniform(0.2, 0.3)", "trainer.lr": {"loguniform": [1e-6, 1e-4]}}
     a = _create(member, experiment, method="random", search_space=space, max_runs=4, seed=5).json()
