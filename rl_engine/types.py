@@ -120,13 +120,16 @@ class PauseState:
 
     ``pending``: groups with unfinished (``abort``) samples, continued on resume; ``parked``: admitted
     units of prompts not started yet, one list per parked unit; ``prompts``: the prompt stream's own
-    ``state_dict`` (its position); ``in_flight``: admitted samples held here (pending + parked x n).
+    ``state_dict`` (its position); ``in_flight``: admitted samples held here (pending + parked x n);
+    ``sampler``: the worker's sampling random numbers (``RolloutWorker.sampler_state``; None: the
+    engine keeps them, or a checkpoint written before they were saved).
     """
 
     pending: list[list[Sample]]
     parked: list[list[Prompt]]
     prompts: dict[str, Any]
     in_flight: int
+    sampler: bytes | None = None
 
 
 @dataclass(frozen=True)

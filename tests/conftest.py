@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -97,6 +98,27 @@ def redis_url() -> str:
     if not url:
         pytest.skip("needs Redis: runs in the production pass (REDIS_URL set)")
     return url
+
+
+@pytest.fixture
+def redis_layer(settings, tmp_path) -> Iterator[str]:
+    """The channel layer on Redis in both deployments: the production pass's Redis (REDIS_URL), else a
+    private redis-server started for the test (tests/private_redis.py), so that what only a Redis layer
+    does (a process's own followers served from its outbox) is tested on the embedded default too.
+    Keys under a prefix of the test's own. Returns the Redis URL."""
+    from config.layers import redis_channel_layer
+    from tests.private_redis import PrivateRedis, require_redis_server
+
+    url, server = os.environ.get("REDIS_URL", ""), None
+    if not url:
+        require_redis_server()
+        server = PrivateRedis(tmp_path)
+        server.start()
+        url = server.url
+    settings.CHANNEL_LAYERS = {"default": redis_channel_layer(url, f"asgi-test-{uuid.uuid4().hex[:12]}")}
+    yield url
+    if server is not None:
+        server.stop()
 
 
 def child_process_env() -> dict[str, str]:

@@ -14,13 +14,16 @@ checkpoints; rollouter states written before parking kept one unit per thread ha
                   "queue": {"groups": [[sample]], "counters": {"admitted", "generated", "consumed",
                                                                "dropped_stale"}},
                   "rollouters": [{"pending": [[sample]], "parked": [[prompt]], "prompts": {...},
-                                  "in_flight": int}]}}
+                                  "in_flight": int, "sampler": str}]}}
 
-where a sample / prompt is the ``dataclasses.asdict`` of a ``Sample`` / ``Prompt``.
+where a sample / prompt is the ``dataclasses.asdict`` of a ``Sample`` / ``Prompt`` and ``sampler`` the
+rollout worker's sampling random numbers (``RolloutWorker.sampler_state``), base64: absent for a
+worker whose engine keeps them, and from checkpoints written before they were saved.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import shutil
 from dataclasses import asdict
@@ -99,12 +102,15 @@ def restore_parts(extra: dict[str, Any], num_rollouters: int) -> tuple[QueueSnap
 
 
 def _rollouter_to_dict(state: PauseState) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "pending": [[sample_to_dict(s) for s in g] for g in state.pending],
         "parked": [[asdict(p) for p in unit] for unit in state.parked],
         "prompts": state.prompts,
         "in_flight": state.in_flight,
     }
+    if state.sampler is not None:
+        out["sampler"] = base64.b64encode(state.sampler).decode("ascii")
+    return out
 
 
 def _rollouter_from_dict(d: dict[str, Any]) -> PauseState:
@@ -116,4 +122,5 @@ def _rollouter_from_dict(d: dict[str, Any]) -> PauseState:
         parked=[[Prompt(**p) for p in unit] for unit in units],
         prompts=d["prompts"],
         in_flight=int(d["in_flight"]),
+        sampler=base64.b64decode(d["sampler"]) if d.get("sampler") is not None else None,
     )

@@ -116,7 +116,7 @@ def run_experiment(
     components = components or Components()
     stop = stop_event or threading.Event()
     # ray.init installs its own fatal SIGTERM handler: ours must be installed after it to win.
-    with _ray_session(cfg, place.ray_address), _sigterm_sets(stop):
+    with _ray_session(cfg, place.ray_address, sink), _sigterm_sets(stop):
         if components.prepare is not None:
             components.prepare.build(cfg)
         run = _Run(cfg, place, knobs, sink, stop, components)
@@ -139,36 +139,99 @@ def _sigterm_sets(stop: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+RAY_START_ATTEMPTS = 3  # a private Ray whose start timed out is started again, this many times in all
+_RAY_START_TIMEOUT = "timed out during startup"  # ray/_private/node.py: its raylet did not register in time
+
+
+def _ray_start_timed_out(exc: BaseException) -> bool:
+    """Ray's own error when the node it starts does not register with its GCS in time (a plain
+    ``Exception`` with this text, raised by ``ray.init``): on a loaded machine, a next try may start."""
+    return type(exc) is Exception and _RAY_START_TIMEOUT in str(exc)
+
+
 @contextlib.contextmanager
-def _ray_session(cfg: ExperimentConfig, ray_address: str | None) -> Iterator[None]:
+def _ray_session(cfg: ExperimentConfig, ray_address: str | None, sink: Any = None) -> Iterator[None]:
     """Join an initialised Ray, an address (the placement's or RAY_ADDRESS of a Ray Job), or start a
-    private one."""
+    private one in a temporary folder of its own, removed on every exit (a start that failed included).
+    A private start that timed out is tried again, ``RAY_START_ATTEMPTS`` times in all, each retry told
+    as a ``log`` event."""
     if ray.is_initialized():
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = ray_address or os.environ.get("RAY_ADDRESS")
-    tmp = None
     if address:
         ray.init(address=address, log_to_driver=True)
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    need = cfg.pipeline.num_rollouters + cfg.resources.trainer_world_size(cfg.trainer.world_size)
+    attempt = 0
+    while True:
+        attempt += 1
         tmp = tempfile.mkdtemp(prefix="rle_", dir="/tmp")  # short: Ray's socket paths have a length limit
-        need = cfg.pipeline.num_rollouters + cfg.resources.trainer_world_size(cfg.trainer.world_size)
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, int(need * cfg.resources.cpus_per_actor + 0.999)),
-            include_dashboard=False,
-            _temp_dir=tmp,
-            runtime_env={
-                "env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-            },
-        )
+        try:
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, int(need * cfg.resources.cpus_per_actor + 0.999)),
+                include_dashboard=False,
+                _temp_dir=tmp,
+                runtime_env={
+                    "env_vars": {
+                        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
+                    }
+                },
+            )
+        except BaseException as exc:
+            _discard_private_ray(tmp)
+            if attempt >= RAY_START_ATTEMPTS or not _ray_start_timed_out(exc):
+                raise
+            if sink is not None:
+                sink.log_event(
+                    EventKind.LOG,
+                    f"Ray's start timed out (attempt {attempt} of {RAY_START_ATTEMPTS}): starting it again",
+                    {"source": "driver", "error": str(exc)[:500]},
+                )
+            continue
+        break
     try:
         yield
     finally:
-        ray.shutdown()
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _discard_private_ray(tmp)
+
+
+def _discard_private_ray(tmp: str) -> None:
+    """Shut the private Ray down and remove its folder. After a start that failed, Ray has no node to
+    shut down, but the processes it started (its GCS, its raylet: this process's children, their command
+    lines naming the folder) may run on: they are killed first."""
+    ray.shutdown()
+    for pid in _children_naming(tmp):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _children_naming(text: str) -> list[int]:
+    """This process's children whose command line contains ``text`` (read from /proc; none elsewhere)."""
+    me, found = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+                if ppid != me:
+                    continue
+                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
 
 
 class _Run:

@@ -422,16 +422,20 @@ class Rollouter:
                 parked=[list(unit) for unit in self._parked],
                 prompts=self.prompts.state_dict(),
                 in_flight=self.in_flight(),
+                sampler=self.worker.sampler_state(),
             )
 
     def unpause(self) -> None:
         self._release_worker()
 
     def restore(self, state: PauseState) -> None:
-        """Before ``start``: pending groups, parked prompts and the stream position from a checkpoint."""
+        """Before ``start``: pending groups, parked prompts, the stream position and the worker's sampling
+        random numbers from a checkpoint."""
         self.prompts.load_state_dict(state.prompts)
         self._pending = [list(g) for g in state.pending]
         self._parked = [list(unit) for unit in state.parked]
+        if state.sampler is not None:
+            self.worker.load_sampler_state(state.sampler)
 
     def in_flight(self) -> int:
         """Admitted samples not yet on the queue (pending groups + parked prompts)."""

@@ -67,6 +67,17 @@ class RolloutWorker(ABC):
     def interrupted(self) -> bool:
         return self._interrupt.is_set()
 
+    # --- the sampling random numbers, for a checkpoint (docs/pipeline.md, "Checkpoint and lossless resume")
+    def sampler_state(self) -> bytes | None:
+        """The state of the random numbers the worker samples with, for a checkpoint: with it restored
+        (``load_sampler_state``), the same weights and requests draw the same tokens as they would have
+        in the run that wrote it. None where the engine keeps that state to itself (vLLM, SGLang): a
+        resumed run then samples from its seed again."""
+        return None
+
+    def load_sampler_state(self, state: bytes) -> None:  # noqa: B027 - workers without one ignore it
+        """Continue sampling from ``state`` (what ``sampler_state`` returned, in this or another process)."""
+
     # --- weights (docs/pipeline.md, "Weight sync") ---------------------------------------------------
     # One contract for every backend. A sync is the trainer's bucket stream (``rl_engine.weights.buckets``)
     # in the serving dtype; the version moves only once the whole of it loaded, a failed load raises.

@@ -130,6 +130,15 @@ class HFRolloutWorker(HFWeights):
         done = iter(self._run(todo))
         return [next(done) if r is not None else s for r, s in zip(reqs, samples, strict=True)]
 
+    def sampler_state(self) -> bytes:
+        """The sampling generator's state (``torch.Generator.get_state``; its CPU bytes on any device)."""
+        with self._weights_lock:  # not while a micro-batch draws from it
+            return bytes(self.generator.get_state().numpy().tobytes())
+
+    def load_sampler_state(self, state: bytes) -> None:
+        with self._weights_lock:
+            self.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
     # --- internals --------------------------------------------------------------------------------
     def _run(self, reqs: list[_Request]) -> list[Sample]:
         mb = self.cfg.micro_batch_size

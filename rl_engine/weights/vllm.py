@@ -23,6 +23,7 @@ the code the gloo transport exercises on CPU.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -87,6 +88,63 @@ def open_sender(init: GroupInit) -> BucketSender:
     return VllmSender.join(init) if init.backend == "nccl" else GroupSender.join(init)
 
 
+# --- what vLLM's layerwise reload warns about, and which of it is expected -------------------------------
+
+# vLLM's reload (``model_loader/reload/layerwise.py``, ``finalize_layerwise_processing``) logs, through
+# this logger, ``"%s: Failed to load weights"`` with a module's class name for every module that holds
+# loadable tensors of its own and got none during the update; it then keeps the module's tensors as they
+# were. A weight sync never sends to two kinds of module, by design, so it warned about them at every
+# update (299 times in 300 steps), though nothing failed: a module whose tensors are all buffers the
+# engine computes from the config (``RotaryEmbedding``'s cos/sin cache: the trainer sends parameters
+# only, and no checkpoint holds it), and one whose parameters an earlier module holds too (a tied
+# ``ParallelLMHead``: the sync sends the embedding once, under the embedding's name, and the reload
+# counts it for that module only).
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+RELOAD_NOTHING_LOADED = "%s: Failed to load weights"
+
+
+def layers_a_sync_never_loads(model: torch.nn.Module) -> set[str]:
+    """Class names of the modules of ``model`` that a weight sync never sends a tensor to: each of
+    their own tensors is a buffer, or a parameter that a module earlier in ``model.modules()`` holds
+    too. A class with any module that does take weights is left out (its warning would be real)."""
+    seen: set[int] = set()  # the parameters of the modules walked so far (tied ones appear again)
+    never: set[str] = set()
+    takes: set[str] = set()
+    for module in model.modules():
+        params = [p for _, p in module.named_parameters(recurse=False)]
+        buffers = [b for _, b in module.named_buffers(recurse=False)]
+        own = [p for p in params if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        if not params and not buffers:
+            continue
+        (takes if own else never).add(type(module).__name__)
+    return never - takes
+
+
+class ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<class>: Failed to load weights" for the classes in ``layers`` (installed on
+    ``RELOAD_LOGGER`` in each engine worker); every other record passes."""
+
+    def __init__(self, layers: set[str]) -> None:
+        super().__init__()
+        self.layers = frozenset(layers)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (record.msg == RELOAD_NOTHING_LOADED and args[:1] and args[0] in self.layers)
+
+
+def quiet_expected_reload_warnings(model: torch.nn.Module) -> list[str]:
+    """Install (once per process: a new filter replaces the last) an ``ExpectedReloadWarnings`` for
+    ``model`` on vLLM's reload logger; the class names it quiets."""
+    layers = layers_a_sync_never_loads(model)
+    logger = logging.getLogger(RELOAD_LOGGER)
+    for old in [f for f in logger.filters if isinstance(f, ExpectedReloadWarnings)]:
+        logger.removeFilter(old)
+    logger.addFilter(ExpectedReloadWarnings(layers))
+    return sorted(layers)
+
+
 # --- inside vLLM's worker processes ---------------------------------------------------------------------
 
 
@@ -129,6 +187,11 @@ class VLLMWorkerExtension:
                     refreshed += 1
         return refreshed
 
+    def rl_engine_quiet_reload_warnings(self) -> list[str]:
+        """Quiet the reload's warnings about the modules a sync never sends to (``layers_a_sync_never_loads``);
+        the class names quieted."""
+        return quiet_expected_reload_warnings(self.get_model())  # type: ignore[attr-defined]
+
     def rl_engine_join_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int, timeout_s: float
     ) -> int:
@@ -160,6 +223,7 @@ class VllmWeights(AsyncEngineWorker):
     def __init__(self, rollout_cfg: VLLMRolloutConfig, model_cfg: ModelConfig, *, seed: int = 0):
         self._transfer: str | None = None  # the broadcast backend, once init_weight_transfer ran
         self._transfer_buffer = 0  # nccl: the packed buffer's bytes
+        self._reload_warnings_quiet = False  # rl_engine_quiet_reload_warnings ran in the engine's workers
         super().__init__(rollout_cfg, model_cfg, seed=seed)
 
     @property
@@ -266,6 +330,12 @@ class VllmWeights(AsyncEngineWorker):
         else:
             self._control("pause before a weight update", self._pause())
         try:
+            if not self._reload_warnings_quiet:
+                self._control(
+                    "quiet the reload's expected warnings",
+                    self.engine.collective_rpc("rl_engine_quiet_reload_warnings"),
+                )
+                self._reload_warnings_quiet = True
             self._control("start_weight_update", self.engine.start_weight_update())
             for item in items:
                 self._control("weight bucket load", load(item))

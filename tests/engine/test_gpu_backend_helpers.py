@@ -141,3 +141,98 @@ def test_gpu_backend_check_skips_cleanly_without_an_engine(capsys):
     spec.loader.exec_module(module)
     assert module.main([]) == 0
     assert "neither vllm nor sglang" in json.loads(capsys.readouterr().out)["skipped"]
+
+
+# --- vLLM's reload warnings: which modules a weight sync never sends to ----------------------------------
+
+
+def _vllm_like_llama(*, tied: bool):
+    """The module layout of vLLM's Llama (class names as vLLM's): one rotary module shared by every
+    attention layer, holding only its cos/sin cache buffer; an ``lm_head`` tied to the embedding, or
+    with its own weight."""
+    import torch
+
+    def named(name: str, base: type = torch.nn.Module) -> type:
+        return type(name, (base,), {})
+
+    class RotaryEmbedding(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cos_sin_cache", torch.ones(8, 4), persistent=False)
+
+    class Attention(torch.nn.Module):
+        def __init__(self, rotary: torch.nn.Module) -> None:
+            super().__init__()
+            self.qkv_proj = named("QKVParallelLinear", torch.nn.Linear)(4, 12, bias=False)
+            self.o_proj = named("RowParallelLinear", torch.nn.Linear)(4, 4, bias=False)
+            self.rotary_emb = rotary
+
+    rotary = RotaryEmbedding()
+    model = torch.nn.Module()
+    model.embed_tokens = named("VocabParallelEmbedding", torch.nn.Embedding)(10, 4)
+    model.layers = torch.nn.ModuleList([Attention(rotary) for _ in range(2)])
+    model.norm = named("RMSNorm", torch.nn.LayerNorm)(4)
+    model.lm_head = named("ParallelLMHead", torch.nn.Embedding)(10, 4)
+    if tied:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_modules_a_sync_never_sends_to_are_buffer_only_and_tied_ones(tied):
+    from rl_engine.weights.vllm import layers_a_sync_never_loads
+
+    model = _vllm_like_llama(tied=tied)
+    # brute force: a module gets a tensor from a sync when one of its parameters is sent under its
+    # own name: the names ``named_parameters`` gives (tied parameters once, the first owner's)
+    sent = {name.rsplit(".", 1)[0] for name, _ in model.named_parameters()}
+    receives = {type(m).__name__ for path, m in model.named_modules() if path in sent}
+    holders = {
+        type(m).__name__ for m in model.modules() if list(m.parameters(False)) or list(m.buffers(False))
+    }
+    assert layers_a_sync_never_loads(model) == holders - receives
+    assert layers_a_sync_never_loads(model) == (
+        {"RotaryEmbedding", "ParallelLMHead"} if tied else {"RotaryEmbedding"}
+    )
+
+
+def test_a_class_with_a_module_that_takes_weights_keeps_its_warning():
+    import torch
+
+    from rl_engine.weights.vllm import layers_a_sync_never_loads
+
+    model = torch.nn.Module()
+    model.a, model.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    model.b.weight = model.a.weight  # b's weight is a's; its bias is its own
+    model.c = torch.nn.Linear(2, 2, bias=False)
+    model.c.weight = model.a.weight  # c holds nothing of its own, but Linear modules do take weights
+    assert layers_a_sync_never_loads(model) == set()
+
+
+def test_the_filter_drops_the_expected_warnings_only(caplog):
+    import logging
+
+    from rl_engine.weights.vllm import RELOAD_LOGGER, RELOAD_NOTHING_LOADED, quiet_expected_reload_warnings
+
+    logger = logging.getLogger(RELOAD_LOGGER)
+    try:
+        assert quiet_expected_reload_warnings(_vllm_like_llama(tied=True)) == [
+            "ParallelLMHead",
+            "RotaryEmbedding",
+        ]
+        assert quiet_expected_reload_warnings(_vllm_like_llama(tied=True))  # again: replaces, not stacks
+        assert len(logger.filters) == 1
+        with caplog.at_level(logging.DEBUG, logger=RELOAD_LOGGER):
+            for layer in ("ParallelLMHead", "RotaryEmbedding", "QKVParallelLinear", "VocabParallelEmbedding"):
+                logger.warning(RELOAD_NOTHING_LOADED, layer)
+            logger.warning("%s: Excessive loading", "RotaryEmbedding")
+            logger.debug("%s: Delayed processing", "ParallelLMHead")
+        assert [r.getMessage() for r in caplog.records] == [
+            "QKVParallelLinear: Failed to load weights",  # a module that should have loaded: a real warning
+            "VocabParallelEmbedding: Failed to load weights",
+            "RotaryEmbedding: Excessive loading",
+            "ParallelLMHead: Delayed processing",
+        ]
+    finally:
+        for f in list(logger.filters):
+            logger.removeFilter(f)

@@ -54,6 +54,24 @@ def test_same_seed_same_samples(make_cfg):
     ]
 
 
+def test_a_restored_sampler_state_draws_what_the_saved_run_drew_next(make_cfg):
+    """The checkpoint's part of the worker: its sampling state saved after some draws and loaded into
+    a fresh worker (another process's, seeded alike) makes it draw exactly what the saved worker draws
+    next: the same tokens and log-probs, also for a resumed (interrupted) response."""
+    cfg, worker, prompts = _worker_and_prompts(make_cfg, "rollout.max_new_tokens=6")
+    worker.generate(prompts[:2], 2)  # some draws before the checkpoint
+    state = worker.sampler_state()
+    assert isinstance(state, bytes) and state
+    then = worker.generate(prompts[2:], 2)
+    fresh = build_rollout_worker(cfg)
+    assert [s.response_ids for s in fresh.generate(prompts[2:], 2)] != [s.response_ids for s in then]
+    fresh = build_rollout_worker(cfg)
+    fresh.load_sampler_state(state)
+    again = fresh.generate(prompts[2:], 2)
+    assert [(s.response_ids, s.logprobs) for s in again] == [(s.response_ids, s.logprobs) for s in then]
+    assert worker.sampler_state() == fresh.sampler_state()  # and both go on alike
+
+
 @pytest.mark.smoke
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_rollout_logprobs_match_trainer_recomputation(make_cfg, temperature):

@@ -1,11 +1,13 @@
 """The live fan-out of one web process (tracking/hub.py): followers of a run share one channel-layer
 membership, each still gets every message; a burst waiting in Redis is read in batches, in order; and a
 live message reaches its socket while the thread the consumers share for database reads is busy.
-Real ASGI stack, database and channel layer (Redis in the production pass, in-memory otherwise)."""
+Real ASGI stack, database and channel layer (Redis in the production pass, in-memory otherwise; the
+tests of what only a Redis layer does run on Redis in both: a private server on the embedded default)."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from typing import Any
 
@@ -71,7 +73,7 @@ async def test_followers_of_a_run_share_one_membership_and_each_receives_every_p
     assert await memberships(group) == before
 
 
-async def test_a_burst_waiting_in_the_layer_is_read_in_batches_in_order(redis_url):
+async def test_a_burst_waiting_in_the_layer_is_read_in_batches_in_order(redis_layer):
     """While the hub's event loop is blocked, 300 messages pile up in Redis; once it runs again they come
     out in batches (channels-redis' own receive takes one per four commands) and in publish order."""
     layer = get_channel_layer()
@@ -96,7 +98,7 @@ async def test_a_burst_waiting_in_the_layer_is_read_in_batches_in_order(redis_ur
 
             from config.layers import redis_channel_layer
 
-            publisher = RedisChannelLayer(**redis_channel_layer(redis_url, layer.prefix)["CONFIG"])
+            publisher = RedisChannelLayer(**redis_channel_layer(redis_layer, layer.prefix)["CONFIG"])
             for step in range(300):
                 await live.send(publisher, group, live.layer_message(987654, metrics(step)))
 
@@ -113,6 +115,7 @@ async def test_a_burst_waiting_in_the_layer_is_read_in_batches_in_order(redis_ur
     assert got == list(range(300))
     assert max(sizes) > 1, sizes
     await hub.unsubscribe(group, inbox)
+    await layer.close_pools()
 
 
 async def test_a_live_message_arrives_while_the_shared_database_thread_is_busy(setup, no_poll):  # noqa: F811
@@ -139,7 +142,7 @@ async def test_a_live_message_arrives_while_the_shared_database_thread_is_busy(s
     await comm.disconnect()
 
 
-async def test_a_group_send_in_two_round_trips_is_what_channels_redis_receivers_read(redis_url):
+async def test_a_group_send_in_two_round_trips_is_what_channels_redis_receivers_read(redis_layer):
     """``live.send`` writes the group's queues itself on channels-redis (two round trips, not four): two
     processes' channels in a group each get the message through channels-redis' own ``receive``; a queue
     at the sender's capacity drops it, as channels-redis does; a member past the group expiry is dropped
@@ -149,7 +152,7 @@ async def test_a_group_send_in_two_round_trips_is_what_channels_redis_receivers_
     from config.layers import redis_channel_layer
 
     prefix = get_channel_layer().prefix + "-send"
-    config = redis_channel_layer(redis_url, prefix)["CONFIG"]
+    config = redis_channel_layer(redis_layer, prefix)["CONFIG"]
     publisher = RedisChannelLayer(**{**config, "capacity": 2})
     a, b = RedisChannelLayer(**config), RedisChannelLayer(**config)
     group = "run_424242"
@@ -175,10 +178,11 @@ async def test_a_group_send_in_two_round_trips_is_what_channels_redis_receivers_
             await layer.close_pools()
 
 
-async def test_the_publishing_process_hands_its_own_followers_the_message_and_redis_the_rest(redis_url):
+async def test_the_publishing_process_hands_its_own_followers_the_message_and_redis_the_rest(redis_layer):
     """A web process's followers of a run get what that process publishes straight from its outbox; the
     layer carries it to the other processes' hubs only: this process's queue in Redis never holds it
-    (so no second copy), and its hub's Redis reader is not needed (stopped here)."""
+    (so no second copy), and its hub's Redis reader is not needed (stopped here). On Redis in both
+    deployments (a private server on the embedded default)."""
     from channels_redis.core import RedisChannelLayer
 
     from config.layers import redis_channel_layer
@@ -188,7 +192,7 @@ async def test_the_publishing_process_hands_its_own_followers_the_message_and_re
     assert isinstance(layer, RedisChannelLayer)
     group = "run_565656"
     here, here_inbox = hub_for(layer), Inbox()
-    other_layer = RedisChannelLayer(**redis_channel_layer(redis_url, layer.prefix)["CONFIG"])
+    other_layer = RedisChannelLayer(**redis_channel_layer(redis_layer, layer.prefix)["CONFIG"])
     other, other_inbox = LiveHub(other_layer), Inbox()  # another process: its own layer and hub
     try:
         assert await here.subscribe(group, here_inbox)
@@ -207,10 +211,11 @@ async def test_the_publishing_process_hands_its_own_followers_the_message_and_re
         await here.unsubscribe(group, here_inbox)
         await other.unsubscribe(group, other_inbox)
         await other_layer.close_pools()
+        await layer.close_pools()
 
 
 async def test_when_the_layer_fails_the_publishing_process_still_hands_its_followers_every_message(
-    redis_url, monkeypatch
+    redis_layer, monkeypatch
 ):
     """A send that fails (Redis away) drops what waited behind it for the other processes (their polls
     read it); this process's own followers still get every message, in order."""
@@ -240,3 +245,109 @@ async def test_when_the_layer_fails_the_publishing_process_still_hands_its_follo
         assert got == [1, 2, 3]
     finally:
         await hub.unsubscribe(group, inbox)
+        await layer.close_pools()
+
+
+def _items(payload: dict[str, Any]) -> list[tuple[str, int]]:
+    """What a live payload carries, flattened: ("e", seq) for an event, ("m", step) per metrics point."""
+    if payload["kind"] == "event":
+        return [("e", payload["event"]["seq"])]
+    return [("m", step) for step in payload["series"]["k"]["steps"]]
+
+
+def _sent_as(published: list[dict[str, Any]]) -> list[list[tuple[str, int]]]:
+    """The messages an outbox sends when every one was published before its first send (tracking/live.py:
+    consecutive metrics messages merge while they wait, events never do), as their items."""
+    units: list[list[tuple[str, int]]] = []
+    for payload, previous in zip(published, [None, *published[:-1]], strict=True):
+        if previous is not None and payload["kind"] == previous["kind"] == "metrics":
+            units[-1] += _items(payload)
+        else:
+            units.append(_items(payload))
+    return units
+
+
+async def _take(inbox: Inbox, n: int) -> list[tuple[str, int]]:
+    got: list[tuple[str, int]] = []
+    while len(got) < n:
+        got += _items((await asyncio.wait_for(inbox.get(), 10))["payload"])
+    return got
+
+
+async def test_each_follower_gets_every_message_once_in_order_whatever_sends_fail(redis_layer, monkeypatch):
+    """Random sequences of events and metrics published by one web process, some of whose sends fail
+    (the layer away), against the reference rule: each of this process's followers gets every message,
+    once, in publish order, straight from the outbox (its queue in Redis never holds one: no second
+    copy); another process's follower gets, once and in order, what was sent before the first failed
+    send (what waited behind it is left to its poll), then what is published next. Redis in both
+    deployments (a private server on the embedded default)."""
+    from channels_redis.core import RedisChannelLayer
+
+    from config.layers import redis_channel_layer
+    from tracking.hub import hub_for
+
+    layer, loop = get_channel_layer(), asyncio.get_running_loop()
+    assert isinstance(layer, RedisChannelLayer)
+    run_id = 585858
+    group = live.group_name(run_id)
+    here, mine = hub_for(layer), [Inbox(), Inbox()]
+    other_layer = RedisChannelLayer(**redis_channel_layer(redis_layer, layer.prefix)["CONFIG"])
+    other, theirs = LiveHub(other_layer), Inbox()  # another process: its own layer and hub
+    failing: set[tuple[str, int]] = set()  # a send carrying one of these items fails
+    real_send = live._group_send
+
+    async def flaky(layer_: Any, group_: str, message: dict[str, Any], skip: str | None = None) -> None:
+        if failing & set(_items(message["payload"])):
+            raise ConnectionError("the layer is away")
+        await real_send(layer_, group_, message, skip)
+
+    def publish_held(payloads: list[dict[str, Any]]) -> None:
+        """Publish from a request thread of this server while its loop is held: every message waits in
+        the outbox before the first send."""
+
+        def view() -> None:
+            live.bind_loop(loop)
+            for payload in payloads:
+                live.publish(run_id, payload)
+
+        thread = threading.Thread(target=view)
+        thread.start()
+        thread.join(30)
+
+    monkeypatch.setattr(live, "_group_send", flaky)
+    rng, seq = random.Random(20261203), 0
+    try:
+        for inbox in mine:
+            assert await here.subscribe(group, inbox)
+        assert await other.subscribe(group, theirs)
+        here._reader.cancel()  # this process reads nothing from Redis: its followers are served directly
+        for _ in range(25):
+            published = []
+            for _ in range(rng.randint(1, 8)):
+                seq += 1
+                published.append(
+                    {"kind": "event", "event": {"seq": seq}} if rng.random() < 0.5 else metrics(seq)
+                )
+            units = _sent_as(published)
+            failing.clear()
+            for unit in rng.sample(units, k=min(len(units), rng.choice([0, 0, 1, 2]))):
+                failing.add(rng.choice(unit))
+            publish_held(published)
+            everything = [item for unit in units for item in unit]
+            for inbox in mine:
+                assert await _take(inbox, len(everything)) == everything, (published, failing)
+            first_failed = next((k for k, unit in enumerate(units) if failing & set(unit)), len(units))
+            sent = [item for unit in units[:first_failed] for item in unit]
+            seq += 1
+            publish_held([{"kind": "event", "event": {"seq": seq}}])  # the next message: sent
+            for inbox in mine:
+                assert await _take(inbox, 1) == [("e", seq)] and inbox.queue.empty()
+            assert await _take(theirs, len(sent) + 1) == [*sent, ("e", seq)], (published, failing)
+        queue = layer.prefix + layer.non_local_name(here.channel)
+        assert await layer.connection(layer.consistent_hash(queue)).zcard(queue) == 0
+    finally:
+        for inbox in mine:
+            await here.unsubscribe(group, inbox)
+        await other.unsubscribe(group, theirs)
+        await other_layer.close_pools()
+        await layer.close_pools()

@@ -11,6 +11,7 @@ of the on-disk format.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,15 @@ def test_the_typed_state_is_written_back_in_the_same_format():
     extra = _old_state()["extra"]
     queue, states = restore_parts(extra, num_rollouters=1)
     assert pipeline_extra(2, queue, states) == extra
+
+
+def test_a_rollouters_sampler_state_goes_through_the_json_of_a_checkpoint_and_an_old_one_has_none():
+    queue, (state,) = _restored()
+    assert state.sampler is None  # written before the sampler state was saved: the worker's seed then
+    sampler = bytes(range(256)) * 20  # any bytes (a torch generator's state is 5,056 of them)
+    extra = pipeline_extra(2, queue, [dataclasses.replace(state, sampler=sampler)])
+    _, (back,) = restore_parts(json.loads(json.dumps(extra)), num_rollouters=1)
+    assert back == dataclasses.replace(state, sampler=sampler)
 
 
 def test_a_rollouter_state_with_the_older_single_parked_slot_loads():

@@ -7,7 +7,10 @@ import pytest
 from django.test import Client
 
 from experiments.models import Run, RunState
+from experiments.run_files import checkpoint_folder, run_folder
 from experiments.services import run_create, run_transition
+from launcher.services import job_spec, job_spec_file
+from rl_engine.cli import load_job
 from tests.factories import checkpoint_path
 from tests.platform.conftest import client_for
 from tracking.models import RunEvent
@@ -130,3 +133,24 @@ def test_fork_is_in_the_openapi_document(db):
         op["requestBody"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
     ]
     assert {"checkpoint", "config_overrides", "priority"} <= set(body["properties"])
+
+
+def test_the_chosen_checkpoint_is_the_one_the_launchers_job_spec_resumes_from(team, member, parent):
+    """For each checkpoint a fork may choose (and none: the latest), the job spec the launcher builds and
+    writes for the fork, as the engine's CLI reads it back, resumes from exactly that checkpoint: the
+    rule written out here (the chosen one, else the parent's highest step), not the launcher's. No
+    engine runs."""
+    checkpoint_record(run_id=parent.pk, step=3, path=checkpoint_path(parent, 3))  # not in step order
+    checkpoints = list(parent.checkpoints.order_by("pk"))
+    assert [c.step for c in checkpoints] == [2, 4, 3]
+    for chosen in [*checkpoints, None]:
+        body = {"checkpoint": chosen.pk} if chosen is not None else {}
+        resp = fork(member, parent.pk, {**body, "config_overrides": {"trainer": {"lr": 5e-7}}})
+        assert resp.status_code == 201, resp.json()
+        new = Run.objects.get(pk=resp.json()["id"])
+        want = chosen if chosen is not None else max(checkpoints, key=lambda c: c.step)
+        spec = job_spec(new, run_folder(new) / "token")
+        assert spec.placement.resume_from == want.path, (chosen, spec.placement.resume_from)
+        read = load_job(str(job_spec_file(spec, new)), [], {})  # what the job starts with
+        assert read.placement.resume_from == want.path and read.config.trainer.lr == 5e-7
+        assert read.placement.checkpoint_dir == str(checkpoint_folder(new)) != str(checkpoint_folder(parent))

@@ -401,3 +401,31 @@ async def test_with_the_throttle_counters_store_away_the_front_still_stores(fron
         assert await sync_to_async(stored)(run.pk) == sent(batch(0), batch(100))
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+async def test_the_front_serves_a_body_exactly_when_djangos_upload_limit_admits_it(
+    front, world, settings, chunks
+):
+    """Django refuses a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (a 413) and reads one of exactly
+    that size. Around the boundary (the limit one byte under, at and over the body's size), the front
+    answers alone exactly when Django, asked directly with the same request, stores it; otherwise it
+    hands the request over, and the answer is Django's 413."""
+    app, django = front
+    run, token = world["runs"][0], world["ingest"][0]
+    url = f"/api/runs/{run.pk}/metrics"
+    steps = iter(range(1000, 9000, 100))  # same number of digits: every body below has the same size
+    size = len(json.dumps(batch(next(steps))).encode())
+    for limit in (size - 2, size - 1, size, size + 1, size + 2):
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = limit
+        direct = await call(django_asgi_app, url, json.dumps(batch(next(steps))).encode(), token)
+        admitted = direct[0] == 200  # Django's own rule, asked directly
+        assert admitted == (size <= limit) and (admitted or direct[0] == 413), (limit, direct)
+        django.paths.clear()
+        body = json.dumps(batch(next(steps))).encode()
+        assert len(body) == size
+        through_front = await call(app, url, body, token, chunks=chunks)
+        assert (django.paths == []) == admitted, (limit, size)  # served alone exactly when admitted
+        assert through_front[0] == direct[0], (limit, through_front)
+        if not admitted:
+            assert through_front == direct  # Django's own 413, body and headers

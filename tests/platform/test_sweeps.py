@@ -10,6 +10,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from experiments.models import Run, RunState
 from experiments.services import run_create, run_transition
@@ -126,6 +128,62 @@ def test_a_grid_sweep_makes_one_queued_run_per_point_with_its_overrides_and_seed
         assert m.seed == 100 + i and m.run.state == RunState.QUEUED
         assert m.run.experiment_id == experiment.pk
     assert {r["index"] for r in body["runs"]} == set(range(6))
+
+
+@pytest.mark.parametrize(
+    ("method", "space", "max_runs"),
+    [
+        ("grid", {"seed": [3, 7], "trainer.lr": [1e-6, 2e-6]}, None),
+        ("grid", {"trainer.lr": [1e-6, 2e-6, 3e-6]}, None),
+        ("random", {"seed": {"int": [0, 10**6]}, "trainer.lr": {"loguniform": [1e-6, 1e-4]}}, 4),
+        ("random", {"seed": {"choice": [5, 6]}}, 3),
+        ("random", {"trainer.lr": {"loguniform": [1e-6, 1e-4]}}, 3),
+    ],
+)
+def test_a_point_that_names_a_seed_keeps_it_and_the_others_get_the_sweeps_seed_plus_their_index(
+    member, experiment, method, space, max_runs
+):
+    """The rule, checked run by run: a point whose search space has a ``seed`` field runs with that seed
+    (its own draw or grid value); any other point with the sweep's seed plus its index."""
+    body = {"method": method, "search_space": space, "seed": 100, "max_concurrent": 10}
+    resp = _create(member, experiment, **body, **({"max_runs": max_runs} if max_runs else {}))
+    assert resp.status_code == 201, resp.content
+    members = list(
+        SweepRun.objects.filter(sweep_id=resp.json()["id"]).select_related("run").order_by("index")
+    )
+    written_out = _points_written_out(method, space, len(members), seed=100)
+    assert len(members) == len(written_out)
+    for m, point in zip(members, written_out, strict=True):  # lr: as the config holds it (1e-06)
+        assert m.params.keys() == point.keys() and m.params == pytest.approx(point, rel=1e-12), m.index
+    for m, point in zip(members, written_out, strict=True):
+        want = point["seed"] if "seed" in point else 100 + m.index
+        assert m.run.config["seed"] == m.seed == want, (m.index, point)
+
+
+def _points_written_out(method: str, space: dict, n: int, seed: int) -> list[dict]:
+    """The sweep's points by the documented rule, written out here: the grid's Cartesian product of the
+    sorted fields (the last varying fastest), or ``n`` draws of ``random.Random(seed)``, field by field
+    in sorted order (a list or ``choice``: ``choice``; ``int``: ``randint``; ``loguniform``: ``uniform``
+    in log space)."""
+    fields = sorted(space)
+    if method == "grid":
+        return [
+            dict(zip(fields, combo, strict=True)) for combo in itertools.product(*(space[f] for f in fields))
+        ]
+    rng, out = random.Random(seed), []
+    for _ in range(n):
+        point = {}
+        for f in fields:
+            spec = space[f]
+            if isinstance(spec, list) or "choice" in spec:
+                point[f] = rng.choice(spec if isinstance(spec, list) else spec["choice"])
+            elif "int" in spec:
+                point[f] = rng.randint(*spec["int"])
+            else:
+                low, high = spec["loguniform"]
+                point[f] = math.exp(rng.uniform(math.log(low), math.log(high)))
+        out.append(point)
+    return out
 
 
 def test_a_random_sweep_with_the_same_seed_draws_the_same_points(member, experiment):
@@ -324,10 +382,10 @@ def _brute_force_losers(series, running, goal, min_steps, min_runs) -> set[int]:
         if s < min_steps:
             continue
         mine = better(v for step, v in series[r] if step <= s)
-        others = [
+        others = [  # the other runs that reached step s, each with a value at or before it
             better(v for step, v in pts if step <= s)
             for o, pts in series.items()
-            if o != r and pts and max(step for step, _ in pts) >= s
+            if o != r and pts and max(step for step, _ in pts) >= s and min(step for step, _ in pts) <= s
         ]
         if len(others) < min_runs:
             continue
@@ -335,6 +393,45 @@ def _brute_force_losers(series, running, goal, min_steps, min_runs) -> set[int]:
         if (mine < med) if goal == "max" else (mine > med):
             losers.add(r)
     return losers
+
+
+# A run's series: ascending steps, values from a small set (ties and equal medians happen).
+SERIES = st.lists(
+    st.tuples(st.integers(0, 12), st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 3.0])), max_size=6
+).map(lambda points: sorted(dict(points).items()))
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(
+    series=st.dictionaries(st.integers(1, 8), SERIES, max_size=8),
+    candidates=st.sets(st.integers(1, 9)),
+    goal=st.sampled_from(["max", "min"]),
+    min_steps=st.integers(0, 6),
+    min_runs=st.integers(1, 4),
+)
+def test_the_median_rule_is_the_brute_force_rule(series, candidates, goal, min_steps, min_runs):
+    """The pure rule against the brute-force one: a candidate is stopped exactly when its best value is
+    strictly worse than the median of the *other* runs' bests at its step (itself never counted), and
+    the verdict says that median and how many runs it was taken over."""
+    from sweeps.early_stopping import median_rule
+    from sweeps.services import EarlyStopping
+
+    rule = EarlyStopping(min_steps=min_steps, min_runs=min_runs)
+    running = sorted(candidates)
+    got = median_rule(series, running, goal=goal, rule=rule)
+    assert {v.run_id for v in got} == _brute_force_losers(
+        {r: series.get(r, []) for r in {*series, *running}}, running, goal, min_steps, min_runs
+    )
+    better = max if goal == "max" else min
+    for verdict in got:
+        step = series[verdict.run_id][-1][0]
+        others = [
+            better(v for s, v in pts if s <= step)
+            for r, pts in series.items()
+            if r != verdict.run_id and pts and pts[-1][0] >= step and pts[0][0] <= step
+        ]
+        assert (verdict.step, verdict.others) == (step, len(others))
+        assert verdict.median == _brute_median(others)
 
 
 @pytest.mark.parametrize(("goal", "seed"), [("max", 1), ("max", 2), ("min", 3), ("min", 4)])

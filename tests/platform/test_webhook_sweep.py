@@ -8,15 +8,18 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.utils import timezone
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from alerts import delivery as delivery_mod
 from alerts.delivery import attempt, deliver_webhook, resend_due
-from alerts.models import AlertKind, DeliveryStatus, Webhook, WebhookDelivery
+from alerts.models import Alert, AlertKind, DeliveryStatus, Webhook, WebhookDelivery
 from alerts.services import alert_raise
 from experiments.services import run_create
 from tests.conftest import SESSION_DELIVERY_QUEUE, SESSION_QUEUE, start_celery_worker, wait_for
@@ -48,6 +51,13 @@ def enqueued(monkeypatch) -> list[tuple]:
     sent: list[tuple] = []
     monkeypatch.setattr(deliver_webhook, "apply_async", lambda args, **kw: sent.append(tuple(args)))
     return sent
+
+
+@pytest.fixture
+def receiver_up():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
 
 
 def _race(messages: list[tuple]) -> list[str]:
@@ -216,3 +226,153 @@ def test_a_worker_killed_while_holding_the_countdown_the_next_worker_delivers_on
     finally:
         receiver.stop()
         worker.stop()
+
+
+# --- any interleaving of attempts, dead workers, passing time and sweeps, against a model ---------------
+
+
+@dataclass
+class Model:
+    """A delivery as the documented rules say it evolves (docs/api.md, "Webhooks"; alerts/delivery.py):
+    attempts are numbered 1..max; an attempt is made only as the one after those made, only when the
+    delivery is due (or the attempt in flight outlived its lease: its worker died), never beyond max;
+    an attempt in flight holds the delivery for as long as its request may take (connect and read
+    timeouts) and more."""
+
+    max_attempts: int
+    attempts: int = 0
+    status: str = DeliveryStatus.PENDING
+    due: bool = True  # pending or retrying, and due (overdue for the sweep, too)
+    lease_live: bool = False  # sending: its worker may still be sending
+    posts: int = 0  # requests the receiver got
+
+    def claimable(self, number: int | None) -> bool:
+        waiting = self.status in (DeliveryStatus.PENDING, DeliveryStatus.RETRYING) and self.due
+        abandoned = self.status == DeliveryStatus.SENDING and not self.lease_live
+        return (
+            (waiting or abandoned)
+            and self.attempts < self.max_attempts
+            and (number is None or number == self.attempts + 1)
+        )
+
+    def claim(self) -> None:
+        self.attempts += 1
+        self.status, self.due, self.lease_live = DeliveryStatus.SENDING, False, True
+
+    def answered(self, ok: bool) -> str:
+        self.posts += 1
+        self.lease_live = False
+        if ok:
+            self.status = DeliveryStatus.SUCCEEDED
+        else:
+            failed = self.attempts >= self.max_attempts
+            self.status = DeliveryStatus.FAILED if failed else DeliveryStatus.RETRYING
+        return self.status
+
+
+# (op, argument): "send" an attempt's message (unnumbered, or numbered around the next attempt's number)
+# that the receiver answers with 200 or 500; "dies": a worker claims that attempt and is killed before
+# its request;
+# "due": time passes until the retry is due; "lease": the lease of an attempt in flight runs out;
+# "sweep": a beat pass, at a moment up to the longest an attempt's request may take; "queued": the
+# oldest message the code enqueued (a retry's countdown, a sweep's resend) arrives.
+NUMBER = st.one_of(st.none(), st.integers(-1, 1))  # unnumbered, or the next attempt's number -1, +0, +1
+OP = st.one_of(
+    st.tuples(st.just("send"), st.tuples(NUMBER, st.booleans())),
+    st.tuples(st.just("dies"), NUMBER),
+    st.tuples(st.just("due"), st.none()),
+    st.tuples(st.just("lease"), st.none()),
+    st.tuples(st.just("sweep"), st.sampled_from([0.0, 0.5, 1.0])),  # times 2 * WEBHOOK_TIMEOUT_S
+    st.tuples(st.just("queued"), st.booleans()),
+)
+
+
+@pytest.mark.django_db
+@settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(max_attempts=st.integers(1, 3), ops=st.lists(OP, min_size=1, max_size=12))
+# Edge cases the search reaches rarely: the worker of the last attempt died, its lease ran out; then an
+# unnumbered message, and one numbered as the attempt after the last, arrive.
+@example(max_attempts=1, ops=[("dies", 0), ("lease", None), ("send", (None, True))])
+@example(
+    max_attempts=2, ops=[("dies", 0), ("lease", None), ("dies", None), ("lease", None), ("send", (0, True))]
+)
+def test_any_interleaving_of_attempts_dead_workers_and_sweeps_follows_the_model(
+    team, run, settings_for_sweep, enqueued, receiver_up, max_attempts, ops
+):
+    """Each step's outcome, the delivery's stored attempts and status, and the requests the receiver got
+    are the model's: never an attempt beyond WEBHOOK_MAX_ATTEMPTS (also for a dead worker's last
+    attempt, whatever message arrives), never a second claim of an attempt in flight within the time its
+    request may take, each attempt's request made once."""
+    settings_for_sweep.WEBHOOK_MAX_ATTEMPTS = max_attempts
+    settings_for_sweep.WEBHOOK_RETRY_BASE_S = 600.0  # a retry is due only when a step says so
+    timeout = float(settings_for_sweep.WEBHOOK_TIMEOUT_S)
+    hook = Webhook.objects.create(project=team["project"], url=receiver_up.url, secret=SECRET)
+    alert = Alert.objects.first() or alert_raise(run_id=run.pk, kind=AlertKind.ENGINE, message="m").alert
+    WebhookDelivery.objects.all().delete()  # an earlier example's: the sweep sees this one only
+    delivery = WebhookDelivery.objects.create(webhook=hook, alert=alert, payload={"event": "test"})
+    row = WebhookDelivery.objects.filter(pk=delivery.pk)
+    long_ago = timezone.now() - timedelta(minutes=10)
+    row.update(next_attempt_at=long_ago, updated=long_ago)  # due, and overdue for the sweep
+    enqueued.clear()
+    receiver_up.received.clear()
+    model = Model(max_attempts)
+
+    def send(number: int | None, ok: bool) -> None:
+        receiver_up.status = 200 if ok else 500
+        before = len(enqueued)
+        want = "not claimable"
+        if model.claimable(number):
+            model.claim()
+            want = model.answered(ok)
+        assert deliver_webhook.run(delivery.pk, number) == want, (number, ok)
+        if want == DeliveryStatus.RETRYING:  # its countdown message, for the next attempt
+            assert enqueued[before:] == [(delivery.pk, model.attempts + 1)]
+        else:
+            assert enqueued[before:] == []
+
+    def number(offset: int | None) -> int | None:
+        return None if offset is None else model.attempts + 1 + offset
+
+    for op, arg in ops:
+        now = timezone.now()
+        if op == "send":
+            send(number(arg[0]), arg[1])
+        elif op == "dies":
+            n = number(arg)
+            claimed = model.claimable(n)
+            if claimed:
+                model.claim()
+            assert delivery_mod._claim(delivery.pk, n) == claimed, n
+        elif op == "due":
+            if model.status in (DeliveryStatus.PENDING, DeliveryStatus.RETRYING):
+                model.due = True
+            row.filter(status__in=[DeliveryStatus.PENDING, DeliveryStatus.RETRYING]).update(
+                next_attempt_at=now - timedelta(minutes=10)
+            )
+        elif op == "lease":
+            model.lease_live = False
+            row.filter(status=DeliveryStatus.SENDING).update(lease_until=now - timedelta(seconds=1))
+        elif op == "sweep":
+            want = delivery_mod.Swept(resent=[], failed=[])
+            if model.status == DeliveryStatus.SENDING and not model.lease_live:
+                if model.attempts >= max_attempts:
+                    model.status = DeliveryStatus.FAILED
+                    want.failed.append(delivery.pk)
+                else:
+                    want.resent.append((delivery.pk, model.attempts + 1))
+            elif model.status in (DeliveryStatus.PENDING, DeliveryStatus.RETRYING) and model.due:
+                want.resent.append((delivery.pk, model.attempts + 1))
+            before = len(enqueued)
+            assert resend_due(now + timedelta(seconds=arg * 2 * timeout)) == want, (op, arg)
+            assert enqueued[before:] == want.resent
+        elif op == "queued" and enqueued:
+            send(*enqueued.pop(0)[1:], arg)
+        stored = row.get()
+        assert (stored.attempts, stored.status) == (model.attempts, model.status), (op, arg)
+        assert len(receiver_up.received) == model.posts <= max_attempts
+        assert {r.headers["x-rlp-delivery"] for r in receiver_up.received} <= {str(delivery.delivery_id)}
