@@ -82,7 +82,7 @@ def _given_token(args: argparse.Namespace) -> tuple[str, str] | None:
     if args.token_stdin:
         token = getpass.getpass("API token: ") if sys.stdin.isatty() else _stdin_line()
         return (token or "").strip(), "stdin"
-    if os.environ.get("RLP_TOKEN"):
+    if os.environ.get("RLP_TOKEN") and args.username is None:  # --username: log in with the password
         return os.environ["RLP_TOKEN"].strip(), "RLP_TOKEN"
     return None
 
@@ -215,8 +215,8 @@ def build_parser() -> Parser:
         help="log in with your username and password (or a token): the URL and a new token are stored",
         description="Asks for your username and password (at a terminal; else reads them from two lines "
         "of stdin), and stores the platform's URL and a new API token for you in credentials.json "
-        "(mode 0600), never the password. With a token instead (--token-stdin, or RLP_TOKEN set): the "
-        "token is checked and stored.",
+        "(mode 0600), never the password. With a token instead (--token-stdin, or RLP_TOKEN set and no "
+        "--username): the token is checked and stored.",
     )
     p.add_argument("url")
     p.add_argument("--username", help="default: prompted, or the first line of stdin")

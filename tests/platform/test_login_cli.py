@@ -110,6 +110,11 @@ def test_a_token_from_stdin_or_the_environment_and_the_deprecated_flag_which_war
     (site["config"] / "credentials.json").unlink()
     code, out, err = rlp(site, "login", site["url"], RLP_TOKEN=secret)
     assert code == 0 and err == "" and stored(site)["token"] == secret
+    code, out, err = rlp(
+        site, "login", site["url"], "--username", "alice", stdin=f"{PASSWORD}\n", RLP_TOKEN=secret
+    )
+    assert code == 0 and "a new token" in out and stored(site)["token"] != secret  # --username: the password
+    secret = stored(site)["token"]
     code, out, err = rlp(site, "login", site["url"], "--token", secret)
     assert code == 0 and stored(site)["token"] == secret
     assert "--token-stdin" in one_line(err, prefix="warning: --token ")
@@ -117,7 +122,7 @@ def test_a_token_from_stdin_or_the_environment_and_the_deprecated_flag_which_war
     code, out, err = rlp(site, "login", site["url"], "--token-stdin", stdin="rlp_wrong\n")
     assert code == 3 and "credentials refused" in one_line(err)
     assert stored(site)["token"] == secret  # the refused token replaced nothing
-    assert ApiToken.objects.count() == 1  # a given token is checked, no token is made
+    assert ApiToken.objects.count() == 2  # given tokens are checked, made: only the password login's
     code, out, err = rlp(site, "run", "list", RLP_URL=site["url"], RLP_TOKEN="rlp_unknown")
     assert code == 3 and "credentials refused" in one_line(err)  # the environment wins over the file
 
