@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo model test install install-runtime lint fmt migrate clean-var bench check-vllm check-sglang check-vllm-cpu base-images compose-smoke gpu-wheels check-floor
+.PHONY: demo model test install install-runtime lint fmt migrate clean-var bench bench-smoke check-vllm check-sglang check-vllm-cpu base-images compose-smoke gpu-wheels check-floor
 
 $(RUNTIME_STAMP): requirements.txt client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ fmt: $(STAMP)
 # Every benchmark's quick mode (--quick), a few minutes in all; the full runs are in docs/benchmarks.md.
 bench: install
 	$(PY) benchmarks/run_all.py
+
+# Every benchmark's smoke mode (--smoke: each full run's code paths at tiny sizes; the CI runs them as
+# tests/foundation/test_benchmarks_smoke.py).
+bench-smoke: install
+	$(PY) benchmarks/run_all.py --smoke
 
 # API contract of the GPU rollout backends against the installed engine (CPU is enough; not part of
 # `make test`). Each engine lives in its own environment: make check-vllm VENV=/path/to/vllm-venv

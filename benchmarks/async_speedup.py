@@ -5,6 +5,7 @@ One invocation prints one table (and ``--json PATH`` writes the raw figures)::
     .venv/bin/python benchmarks/async_speedup.py            # all three parts
     .venv/bin/python benchmarks/async_speedup.py --parts a  # only the simulation
     .venv/bin/python benchmarks/async_speedup.py --quick    # parts a and c, small (``make bench``)
+    .venv/bin/python benchmarks/async_speedup.py --smoke    # every part, a few steps once: a check that it runs
 
 (a) The real pipeline (actors, queue, admission gate, weight sync, partial rollout) with a rollout
     worker and trainer whose *costs* come from the seeded model in ``tests.pipeline.simulated``:
@@ -299,9 +300,14 @@ def main() -> None:
     ap.add_argument("--real-steps", type=int, default=200)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true", help="parts a and c, 8 steps, 1 repeat: a minute or two")
+    ap.add_argument(
+        "--smoke", action="store_true", help="every part, 4 steps (b: 3), 1 sync: a check that it runs"
+    )
     args = ap.parse_args()
     if args.quick:  # a smoke run (make bench): the figures are not the recorded ones
         args.parts, args.sim_steps, args.repeats = "ac", 8, 1
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.sim_steps, args.repeats, args.real_steps = 4, 1, 3
     tmp = tempfile.mkdtemp(prefix="rlb_", dir="/tmp")
     ray.init(num_cpus=16, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
     res: dict[str, Any] = {}
@@ -312,7 +318,7 @@ def main() -> None:
         if "b" in args.parts:
             res["b"] = part_b(args.real_steps, args.repeats)
         if "c" in args.parts:
-            res["c"] = part_c(max(5, args.repeats * 5))
+            res["c"] = part_c(1 if args.smoke else max(5, args.repeats * 5))
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)

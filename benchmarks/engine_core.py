@@ -4,6 +4,7 @@ forward/backward/AdamW loop, and the demo-cpu learning curve.
     .venv/bin/python benchmarks/engine_core.py            # all three parts
     .venv/bin/python benchmarks/engine_core.py --parts rollout,trainer --repeats 7
     .venv/bin/python benchmarks/engine_core.py --quick    # rollout and trainer, small (``make bench``)
+    .venv/bin/python benchmarks/engine_core.py --smoke    # every part, tiny and once: a check that it runs
 
 The machine is shared: each comparison interleaves its two contenders (A B A B ...) and reports the
 median of the repeats, so load changes hit both sides alike; compare the ratios, not absolute figures.
@@ -170,13 +171,15 @@ def bench_trainer(model_dir: Path, repeats: int, threads: int, new_tokens: int) 
     }
 
 
-def bench_learning(model_dir: Path, budget_s: float, seed: int, marks: list[float]) -> dict[str, object]:
+def bench_learning(
+    model_dir: Path, budget_s: float, seed: int, marks: list[float], steps: int | None = None
+) -> dict[str, object]:
     """demo-cpu (its own hyperparameters) driven in-process, worker then trainer, one step at a time.
 
     Returns the mean reward of the last 10 steps at each wall-time mark, the wall time and step at
     which that running mean first reached 0.5 / 0.8 / 0.9, and the step rate. Stops at 0.9 or the budget.
     """
-    cfg = _cfg(model_dir, f"seed={seed}")
+    cfg = _cfg(model_dir, f"seed={seed}", *([f"trainer.total_steps={steps}"] if steps else []))
     worker, trainer = HFRolloutWorker(cfg.rollout, cfg.model, seed=cfg.seed), PolicyTrainer(cfg)
     stream, reward = PromptStream(cfg, worker.tokenizer), build_reward(cfg.reward)
     k = cfg.trainer.batch_size // cfg.rollout.n
@@ -210,7 +213,7 @@ def bench_learning(model_dir: Path, budget_s: float, seed: int, marks: list[floa
 
 
 def bench_learning_pipeline(
-    model_dir: Path, budget_s: float, seed: int, marks: list[float]
+    model_dir: Path, budget_s: float, seed: int, marks: list[float], steps: int | None = None
 ) -> dict[str, object]:
     """demo-cpu as `python -m rl_engine train` runs it (the pipeline, its preset mode), timed from the
     call (Ray start included); reward = running mean of the last 10 steps' ``reward/mean``."""
@@ -228,7 +231,13 @@ def bench_learning_pipeline(
                 if len(self.points) >= 10 and statistics.fmean(p[2] for p in self.points[-10:]) >= 0.9:
                     stop.set()  # learned: stop the run early
 
-    cfg = _cfg(model_dir, f"seed={seed}", "logging.log_every=1", "logging.samples_per_step=0")
+    cfg = _cfg(
+        model_dir,
+        f"seed={seed}",
+        "logging.log_every=1",
+        "logging.samples_per_step=0",
+        *([f"trainer.total_steps={steps}"] if steps else []),
+    )
     stop = threading.Event()
     rec = Recorder()
     timer = threading.Timer(budget_s, stop.set)
@@ -272,11 +281,15 @@ def main() -> None:
         default="pipeline",
         help="learning curve: the pipeline (as `train` runs it) or a bare in-process worker+trainer loop",
     )
+    ap.add_argument("--steps", type=int, default=None, help="learning: stop after this many steps")
     ap.add_argument("--quick", action="store_true", help="rollout and trainer, smallest model, 1 repeat")
+    ap.add_argument("--smoke", action="store_true", help="every part, smallest model, once, 3 learning steps")
     args = ap.parse_args()
     if args.quick:  # a smoke run (make bench): the figures are not the recorded ones
         args.parts, args.repeats, args.new_tokens = "rollout,trainer", 1, 8
         args.sizes = next(iter(SIZES))
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.repeats, args.new_tokens, args.sizes, args.seeds, args.steps = 1, 2, next(iter(SIZES)), "0", 3
     parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {
@@ -317,7 +330,7 @@ def main() -> None:
             )
             for seed in [int(x) for x in args.seeds.split(",")]:
                 fn = bench_learning_pipeline if args.driver == "pipeline" else bench_learning
-                r = fn(dirs["tiny-88k"], args.budget_s, seed, marks)
+                r = fn(dirs["tiny-88k"], args.budget_s, seed, marks, args.steps)
                 cells = [f"{r['at_mark'][m]:6.2f}" if m in r["at_mark"] else f"{'-':>6}" for m in marks]
                 hits = [
                     f"{r['reached'][lv][0]:.0f}s ({r['reached'][lv][1]})"

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/follow_latency.py --deployments redis,embedded
     .venv/bin/python benchmarks/follow_latency.py --steps 40               # a short check
     .venv/bin/python benchmarks/follow_latency.py --source post            # the platform's part, no engine
+    .venv/bin/python benchmarks/follow_latency.py --smoke                  # embedded, 12 steps: a check
 
 A fresh stack per deployment (benchmarks/live_latency.py's ``Deployment``: daphne, a Celery worker with
 its beat, the platform's local Ray head, a scratch VAR_DIR; ``redis`` is PostgreSQL + a private Redis with
@@ -172,7 +173,10 @@ def main() -> None:
     p.add_argument("--source", choices=["engine", "post"], default="engine",
                    help="engine: a demo run trains; post: batches posted through the API (no Ray)")  # fmt: skip
     p.add_argument("--batches", type=int, default=150, help="--source post: 10 points each, every 100 ms")
+    p.add_argument("--smoke", action="store_true", help=f"embedded, {SKIP_STEPS + 2} steps (or 5 batches)")
     args = p.parse_args()
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.deployments, args.steps, args.batches = "embedded", SKIP_STEPS + 2, 5
     results = []
     for kind in args.deployments.split(","):
         load_before = os.getloadavg()[0]

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/ingest.py                       # defaults below
     .venv/bin/python benchmarks/ingest.py --clients 4 --batches 25 --servers 2 --series 1000000
     .venv/bin/python benchmarks/ingest.py --quick    # small (``make bench``)
+    .venv/bin/python benchmarks/ingest.py --smoke    # one batch, a 5,000-point series: a check that it runs
 
 Needs PostgreSQL (``--database-url``, default a scratch database ``rlp_bench`` that it creates and
 migrates). What it measures, in one invocation so that machine load hits every contender alike:
@@ -49,9 +50,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-points", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="1 client, 2 batches, 1 server, 20,000-point series")
+    p.add_argument("--smoke", action="store_true", help="1 client, 1 batch, 1 server, 5,000-point series")
     args = p.parse_args()
     if args.quick:  # a smoke run (make bench): the figures are not the recorded ones
         args.clients, args.batches, args.servers, args.series, args.repeats = 1, 2, 1, 20_000, 1
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.clients, args.batches, args.servers, args.series, args.repeats = 1, 1, 1, 5_000, 1
     return args
 
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ingest_profile.py                          # this tree, 30-point batches
     .venv/bin/python benchmarks/ingest_profile.py --configs 011ba3e@gunicorn:1,gunicorn:1 --batch 1000
+    .venv/bin/python benchmarks/ingest_profile.py --smoke     # one client for 2 s: a check that it runs
 
 For each configuration (``[REF@]SERVER:WORKERS``, as benchmarks/live_load.py) a fresh production stack
 (PostgreSQL, a private redis-server, a worker and beat, DEBUG off; one web process) serves
@@ -165,7 +166,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--flame", default="", help="keep the collapsed stacks in this folder")
+    p.add_argument("--smoke", action="store_true", help="one client for 2 s, 50 samples a second")
     args = p.parse_args()
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.connections, args.seconds, args.rate = 1, 2.0, 50
     results = []
     for spec in args.configs.split(","):
         with Config(spec) as cfg:

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/live_latency.py                         # both deployments, flush 0.05 s vs 0.5 s
     .venv/bin/python benchmarks/live_latency.py --deployments redis --flush 0.05 --steps 400
+    .venv/bin/python benchmarks/live_latency.py --smoke    # redis, one flush, 12 steps: a check that it runs
 
 For each deployment and each sink flush interval a fresh stack runs in a scratch VAR_DIR (removed at the
 end): daphne, a Celery worker with its beat, the platform's local Ray head. ``redis`` is the production
@@ -249,7 +250,12 @@ def main() -> None:
     p.add_argument("--flush", default="0.05,0.5", help="sink flush intervals to compare (s)")
     p.add_argument("--steps", type=int, default=300, help="training steps (>= 200 measured)")
     p.add_argument("--probe-batches", type=int, default=250)
+    p.add_argument(
+        "--smoke", action="store_true", help="the redis deployment (embedded: follow_latency's), 12 steps"
+    )
     args = p.parse_args()
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.deployments, args.flush, args.steps, args.probe_batches = "redis", "0.05", 12, 3
     results = []
     for kind in args.deployments.split(","):
         for flush in (float(f) for f in args.flush.split(",")):

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/live_load.py --mode saturate      # req/s and CPU per request at saturation
     .venv/bin/python benchmarks/live_load.py --mode fixed         # the fixed-rate phases (poll comparison)
     .venv/bin/python benchmarks/live_load.py --quick              # a smoke run of the sinks mode
+    .venv/bin/python benchmarks/live_load.py --smoke              # this tree only, 1 run, 1 client, 2 s
 
 Loopback only, bounded in count and time. Each configuration gets a fresh stack (benchmarks/
 live_latency.py's ``redis`` deployment: a scratch PostgreSQL database, a private redis-server, a Celery
@@ -361,12 +362,17 @@ def main() -> None:
     p.add_argument("--ws-compress", type=int, default=15,
                    help="followers offer permessage-deflate with this window (browsers: 15; 0: not offered)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 3 runs, 6 clients, 5 s")
+    p.add_argument("--smoke", action="store_true", help="seconds: this tree's gunicorn:1, 1 run, 1 client")
     args = p.parse_args()
     if args.quick:
         args.runs, args.clients, args.seconds, args.drain, args.connections = 3, 6, 5.0, 10.0, 2
+    if args.smoke:
+        args.runs, args.clients, args.seconds, args.drain, args.connections = 1, 1, 2.0, 3.0, 1
     specs = (args.configs or f"{BEFORE}@daphne:1,gunicorn:1,gunicorn:2").split(",")
     if args.quick and not args.configs:
         specs = [f"{BEFORE}@daphne:1", "gunicorn:2"]
+    if args.smoke and not args.configs:
+        specs = ["gunicorn:1"]
     results: list[dict[str, Any]] = []
     for spec in specs:
         with Config(spec) as cfg:

@@ -4,6 +4,7 @@ trainer step and streamed weight sync, and whether bf16 training learns. Prints 
     .venv/bin/python benchmarks/scale.py            # the issue's shapes: 16 x 1,024 tokens, 494M-param
                                                     #   model (~12 GB of RAM at its peak, a few minutes)
     .venv/bin/python benchmarks/scale.py --quick    # smaller shapes, under a minute
+    .venv/bin/python benchmarks/scale.py --smoke    # every part at tiny sizes: a check that it runs
     .venv/bin/python benchmarks/scale.py --parts logprobs,bf16
 
 Parts (each memory figure is measured in a fresh child process: peak RSS is the kernel's high-water
@@ -152,7 +153,7 @@ def child_logprobs(
             parts = trainer._micro_batches(batch, torch.arange(seqs))
             for rows in parts:
                 mb = select(batch, rows, trainer.pad_id)
-                lp, ent = trainer._forward(model, mb, with_entropy=True, entropy_grad=True)
+                lp, ent = trainer._forward(trainer.policy, mb, with_entropy=True, entropy_grad=True)
                 loss_of(lp, ent, rows, batch.response_mask[rows, : mb.width].float()).backward()
         else:  # the code this replaced: the shared left-padded layout with its mask, full logits
             parts = [torch.tensor([i]) for i in range(seqs)]
@@ -255,7 +256,7 @@ def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, rep
     }
 
 
-def child_bf16(model_dir: str) -> dict[str, Any]:
+def child_bf16(model_dir: str, steps: int = 10) -> dict[str, Any]:
     import torch
 
     from rl_engine.trainer import PolicyTrainer
@@ -274,7 +275,7 @@ def child_bf16(model_dir: str) -> dict[str, Any]:
             trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-6, betas=(0.9, 0.999))
             trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda _: 1.0)
         before = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
-        for _ in range(10):
+        for _ in range(steps):
             trainer.train_step(samples)
         changed = sum(int((p != before[k]).sum()) for k, p in trainer.model.named_parameters())
         served = sum(
@@ -368,7 +369,13 @@ def _rollout_probe() -> type:
 
 
 def measure_rollout(
-    model_dir: str, variants: list[str], top_p: float, seqs: int, new_tokens: int, repeats: int
+    model_dir: str,
+    variants: list[str],
+    top_p: float,
+    seqs: int,
+    new_tokens: int,
+    repeats: int,
+    vocab: int = 151936,
 ) -> dict[str, list[dict[str, Any]]]:
     """Each variant ``repeats`` times, interleaved, each in a fresh Rollouter actor of the private Ray (one
     at a time): the HF worker decodes ``seqs`` prompts of ``ROLLOUT_PROMPT_TOKENS`` x ``new_tokens`` in one
@@ -384,7 +391,7 @@ def measure_rollout(
 
     data = get_preset("demo-cpu")
     # eos outside what random weights practically draw: every row decodes all its tokens
-    data["model"] = {"path": model_dir, "generation_config": {"eos_token_id": 151935}}
+    data["model"] = {"path": model_dir, "generation_config": {"eos_token_id": vocab - 1}}
     cfg = parse_config(
         apply_overrides(
             data,
@@ -450,6 +457,9 @@ def _run_child(name: str, **kwargs: Any) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller shapes: under a minute")
+    ap.add_argument(
+        "--smoke", action="store_true", help="every part at tiny sizes, once: a check that it runs"
+    )
     ap.add_argument("--parts", default="logprobs,sync,bf16,rollout")
     ap.add_argument("--repeats", type=int, default=3, help="sync vs bare load_state_dict pairs")
     ap.add_argument("--rollout-repeats", type=int, default=2, help="runs of each rollout variant")
@@ -468,28 +478,33 @@ def main() -> None:
 
     hf_logging.disable_progress_bar()
     parts, t0 = args.parts.split(","), time.time()
-    out: dict[str, Any] = {"quick": args.quick, "cores": os.cpu_count(), "load_avg_start": os.getloadavg()[0]}
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.quick, args.repeats = True, 1
+    vocab = 4096 if args.smoke else 151936  # the full runs' point is the large vocabulary; a smoke's is speed
+    out: dict[str, Any] = {"quick": args.quick, "smoke": args.smoke, "cores": os.cpu_count(),
+                           "load_avg_start": os.getloadavg()[0]}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="scale_") as tmp:
         if "logprobs" in parts:
-            d = str(save_shaped_model(Path(tmp) / "h64", dtype="float32", **HIDDEN_64))
+            d = str(save_shaped_model(Path(tmp) / "h64", dtype="float32", **HIDDEN_64, vocab_size=vocab))
             seqs = 2 if args.quick else 16
+            response_len = 64 if args.smoke else 1024
             res = {
-                p: _run_child("logprobs", model_dir=d, path=p, seqs=seqs, response_len=1024)
+                p: _run_child("logprobs", model_dir=d, path=p, seqs=seqs, response_len=response_len)
                 for p in ("new", "naive")
             }
-            res["sequences"], res["response_tokens"], res["vocab"] = seqs, 1024, 151936
+            res["sequences"], res["response_tokens"], res["vocab"] = seqs, response_len, vocab
             res["peak_ratio"] = res["new"]["peak_extra_mb"] / res["naive"]["peak_extra_mb"]
             res["peak_ratio_ok"] = res["peak_ratio"] <= 0.10
             out["logprobs"] = res
         if "sync" in parts:
-            shape = SMALL_128 if args.quick else {}
+            shape = {**SMALL_128, "vocab_size": vocab} if args.quick else {}
             d = str(save_shaped_model(Path(tmp) / "qwen", dtype="bfloat16", **shape))
             out["sync"] = _run_child(
                 "sync",
                 model_dir=d,
-                seqs=4,
-                response_len=32 if args.quick else 64,
-                bucket_mb=4 if args.quick else 256,
+                seqs=2 if args.smoke else 4,
+                response_len=8 if args.smoke else 32 if args.quick else 64,
+                bucket_mb=1 if args.smoke else 4 if args.quick else 256,
                 repeats=args.repeats,
             )
             out["sync"]["shape"] = (
@@ -497,14 +512,19 @@ def main() -> None:
             )
         if "bf16" in parts:
             out["bf16"] = _run_child(
-                "bf16", model_dir=str(save_tiny_model(TinyModelSpec(), Path(tmp) / "tiny"))
+                "bf16",
+                model_dir=str(save_tiny_model(TinyModelSpec(), Path(tmp) / "tiny")),
+                steps=1 if args.smoke else 10,
             )
         if "rollout" in parts:
-            shape = {**HIDDEN_64, "vocab_size": 151936}
+            shape = {**HIDDEN_64, "vocab_size": vocab}
             d = str(save_shaped_model(Path(tmp) / "llama", dtype="float32", architecture="llama", **shape))
-            new_tokens = 64 if args.quick else 256
-            runs = (
-                [(1.0, ["old", "new"])]
+            new_tokens = 4 if args.smoke else 64 if args.quick else 256
+            seqs = 2 if args.smoke else 16
+            runs = (  # a smoke: both loops and both heaps, top-p sampling (its sort) included
+                [(0.9, ["old", "new"])]
+                if args.smoke
+                else [(1.0, ["old", "new"])]
                 if args.quick
                 else [(1.0, list(ROLLOUT_VARIANTS)), (0.9, ["old", "new"])]
             )
@@ -512,9 +532,15 @@ def main() -> None:
             res: dict[str, Any] = {}
             with _private_ray(Path(tmp) / "ray"):
                 for top_p, variants in runs:
-                    res[f"top_p_{top_p}"] = measure_rollout(d, variants, top_p, 16, new_tokens, repeats)
-            res["sequences"], res["prompt_tokens"], res["new_tokens"] = 16, ROLLOUT_PROMPT_TOKENS, new_tokens
-            res["shape"] = "Llama, hidden 64, 2 layers, vocabulary 151,936"
+                    res[f"top_p_{top_p}"] = measure_rollout(
+                        d, variants, top_p, seqs, new_tokens, repeats, vocab
+                    )
+            res["sequences"], res["prompt_tokens"], res["new_tokens"] = (
+                seqs,
+                ROLLOUT_PROMPT_TOKENS,
+                new_tokens,
+            )
+            res["shape"] = f"Llama, hidden 64, 2 layers, vocabulary {vocab:,}"
             out["rollout"] = res
     out["load_avg_end"], out["seconds"] = os.getloadavg()[0], time.time() - t0
     text = json.dumps(out, default=float)

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/sweep_concurrency.py              # 6 runs, at most 2 at once, 20 steps each
     .venv/bin/python benchmarks/sweep_concurrency.py --runs 6 --concurrent 2 --steps 20
+    .venv/bin/python benchmarks/sweep_concurrency.py --smoke     # 2 runs of 2 steps: a check that it runs
 
 The embedded default in a scratch VAR_DIR (its own SQLite database, broker folders and local Ray head,
 all removed at the end): the web server, one ``celery worker -B`` (threads pool) and the platform's
@@ -99,7 +100,10 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=6)
     p.add_argument("--concurrent", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="trainer.total_steps of each run")
+    p.add_argument("--smoke", action="store_true", help="a sweep of 2 runs at once, 2 steps each")
     args = p.parse_args()
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.runs, args.concurrent, args.steps = 2, 2, 2
     var_dir = Path(tempfile.mkdtemp(prefix="rlp-bench-", dir="/tmp"))
     stack = Stack(var_dir, sweep_interval=3)
     stack.attach()

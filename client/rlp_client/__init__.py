@@ -11,7 +11,7 @@
 Depends on httpx, websockets, rich and PyYAML only: no Django, torch or Ray.
 """
 
-from rlp_client.client import Client
+from rlp_client.client import Client, create_token
 from rlp_client.config import Credentials, NotLoggedIn, load_credentials, save_credentials
 from rlp_client.errors import (
     ApiError,
@@ -37,6 +37,7 @@ from rlp_client.models import (
     Experiment,
     MetricPoint,
     MetricSeries,
+    NewToken,
     Project,
     RunInfo,
     Sample,
@@ -65,6 +66,7 @@ __all__ = [
     "LiveStream",
     "MetricPoint",
     "MetricSeries",
+    "NewToken",
     "NotFound",
     "NotLoggedIn",
     "PayloadTooLarge",
@@ -77,6 +79,7 @@ __all__ = [
     "Sample",
     "ServerError",
     "StreamRefused",
+    "create_token",
     "load_credentials",
     "save_credentials",
 ]

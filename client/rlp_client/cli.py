@@ -5,7 +5,8 @@ Exit codes (every command):
   1  the run failed (wait/follow), or an unexpected error
   2  bad input: a usage error, a field the API refused (the line names it), an unreadable file;
      and for wait/follow: the run was cancelled
-  3  credentials refused (unknown, revoked or expired token; not logged in)
+  3  credentials refused (unknown, revoked or expired token; a wrong username or password at login;
+     not logged in)
   4  refused by the platform: not found, not allowed, conflicts with the run's state
   5  the platform is unreachable or failed (5xx)
 Errors are one line on stderr, ``error: <field.path>: <message>``; ``--json`` prints machine-readable
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +35,10 @@ from rlp_client.cli_common import (
     parse_id,
     run_cli,
     set_path,
+    warn,
 )
-from rlp_client.client import Client
-from rlp_client.config import save_credentials
+from rlp_client.client import Client, create_token
+from rlp_client.config import save_credentials, secure_config_dir
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,17 +64,64 @@ def _read_config(path: str) -> tuple[str, dict[str, Any] | None]:
 # --- commands ----------------------------------------------------------------------------------------
 
 
+def _stdin_line(prompt: str | None = None) -> str | None:
+    """One line of stdin without its line end; None at its end. ``prompt`` goes to stderr (stdout is the
+    command's output) when stdin is a terminal."""
+    if prompt and sys.stdin.isatty():
+        print(prompt, end="", file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    return line.rstrip("\r\n") if line else None
+
+
+def _given_token(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(token, where it came from) when the user gives a token rather than a username and password."""
+    if args.token is not None:
+        warn("--token shows the token to every process list and shell history: use --token-stdin or "
+             "RLP_TOKEN (--token will be removed)")  # fmt: skip
+        return args.token.strip(), "--token"
+    if args.token_stdin:
+        token = getpass.getpass("API token: ") if sys.stdin.isatty() else _stdin_line()
+        return (token or "").strip(), "stdin"
+    if os.environ.get("RLP_TOKEN") and args.username is None:  # --username: log in with the password
+        return os.environ["RLP_TOKEN"].strip(), "RLP_TOKEN"
+    return None
+
+
+def _username_password(args: argparse.Namespace) -> tuple[str, str]:
+    """Prompted at a terminal (the password without echo); otherwise lines of stdin: the username (unless
+    --username), then the password."""
+    username = args.username if args.username is not None else _stdin_line("Username: ")
+    if not (username or "").strip():
+        raise CliError("username: empty (a token instead: --token-stdin)", EXIT_BAD_INPUT)
+    password = getpass.getpass("Password: ") if sys.stdin.isatty() else _stdin_line()
+    if not password:
+        where = "" if sys.stdin.isatty() else " (stdin: the username's line, then the password's)"
+        raise CliError(f"password: empty{where}", EXIT_BAD_INPUT)
+    return username.strip(), password
+
+
 def cmd_login(args: argparse.Namespace, out: Output) -> int:
-    token = args.token or (
-        getpass.getpass("API token: ") if sys.stdin.isatty() else sys.stdin.readline().strip()
-    )
-    if not token:
-        raise CliError("token: empty (create one under /tokens/ on the platform)", EXIT_BAD_INPUT)
-    with Client(args.url, token) as client:
-        me = client.me()  # AuthenticationFailed: exit 3, nothing stored
-    path = save_credentials(args.url, token)
-    out.result({"url": args.url.rstrip("/"), "username": me["username"], "stored": str(path)},
-               f"logged in to {args.url.rstrip('/')} as {me['username']} (token stored in {path})")  # fmt: skip
+    url = args.url.rstrip("/")
+    folder = secure_config_dir()
+    if folder:
+        warn(folder)
+    given = _given_token(args)
+    if given is not None:
+        token, source = given
+        if not token:
+            raise CliError(
+                f"token: empty ({source}; create one under /tokens/ on the platform)", EXIT_BAD_INPUT
+            )
+        with Client(url, token) as client:
+            username = client.me()["username"]  # AuthenticationFailed: exit 3, nothing stored
+        token_id, what = None, f"the token from {source}"
+    else:
+        name = args.token_name or f"rlp login on {socket.gethostname()}"[:100]
+        new = create_token(url, *_username_password(args), name=name)  # a refusal: exit 3, nothing stored
+        token, username, token_id, what = new.secret, new.username or "", new.id, f"a new token {new.name!r}"
+    path = save_credentials(url, token)
+    out.result({"url": url, "username": username, "stored": str(path), "token_id": token_id},
+               f"logged in to {url} as {username} ({what} stored in {path})")  # fmt: skip
     return 0
 
 
@@ -158,9 +209,23 @@ def build_parser() -> Parser:
                     parents=[common])  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    p = sub.add_parser("login", parents=[common], help="store the platform's URL and your API token")
+    p = sub.add_parser(
+        "login",
+        parents=[common],
+        help="log in with your username and password (or a token): the URL and a new token are stored",
+        description="Asks for your username and password (at a terminal; else reads them from two lines "
+        "of stdin), and stores the platform's URL and a new API token for you in credentials.json "
+        "(mode 0600), never the password. With a token instead (--token-stdin, or RLP_TOKEN set and no "
+        "--username): the token is checked and stored.",
+    )
     p.add_argument("url")
-    p.add_argument("--token", help="the token (default: prompted, or read from stdin)")
+    p.add_argument("--username", help="default: prompted, or the first line of stdin")
+    p.add_argument("--token-name", help="the new token's name (default: rlp login on <this host>)")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument(
+        "--token-stdin", action="store_true", help="store this token (prompted, or one line of stdin)"
+    )
+    given.add_argument("--token", help="deprecated (the token shows in process lists): --token-stdin")
     p.set_defaults(func=cmd_login)
 
     p = sub.add_parser("presets", parents=[common], help="the engine's presets (or one, as YAML)")

@@ -77,9 +77,17 @@ class Output:
 
 
 def client_from_config() -> Client:
-    """A client for ``RLP_URL``/``RLP_TOKEN`` or the stored login."""
+    """A client for ``RLP_URL``/``RLP_TOKEN`` or the stored login (what the permission checks of the
+    config folder and the credentials file found: one warning line each on stderr)."""
     creds = load_credentials()
+    for notice in creds.notices:
+        warn(notice)
     return Client(creds.url, creds.token)
+
+
+def warn(line: str) -> None:
+    """One ``warning: ...`` line on stderr (the command goes on)."""
+    print(f"warning: {' '.join(line.split())}", file=sys.stderr, flush=True)
 
 
 def parse_id(raw: str, field: str) -> int:

@@ -74,7 +74,8 @@ def follow(run: Run, out: Output, last_seq: int = 0) -> int:
             if stream.state.total_steps:
                 fields["total"] = stream.state.total_steps
             if isinstance(item, MetricPoint):
-                fields["completed"] = (stream.state.latest_step or 0) + 1
+                # Training steps are numbered from 1 (step 0: before training): step n is n steps done.
+                fields["completed"] = stream.state.latest_step or 0
                 if reward_key is None and item.key in REWARD_KEYS:
                     reward_key = item.key
                 if item.key == reward_key:
@@ -82,6 +83,7 @@ def follow(run: Run, out: Output, last_seq: int = 0) -> int:
             elif isinstance(item, Event):
                 progress.console.print(_event_line(item), markup=False, highlight=False, soft_wrap=True)
             progress.update(task, **fields)
+        progress.update(task, state=stream.state.state)  # the bar's last frame shows the final state
     state = stream.state.state
     print(f"run {run.id} {state}", flush=True)
     return STATE_EXIT.get(state, 1)

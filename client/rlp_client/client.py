@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from rlp_client.config import Credentials, load_credentials
-from rlp_client.models import Experiment, Project, RunInfo, Sweep
+from rlp_client.models import Experiment, NewToken, Project, RunInfo, Sweep
 from rlp_client.runs import Run
 from rlp_client.transport import RetryPolicy, Transport
+
+
+def create_token(
+    url: str, username: str, password: str, *, name: str = "rlp login", timeout_s: float = 30.0
+) -> NewToken:
+    """A new user token for ``username`` and ``password`` (``POST /api/tokens/login``; the password is
+    sent once and kept nowhere). Raises AuthenticationFailed for a wrong username or password (the same
+    for both), RateLimited beyond the login rates, ServerError (503) while the platform cannot count
+    login attempts."""
+    transport = Transport(url, None, timeout_s=timeout_s)
+    try:
+        body = {"username": username, "password": password, "name": name}
+        return NewToken.from_api(transport.post("/api/tokens/login", body))
+    finally:
+        transport.close()
 
 
 class Client:
@@ -28,8 +44,11 @@ class Client:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Client:
-        """From ``RLP_URL``/``RLP_TOKEN``, else the file ``rlp login`` wrote (see :mod:`rlp_client.config`)."""
+        """From ``RLP_URL``/``RLP_TOKEN``, else the file ``rlp login`` wrote (see :mod:`rlp_client.config`;
+        what its permission checks found is issued as a ``UserWarning``)."""
         creds: Credentials = load_credentials()
+        for notice in creds.notices:
+            warnings.warn(notice, stacklevel=2)
         return cls(creds.url, creds.token, **kwargs)
 
     def close(self) -> None:

@@ -26,6 +26,22 @@ class Project:
 
 
 @dataclass(frozen=True)
+class NewToken:
+    """A user token just created: ``secret`` is in this answer only (the platform keeps its hash)."""
+
+    id: int
+    name: str
+    username: str | None
+    expires_at: str | None
+    secret: str = field(repr=False)
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, d: dict[str, Any]) -> NewToken:
+        return cls(d["id"], d["name"], d.get("username"), d.get("expires_at"), d["secret"], d)
+
+
+@dataclass(frozen=True)
 class Experiment:
     id: int
     project: int

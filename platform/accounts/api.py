@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
+from django.contrib.auth import authenticate, get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, generics, status
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -26,9 +27,10 @@ from accounts.serializers import (
     ProjectSerializer,
     TokenCreatedSerializer,
     TokenCreateSerializer,
+    TokenLoginSerializer,
     TokenSerializer,
 )
-from accounts.throttles import TokenCreateThrottle
+from accounts.throttles import LoginAddressThrottle, LoginThrottle, TokenCreateThrottle
 from experiments.models import ACTIVE_STATES
 
 
@@ -257,6 +259,53 @@ class TokenListView(JsonOnly, APIView):
             )
         except services.TokenRuleError as exc:
             raise exceptions.ValidationError({exc.field: [str(exc)]}) from None
+        out = TokenSerializer(issued.token).data | {"secret": issued.secret}
+        return Response(out, status=status.HTTP_201_CREATED)
+
+
+LOGIN_REFUSED = "Wrong username or password."
+
+
+class TokenLoginView(JsonOnly, APIView):
+    """A user token for a username and password, without a browser session (``rlp login``). Only the
+    token's secret is answered; the password is checked and never stored."""
+
+    authentication_classes: list = []  # the credentials are the body: no session (no CSRF), no token header
+    permission_classes = [AllowAny]
+    throttle_classes = [LoginAddressThrottle, LoginThrottle]  # the login page's rates, and its counters
+
+    def get_authenticate_header(self, request: Request) -> str:
+        return "Token"  # a refused login is a 401, like a refused token (DRF answers 403 without a scheme)
+
+    def _token_create_allowed(self, request: Request) -> None:
+        # the user's token-creation rate, as POST /api/tokens counts it (503 while the store is away)
+        throttle = TokenCreateThrottle()
+        if not throttle.allow_request(request, self):
+            self.throttled(request, throttle.wait())
+
+    @extend_schema(
+        request=TokenLoginSerializer,
+        responses={201: TokenCreatedSerializer},
+        auth=[],
+        description=(
+            "Creates a user token (all the user's projects) for `username` and `password`: 401 with the "
+            "same message for an unknown, inactive or wrong account; rate-limited like the login page "
+            "(429 with Retry-After), and by the user's token-creation rate; 503 with Retry-After while "
+            "the rate-limit store does not answer. No session is created."
+        ),
+    )
+    def post(self, request: Request) -> Response:
+        ser = TokenLoginSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        data = ser.validated_data
+        if data.get("expires_at") and data["expires_at"] <= timezone.now():
+            raise exceptions.ValidationError({"expires_at": ["must be in the future"]})
+        user = authenticate(request, username=data["username"], password=data["password"])
+        if user is None:
+            raise exceptions.AuthenticationFailed(LOGIN_REFUSED)
+        request.user = user
+        self._token_create_allowed(request)
+        issued = services.token_create(user=user, name=data["name"], expires_at=data.get("expires_at"))
         out = TokenSerializer(issued.token).data | {"secret": issued.secret}
         return Response(out, status=status.HTTP_201_CREATED)
 

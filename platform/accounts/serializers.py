@@ -89,6 +89,15 @@ class TokenCreateSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 
+class TokenLoginSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150, trim_whitespace=False)
+    password = serializers.CharField(
+        max_length=4096, trim_whitespace=False, write_only=True, style={"input_type": "password"}
+    )  # bounded: every attempt hashes it
+    name = serializers.CharField(max_length=100, default="rlp login", help_text="The new token's name.")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
 class TokenCreatedSerializer(TokenSerializer):
     secret = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
 

@@ -20,6 +20,7 @@ import logging
 import math
 import time
 import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -27,6 +28,7 @@ from django.core.cache import DEFAULT_CACHE_ALIAS, caches
 from django.core.cache import cache as default_cache
 from django.core.cache.backends.redis import RedisCache
 from rest_framework import exceptions, status
+from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -223,9 +225,17 @@ class LoginThrottle(LoginAddressThrottle):
     def get_cache_key(self, request, view) -> str | None:
         if request.method != "POST":
             return None
-        username = login_name(str(request.POST.get("username", "")))
+        username = login_name(attempted_username(request))
         digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:24]
         return self.cache_format % {"scope": self.scope, "ident": f"{self.get_ident(request)}:{digest}"}
+
+
+def attempted_username(request) -> str:
+    """The username a login attempt names: a form field of the login pages, or a field of an API
+    request's body (``POST /api/tokens/login``, JSON: ``request.POST`` holds only form bodies)."""
+    data = request.data if isinstance(request, Request) else request.POST
+    value = data.get("username", "") if isinstance(data, Mapping) else ""
+    return value if isinstance(value, str) else ""
 
 
 def login_name(raw: str) -> str:

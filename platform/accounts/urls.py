@@ -36,5 +36,6 @@ urlpatterns = [
         name="api-invitation-accept",
     ),
     path("tokens", api.TokenListView.as_view(), name="api-tokens"),
+    path("tokens/login", api.TokenLoginView.as_view(), name="api-token-login"),
     path("tokens/<int:token_id>", api.TokenDetailView.as_view(), name="api-token"),
 ]

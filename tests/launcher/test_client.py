@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -50,14 +49,12 @@ def experiment_for(account, steps: int, **trainer):
                              config=parse_config(tiny_config(steps=steps, **trainer)))  # fmt: skip
 
 
-def rlp(
-    account, *args: str, token: str | None = None, config_dir: Path | None = None, env_login: bool = True
-):
-    """``python -m rlp_client ARGS`` in a child process; (exit code, stdout, stderr)."""
+def rlp(account, *args: str, token: str | None = None):
+    """``python -m rlp_client ARGS`` in a child process; (exit code, stdout, stderr). The login itself:
+    tests/platform/test_login_cli.py."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLP_")}
-    if env_login:
-        env |= {"RLP_URL": account["url"], "RLP_TOKEN": token or account["token"]}
-    env["RLP_CONFIG_DIR"] = str(config_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "rlp-unused")
+    env |= {"RLP_URL": account["url"], "RLP_TOKEN": token or account["token"]}
+    env["RLP_CONFIG_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / "rlp-unused")
     proc = subprocess.run([sys.executable, "-m", "rlp_client", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     return proc.returncode, proc.stdout, proc.stderr
@@ -153,25 +150,6 @@ def test_the_socket_refuses_a_stranger_with_4403_and_a_bad_token_with_4401(accou
 
 
 # --- the CLI -----------------------------------------------------------------------------------------
-
-
-def test_cli_login_stores_the_token_0600_and_a_refused_token_is_one_line_exit_3(account, tmp_path):
-    config_dir = tmp_path / "cfg"
-    code, out, err = rlp(account, "login", account["url"], "--token", "rlp_wrong", config_dir=config_dir,
-                         env_login=False)  # fmt: skip
-    assert code == 3 and "credentials refused" in one_line(err)
-    assert not (config_dir / "credentials.json").exists()  # a refused token is never stored
-    code, out, err = rlp(account, "login", account["url"], "--token", account["token"], config_dir=config_dir,
-                         env_login=False)  # fmt: skip
-    assert code == 0, err
-    stored = config_dir / "credentials.json"
-    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
-    assert json.loads(stored.read_text()) == {"url": account["url"], "token": account["token"]}
-    code, out, err = rlp(account, "run", "list", "--json", config_dir=config_dir, env_login=False)
-    assert code == 0, err
-    assert json.loads(out) == []
-    code, out, err = rlp(account, "run", "list", token="rlp_revoked_or_unknown")  # the environment wins
-    assert code == 3 and "credentials refused" in one_line(err)
 
 
 def test_cli_models_shows_what_the_api_answers(account):

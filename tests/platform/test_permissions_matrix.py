@@ -67,6 +67,8 @@ ENDPOINTS = [
     Endpoint("DELETE", "/api/projects/{project}/tokens/{ingest_token}", "owner", 204),
     Endpoint("GET", "/api/tokens", "auth", 200),
     Endpoint("POST", "/api/tokens", "auth", 201, {"name": "script"}),
+    # Credentials in the body, whoever sends it (a header or a session is ignored).
+    Endpoint("POST", "/api/tokens/login", "public", 201, {"username": "owner", "password": "pw-for-tests"}),
     Endpoint("GET", "/api/tokens/{owner_token}", "self", 200),
     Endpoint("DELETE", "/api/tokens/{owner_token}", "self", 204),
     Endpoint("GET", "/api/experiments", "list", 200),
