@@ -38,9 +38,10 @@ class UsageError(ValueError):
 
 
 def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list[tuple[str, str]]:
-    """Checks the schema cannot express: names looked up in registries, task kwargs, and (with
-    ``check_files``) the dataset files, splits and columns. ``validate`` skips files: a GPU preset must
-    validate on a machine that does not hold its data."""
+    """Checks the schema cannot express (the names themselves it checks: ``rl_engine.config.names``):
+    the arguments of the reward and of the task, and (with ``check_files``) the dataset files, splits
+    and columns. ``validate`` skips files: a GPU preset must validate on a machine that does not hold
+    its data."""
     from rl_engine.data import DataError, make_task, train_rows, validation_rows
     from rl_engine.rewards import build_reward
 
@@ -48,14 +49,12 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
     try:
         build_reward(cfg.reward)
     except ValueError as exc:
-        where = "reward.name" if str(exc).startswith("unknown reward") else "reward.kwargs"
-        problems.append((where, str(exc)))
+        problems.append(("reward.kwargs", str(exc)))
     if isinstance(cfg.data, TaskDataConfig):
         try:
             make_task(cfg.data.task, cfg.data.task_kwargs)
         except (ValueError, TypeError) as exc:
-            where = "data.task" if str(exc).startswith("unknown task") else "data.task_kwargs"
-            problems.append((where, str(exc)))
+            problems.append(("data.task_kwargs", str(exc)))
     elif check_files:
         val_field = (
             "data.validation_path" if getattr(cfg.data, "validation_path", None) else "data.validation_split"

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from rl_engine.algos.advantages import WITHIN_GROUP
 from rl_engine.config.errors import FieldError
+from rl_engine.config.names import WITHIN_GROUP
 from rl_engine.config.sections import (
     ESSENTIAL,
     AlgorithmConfig,

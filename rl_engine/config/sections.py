@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from rl_engine.algos.advantages import AdvantageName
+from rl_engine.config import names
 from rl_engine.strict_url import url_problem
 
 # Marks a field the web form shows first, unfolded ("x-essential" in the JSON schema): the model, the data,
@@ -27,6 +27,12 @@ class StrictModel(BaseModel):
     field is finite (``.inf`` or NaN is never a sensible size, rate or coefficient)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def registered(registry: names.Names) -> Any:
+    """The type of a field that holds one of a registry's names (``rl_engine.config.names``): an enum in
+    the JSON Schema (the form's dropdown); an unknown name is refused with the names to choose from."""
+    return Annotated[Literal[registry.names], BeforeValidator(registry.check)]
 
 
 # A seed: what torch.manual_seed takes (at most 2**64 - 1) and a signed 64-bit database column holds.
@@ -294,15 +300,15 @@ class TrainerConfig(StrictModel):
 
 
 class AlgorithmConfig(StrictModel):
-    advantage: AdvantageName = Field("grpo", json_schema_extra=ESSENTIAL)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    advantage: registered(names.ADVANTAGES) = Field("grpo", json_schema_extra=ESSENTIAL)
+    loss_agg: registered(names.LOSS_AGGREGATIONS) = "token_mean"
     norm_adv_by_std: bool = True
     clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
     clip_eps_high: float = Field(0.28, ge=0.0, le=10.0)
     dual_clip_c: float | None = Field(3.0, gt=1.0, description="Dual-clip bound for negative advantages.")
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty against the reference (initial) policy.")
     entropy_coef: float = Field(0.0, ge=0.0)
-    off_policy: Literal["none", "tis", "decoupled"] = Field(
+    off_policy: registered(names.OFF_POLICY) = Field(
         "none",
         description=(
             "none: behaviour log-probs are the old log-probs; tis: truncated importance sampling against "
@@ -377,7 +383,7 @@ class _DataCommon(StrictModel):
 
 class TaskDataConfig(_DataCommon):
     source: Literal["task"] = "task"
-    task: str = Field(
+    task: registered(names.TASKS) = Field(
         "copy",
         description="A built-in verifiable task (see `python -m rl_engine presets`).",
         json_schema_extra=ESSENTIAL,
@@ -487,7 +493,7 @@ DataConfig = Annotated[TaskDataConfig | JsonlDataConfig | DatasetDataConfig, Fie
 
 
 class RewardConfig(StrictModel):
-    name: str = Field(
+    name: registered(names.REWARDS) = Field(
         "exact_match", description="A reward function from the registry.", json_schema_extra=ESSENTIAL
     )
     kwargs: dict[str, Any] = Field(default_factory=dict)

@@ -6,6 +6,7 @@ import pytest
 
 from rl_engine.config import (
     ConfigError,
+    ExperimentConfig,
     apply_overrides,
     dump_yaml,
     experiment_json_schema,
@@ -13,6 +14,7 @@ from rl_engine.config import (
     load_yaml,
     parse_config,
 )
+from rl_engine.config.layout import layout
 from rl_engine.presets import get_preset, preset_names
 
 
@@ -84,6 +86,30 @@ def test_field_errors_carry_paths_without_union_tags():
     assert set(errs) == {"rollout.n", "rollout.bogus", "trainer.lr"}
     assert "valid integer" in errs["rollout.n"]
     assert "Extra inputs are not permitted" in errs["rollout.bogus"]
+
+
+def test_a_field_named_like_its_sections_kind_keeps_its_path():
+    # data.source 'task' has a field 'task': pydantic's location ('data', 'task', 'task') loses the
+    # kind once, not twice.
+    errs = errors_of({"model": {"path": "m"}, "data": {"source": "task", "task": 5}})
+    assert list(errs) == ["data.task"]
+
+
+def test_the_kinds_of_a_section_are_those_the_json_schema_declares():
+    # What error paths drop and what a fork keeps (layout) is read from the models; the JSON Schema
+    # pydantic writes for the form is the independent statement of the same unions.
+    schema = experiment_json_schema()
+    declared = {
+        name: (prop["discriminator"]["propertyName"], sorted(prop["discriminator"]["mapping"]))
+        for name, prop in schema["properties"].items()
+        if "discriminator" in prop
+    }
+    unions = layout(ExperimentConfig).unions
+    assert {path: (u.tag, sorted(u.variants)) for path, u in unions.items()} == declared
+    assert declared == {
+        "rollout": ("backend", ["hf", "sglang", "vllm"]),
+        "data": ("source", ["dataset", "jsonl", "task"]),
+    }
 
 
 def test_missing_variant_tags_default_to_hf_and_task():
