@@ -26,8 +26,8 @@ from rl_engine.config import (
     apply_overrides,
     read_yaml,
 )
+from rl_engine.config.moved import MOVED, split_moved
 from rl_engine.jobspec import JobSpec, is_spec_document
-from rl_engine.moved_fields import MOVED, split_moved
 
 # Placement attribute -> its flag: the fields that moved out of the config, and the run folder.
 PLACEMENT_FLAGS = {f.placement: f.flag for f in MOVED} | {"run_dir": "--run-dir"}

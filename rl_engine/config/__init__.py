@@ -5,7 +5,9 @@
 - ``errors``: ``ConfigError`` (field path, message) and where a path prefix is added or removed;
 - ``layout``: where the schema's unions and nested models sit, read from the models;
 - ``validation``: a mapping validated, pydantic's errors as field paths;
-- ``io``: YAML files, presets and ``--set`` overrides; ``merge``: partial configs merged in (sweeps, forks).
+- ``io``: YAML files, presets and ``--set`` overrides; ``merge``: partial configs merged in (sweeps, forks);
+- ``names``: the names a registry looks up (rewards, tasks, estimators...), torch-free;
+- ``moved``: the fields that moved to the placement, still recognised until ``REMOVED_IN``.
 
 Import from here: ``from rl_engine.config import ExperimentConfig, parse_config``.
 """

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from rl_engine.config.errors import FieldError
+from rl_engine.config.moved import split_moved
 from rl_engine.config.names import WITHIN_GROUP
 from rl_engine.config.sections import (
     ESSENTIAL,
@@ -34,7 +35,6 @@ from rl_engine.config.sections import (
     has_validation_data,
     seed_field,
 )
-from rl_engine.moved_fields import split_moved
 
 
 class ExperimentConfig(StrictModel):
@@ -65,7 +65,7 @@ class ExperimentConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_unset_moved(cls, data: Any) -> Any:
-        """A field that moved to the placement (rl_engine.moved_fields) is dropped where it holds the
+        """A field that moved to the placement (rl_engine.config.moved) is dropped where it holds the
         value a normalised config stored when unset (an old export still imports); any other value is
         left for the schema to refuse, with a message naming its new place (``validation_errors``)."""
         return split_moved(data, keep_non_default=True)[0]

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ValidationError
 from rl_engine.config.errors import ConfigError, FieldError, joined, relative
 from rl_engine.config.experiment import ExperimentConfig
 from rl_engine.config.layout import layout
-from rl_engine.moved_fields import BY_PATH as MOVED_FIELDS
-from rl_engine.moved_fields import moved_message
+from rl_engine.config.moved import BY_PATH as MOVED_FIELDS
+from rl_engine.config.moved import moved_message
 
 
 def error_path(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
@@ -30,7 +30,7 @@ def error_path(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
 
 
 def _moved_field(path: str, model: type[BaseModel]) -> str | None:
-    """The moved field (``rl_engine.moved_fields``) an unknown field at ``path`` of ``model`` is, if any."""
+    """The moved field (``rl_engine.config.moved``) an unknown field at ``path`` of ``model`` is, if any."""
     for site in layout(model).sites.get(ExperimentConfig, ()):
         inside = relative(site, path)
         if inside in MOVED_FIELDS:
