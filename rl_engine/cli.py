@@ -25,6 +25,7 @@ from rl_engine.config import (
     TinyModelSpec,
     apply_overrides,
     read_yaml,
+    relative,
 )
 from rl_engine.config.moved import MOVED, split_moved
 from rl_engine.jobspec import JobSpec, is_spec_document
@@ -97,11 +98,12 @@ def load_job(source: str, overrides: list[str], flags: dict[str, Any]) -> JobSpe
 
 def _plain_path(where: str, msg: str) -> tuple[str, str]:
     """A plain config's error path: ``config.trainer.lr`` -> ``trainer.lr``, ``placement.x`` -> its flag."""
-    section, _, rest = where.partition(".")
-    if section == "placement":
-        attr = rest.split(".")[0]
+    placed = relative("placement", where)
+    if placed:
+        attr = placed.split(".")[0]
         return PLACEMENT_FLAGS.get(attr, f"--{attr.replace('_', '-')}"), msg
-    return (rest if section == "config" else where), msg
+    inside = relative("config", where)
+    return (where if inside is None else inside), msg
 
 
 def _placement_flags(args: argparse.Namespace) -> dict[str, Any]:

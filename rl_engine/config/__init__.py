@@ -12,7 +12,7 @@
 Import from here: ``from rl_engine.config import ExperimentConfig, parse_config``.
 """
 
-from rl_engine.config.errors import ConfigError, FieldError
+from rl_engine.config.errors import ConfigError, FieldError, joined, relative
 from rl_engine.config.experiment import ExperimentConfig, experiment_json_schema
 from rl_engine.config.io import apply_overrides, dump_yaml, load_yaml, parse_override, read_yaml, yaml_where
 from rl_engine.config.merge import FORK_FIXED, fork_config, merge_config
@@ -87,11 +87,13 @@ __all__ = [
     "experiment_json_schema",
     "fork_config",
     "has_validation_data",
+    "joined",
     "load_yaml",
     "merge_config",
     "parse_config",
     "parse_override",
     "read_yaml",
+    "relative",
     "validation_errors",
     "yaml_where",
 ]

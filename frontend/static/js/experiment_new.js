@@ -99,12 +99,20 @@ function clearMetaErrors() {
   }
 }
 
+/** A path of the API's answer relative to its body's `config` ("config.trainer.lr" -> "trainer.lr",
+ * "config" -> ""), or null for another field: the one place the prefix is taken off. */
+function inConfig(path) {
+  if (path === "config") return "";
+  return path.startsWith("config.") ? path.slice("config.".length) : null;
+}
+
 /** Split the API's field errors: config.* go to the schema form, the rest to the fields above it. */
 function showErrors(fieldErrors, fallback) {
   const configErrors = {};
   let placed = 0;
   for (const [path, msgs] of Object.entries(fieldErrors)) {
-    if (path === "config" || path.startsWith("config.")) { configErrors[path] = msgs; continue; }
+    const inside = inConfig(path);
+    if (inside !== null) { configErrors[inside] = msgs; continue; }
     const field = document.querySelector(`[data-meta="${CSS.escape(path.split(".")[0])}"]`);
     if (field) {
       field.classList.add("has-error");

@@ -58,7 +58,7 @@ export class SchemaForm {
   }
 
   /**
-   * Show {"trainer.lr": ["msg"], "": ["cross-field msg"]} next to fields. A path with no field of its own
+   * Show {"trainer.lr": ["msg"], "": ["cross-field msg"]} next to fields (paths relative to the config). A path with no field of its own
    * (e.g. "trainer.betas[0]", or "trainer" for a whole-section check) lands on its nearest ancestor;
    * errors with no field at all go to the box at the top of the form. Returns the first marked element.
    */
@@ -66,8 +66,7 @@ export class SchemaForm {
     this.clearErrors();
     let first = null;
     const general = this.root.querySelector(".sf-general-errors");
-    for (const [rawPath, msgs] of Object.entries(errors || {})) {
-      const path = rawPath.replace(/^config\.?/, "");
+    for (const [path, msgs] of Object.entries(errors || {})) {
       const target = this.findField(path);
       const text = (Array.isArray(msgs) ? msgs : [msgs]).join(" ");
       if (!target) {
