@@ -53,6 +53,24 @@ if (start.config) {
   choosePreset(start.preset || "");
 }
 
+// --- the project's form ---------------------------------------------------------------------------------
+// The form is the project's (what its policy lets it run): another project's is fetched when picked.
+
+const projectSelect = document.getElementById("exp-project");
+let schemaProject = (data.schema["x-platform"] || {}).project;
+projectSelect.addEventListener("change", async () => {
+  const project = Number(projectSelect.value);
+  if (project === schemaProject || (mode === "yaml" && !yamlToForm())) return;
+  try {
+    const schema = await api("/api/schema/experiment", { params: { project } });
+    schemaProject = project;
+    form.setSchema(schema);
+    if (mode === "yaml") yamlBox.value = jsyaml.dump(form.getValue(), { sortKeys: false, lineWidth: 120 });
+  } catch (err) {
+    showErrors({ project: [err.message] }, err.message);
+  }
+});
+
 // --- form / YAML toggle ---------------------------------------------------------------------------------
 
 /** Parse the YAML box into the form; false (and a message) when it is not valid YAML. */
