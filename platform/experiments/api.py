@@ -186,6 +186,7 @@ class ExperimentSchemaView(JsonOnly, APIView):
         parameters=[SCHEMA_PROJECT_Q],
         responses={
             200: OpenApiTypes.OBJECT,
+            400: OpenApiResponse(description="project is not a positive integer."),
             401: OpenApiResponse(description="A project's form needs credentials."),
             404: OpenApiResponse(description="No such project among yours."),
         },
