@@ -25,9 +25,10 @@ from rl_engine.config import (
     TinyModelSpec,
     apply_overrides,
     read_yaml,
+    relative,
 )
+from rl_engine.config.moved import MOVED, split_moved
 from rl_engine.jobspec import JobSpec, is_spec_document
-from rl_engine.moved_fields import MOVED, split_moved
 
 # Placement attribute -> its flag: the fields that moved out of the config, and the run folder.
 PLACEMENT_FLAGS = {f.placement: f.flag for f in MOVED} | {"run_dir": "--run-dir"}
@@ -38,9 +39,10 @@ class UsageError(ValueError):
 
 
 def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list[tuple[str, str]]:
-    """Checks the schema cannot express: names looked up in registries, task kwargs, and (with
-    ``check_files``) the dataset files, splits and columns. ``validate`` skips files: a GPU preset must
-    validate on a machine that does not hold its data."""
+    """Checks the schema cannot express (the names themselves it checks: ``rl_engine.config.names``):
+    the arguments of the reward and of the task, and (with ``check_files``) the dataset files, splits
+    and columns. ``validate`` skips files: a GPU preset must validate on a machine that does not hold
+    its data."""
     from rl_engine.data import DataError, make_task, train_rows, validation_rows
     from rl_engine.rewards import build_reward
 
@@ -48,14 +50,12 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
     try:
         build_reward(cfg.reward)
     except ValueError as exc:
-        where = "reward.name" if str(exc).startswith("unknown reward") else "reward.kwargs"
-        problems.append((where, str(exc)))
+        problems.append(("reward.kwargs", str(exc)))
     if isinstance(cfg.data, TaskDataConfig):
         try:
             make_task(cfg.data.task, cfg.data.task_kwargs)
         except (ValueError, TypeError) as exc:
-            where = "data.task" if str(exc).startswith("unknown task") else "data.task_kwargs"
-            problems.append((where, str(exc)))
+            problems.append(("data.task_kwargs", str(exc)))
     elif check_files:
         val_field = (
             "data.validation_path" if getattr(cfg.data, "validation_path", None) else "data.validation_split"
@@ -98,11 +98,12 @@ def load_job(source: str, overrides: list[str], flags: dict[str, Any]) -> JobSpe
 
 def _plain_path(where: str, msg: str) -> tuple[str, str]:
     """A plain config's error path: ``config.trainer.lr`` -> ``trainer.lr``, ``placement.x`` -> its flag."""
-    section, _, rest = where.partition(".")
-    if section == "placement":
-        attr = rest.split(".")[0]
+    placed = relative("placement", where)
+    if placed:
+        attr = placed.split(".")[0]
         return PLACEMENT_FLAGS.get(attr, f"--{attr.replace('_', '-')}"), msg
-    return (rest if section == "config" else where), msg
+    inside = relative("config", where)
+    return (where if inside is None else inside), msg
 
 
 def _placement_flags(args: argparse.Namespace) -> dict[str, Any]:

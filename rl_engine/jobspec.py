@@ -229,7 +229,7 @@ class JobSpec(_Spec):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(validation_errors(exc)) from None
+            raise ConfigError(validation_errors(exc, cls)) from None
 
     def env(self) -> dict[str, str]:
         """The job's environment for the engine's sinks (and the data roots, when set)."""

@@ -225,7 +225,7 @@ def event_data_errors(events: list[EventIn]) -> dict[str, list[str]]:
             try:
                 CheckpointData.model_validate(ev.data)
             except ValidationError as exc:
-                for path, msg in validation_errors(exc):
+                for path, msg in validation_errors(exc, CheckpointData):
                     out.setdefault(f"events[{i}].data.{path}", []).append(msg)
         source = ev.data.get("source")
         if isinstance(source, str) and source.strip().lower() in RESERVED_SOURCES:
@@ -260,7 +260,7 @@ def parse(model: type[M], data: Any) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         out: dict[str, list[str]] = {}
-        for path, msg in validation_errors(exc)[:50]:  # a 5000-point garbage batch needs no 5000 lines
+        for path, msg in validation_errors(exc, model)[:50]:  # a 5000-point garbage batch needs no 5000 lines
             out.setdefault(path or "body", []).append(msg)
         raise WireError(out) from None
 

@@ -18,6 +18,7 @@ from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
 from experiments import services
 from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
+from experiments.form_schema import form_schema
 from experiments.model_catalogue import catalogue_document
 from experiments.models import Experiment, Run, RunState
 from experiments.selectors import runs_compared, stored_config, visible_experiments, visible_runs, with_tag
@@ -166,14 +167,38 @@ class ExperimentImportView(JsonOnly, APIView):
         return Response(ExperimentSerializer(exp).data, status=status.HTTP_201_CREATED)
 
 
+SCHEMA_PROJECT_Q = OpenApiParameter(
+    "project",
+    int,
+    description="The form's schema for this project: the engine's, narrowed by this platform's policy "
+    "(refused fields absent, the model catalogue and allowed servers as choices, cluster fields grouped). "
+    "Without it: the engine's own schema.",
+)
+
+
 class ExperimentSchemaView(JsonOnly, APIView):
-    """The JSON Schema of an experiment config (what the web form is rendered from)."""
+    """The JSON Schema of an experiment config: the engine's, or (``?project=ID``) the form a project's
+    members write experiments with (``experiments.form_schema``)."""
 
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        parameters=[SCHEMA_PROJECT_Q],
+        responses={
+            200: OpenApiTypes.OBJECT,
+            400: OpenApiResponse(description="project is not a positive integer."),
+            401: OpenApiResponse(description="A project's form needs credentials."),
+            404: OpenApiResponse(description="No such project among yours."),
+        },
+    )
     def get(self, request: Request) -> Response:
-        return Response(experiment_json_schema())
+        project_id = _int_param(request, "project")
+        if project_id is None:
+            return Response(experiment_json_schema())
+        if not request.user or not request.user.is_authenticated:
+            raise exceptions.NotAuthenticated()
+        require_role(request, project_id, Role.VIEWER)
+        return Response(form_schema(Project.objects.get(pk=project_id)))
 
 
 class PresetListView(JsonOnly, APIView):

@@ -9,7 +9,7 @@ catalogue models not fetched yet are listed apart, with the command that fetches
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,15 @@ class Unfetched:
 
 
 def available_models() -> list[ModelInfo]:
-    """The model directories a config may name here, each once, roots first."""
+    """The model directories a config may name here, each once, roots first; an entry of
+    ``ALLOWED_MODELS`` by its text as given (the policy allows it verbatim: ``/m/x/`` is not ``/m/x``)."""
     infos = list_models(settings.MODEL_ROOTS)
     seen = {Path(info.path).resolve() for info in infos}
     for value in sorted(settings.ALLOWED_MODELS):
         folder = Path(value)
         if folder.is_absolute() and is_model_dir(folder) and folder.resolve() not in seen:
             seen.add(folder.resolve())
-            infos.append(describe(folder))
+            infos.append(replace(describe(folder), path=value))
     return infos
 
 

@@ -9,16 +9,12 @@ from rest_framework import serializers
 
 from experiments.models import Experiment, Run
 from experiments.services import clean_tags
-from rl_engine.config import FORK_FIXED, ConfigError, ExperimentConfig, fork_config, parse_config
+from rl_engine.config import FORK_FIXED, ConfigError, ExperimentConfig, fork_config, joined, parse_config
 
 
 def config_error_dict(exc: ConfigError, prefix: str = "config") -> dict[str, list[str]]:
     """pydantic paths -> DRF error dict: {"config.rollout.n": ["..."]} (root errors under ``prefix``)."""
-    out: dict[str, list[str]] = {}
-    for path, msg in exc.errors:
-        key = f"{prefix}.{path}" if path and prefix else (path or prefix)
-        out.setdefault(key, []).append(msg)
-    return out
+    return exc.under(prefix).by_path()
 
 
 class TagsField(serializers.ListField):
@@ -84,7 +80,7 @@ def _flatten_config_errors(detail: Any) -> Any:
         return detail
     flat = {k: v for k, v in detail.items() if k != "config"}
     for path, msgs in detail["config"].items():
-        flat[f"config.{path}" if path else "config"] = msgs
+        flat[joined("config", path)] = msgs
     return flat
 
 
@@ -267,5 +263,5 @@ def fork_error_dict(exc: ConfigError, overrides: dict[str, Any]) -> dict[str, li
     out: dict[str, list[str]] = {}
     for path, msg in exc.errors:
         where = "config_overrides" if path and _set_by(overrides, path) else "config"
-        out.setdefault(f"{where}.{path}" if path else where, []).append(msg)
+        out.setdefault(joined(where, path), []).append(msg)
     return out

@@ -18,6 +18,7 @@ from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
 from alerts.models import AlertKind
 from experiments.config_policy import platform_presets
+from experiments.form_schema import form_schema
 from experiments.models import Experiment, Run
 from experiments.selectors import (
     run_checkpoints,
@@ -28,7 +29,6 @@ from experiments.selectors import (
 )
 from experiments.services import config_to_yaml
 from experiments.summary import run_states, run_summary
-from rl_engine.config import experiment_json_schema
 from rl_engine.presets import preset_names
 
 COMPARE_MAX_RUNS = 12
@@ -123,13 +123,16 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     project_param = request.GET.get("project", "")
     if project_param.isdigit():
         start["project"] = int(project_param)
+    # The form of the project the page opens on (the first one unless asked); another project's form is
+    # fetched when the user picks it (GET /api/schema/experiment?project=ID).
+    shown = next((p for p in writable if p.pk == start.get("project")), writable[0] if writable else None)
     return render(
         request,
         "web/experiment_new.html",
         {
             "projects": writable,
             "page_data": {
-                "schema": experiment_json_schema(),
+                "schema": form_schema(shown) if shown else None,
                 "presets": platform_presets(),
                 "projects": [{"id": p.pk, "name": p.name} for p in writable],
                 "start": start,

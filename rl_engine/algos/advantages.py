@@ -3,15 +3,15 @@
 Shapes: ``rewards`` [B] float, ``group_index`` [B] long in [0, G) (responses of one prompt share an
 index) -> advantages [B]. The trainer broadcasts a response's advantage to all its tokens.
 
-``ADVANTAGES`` is the registry: the config's ``algorithm.advantage`` takes its names from it
-(``AdvantageName``), so an estimator is added here only. The config is read where torch is not
-installed (the platform), so this module imports torch inside the functions, not at its top.
+``ADVANTAGES`` is the registry ``algorithm.advantage`` names an estimator of; the config checks the
+name against ``rl_engine.config.names.ADVANTAGES`` (torch-free), which a test keeps equal to it. Torch
+is imported inside the functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -81,17 +81,13 @@ def reinforce_pp(
 
 AdvantageFn = Callable[..., "torch.Tensor"]
 
-# The registry, by the name ``algorithm.advantage`` gives (in the order the config's schema lists them).
+# The registry, by the name ``algorithm.advantage`` gives.
 ADVANTAGES: dict[str, AdvantageFn] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
     "rloo": rloo,
     "reinforce_pp": reinforce_pp,
 }
-# Those whose baseline is the other responses of the prompt's group: they need ``rollout.n >= 2``.
-WITHIN_GROUP = frozenset({"grpo", "dr_grpo", "rloo"})
-
-AdvantageName = Literal[tuple(ADVANTAGES)]  # type: ignore[valid-type]  # the config's field type
 
 
 def get_advantage_fn(name: str) -> AdvantageFn:

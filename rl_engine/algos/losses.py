@@ -6,6 +6,7 @@ Shapes: every per-token tensor is [B, T] (B responses, T response tokens, right-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,53 @@ def filtered_is_weights(
     return raw.masked_fill(over, 0.0), over
 
 
+ImportanceWeights = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+# The registry of ``algorithm.off_policy`` (its names: rl_engine.config.names.OFF_POLICY): how the
+# behaviour log-probs weigh each token against the recomputed ones; none: the behaviour log-probs are the
+# old log-probs, no weights.
+OFF_POLICY_WEIGHTS: dict[str, ImportanceWeights | None] = {
+    "none": None,
+    "tis": truncated_is_weights,
+    "decoupled": filtered_is_weights,
+}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a reduction divides by: the whole mini-batch's sequences and tokens when the values are one
+    micro-batch of it (so that gradient accumulation sums to the mini-batch loss), and the constant
+    length of ``seq_mean_token_sum_norm``."""
+
+    num_seqs: int
+    num_tokens: float | None  # None: the mask's (counted only where a reduction needs it)
+    norm_len: float
+
+
+def token_mean(values: torch.Tensor, m: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """sum(v m) / num_tokens: every token weighs the same (DAPO)."""
+    tokens = m.sum() if counts.num_tokens is None else counts.num_tokens
+    return (values * m).sum() / max(float(tokens), 1.0)
+
+
+def seq_mean_token_mean(values: torch.Tensor, m: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """The mean over sequences of each sequence's token mean (the GRPO paper)."""
+    per_seq = (values * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    return per_seq.sum() / max(counts.num_seqs, 1)
+
+
+def seq_mean_token_sum_norm(values: torch.Tensor, m: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """sum(v m) / (num_seqs * norm_len): a constant normaliser (Dr.GRPO)."""
+    return (values * m).sum() / (max(counts.num_seqs, 1) * counts.norm_len)
+
+
+# The registry of ``algorithm.loss_agg`` (its names: rl_engine.config.names.LOSS_AGGREGATIONS).
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Counts], torch.Tensor]] = {
+    "token_mean": token_mean,
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+}
+
+
 def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor,
@@ -93,33 +141,23 @@ def aggregate(
     num_tokens: float | None = None,
     norm_len: float | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token values [B, T] to a scalar.
-
-    token_mean: sum(v m) / num_tokens (every token weighs the same; DAPO).
-    seq_mean_token_mean: mean over sequences of each sequence's token mean (GRPO paper).
-    seq_mean_token_sum_norm: sum(v m) / (num_seqs * norm_len), a constant normaliser (Dr.GRPO).
+    """Reduce per-token values [B, T] to a scalar by the aggregation ``mode`` names (:data:`AGGREGATIONS`).
     ``num_seqs``/``num_tokens`` default to this tensor's; pass the whole mini-batch's counts when
     ``values`` is one micro-batch of it, so gradient accumulation sums to the mini-batch loss.
     ``norm_len`` defaults to T.
     """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGGREGATIONS)}")
     m = mask.to(values.dtype)
-    seqs = values.shape[0] if num_seqs is None else num_seqs
-    if mode == "token_mean":
-        toks = m.sum() if num_tokens is None else num_tokens
-        return (values * m).sum() / max(float(toks), 1.0)
-    if mode == "seq_mean_token_mean":
-        per_seq = (values * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-        return per_seq.sum() / max(seqs, 1)
-    if mode == "seq_mean_token_sum_norm":
-        length = values.shape[1] if norm_len is None else norm_len
-        return (values * m).sum() / (max(seqs, 1) * length)
-    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(LOSS_AGGS)}")
+    counts = Counts(
+        num_seqs=values.shape[0] if num_seqs is None else num_seqs,
+        num_tokens=num_tokens,
+        norm_len=values.shape[1] if norm_len is None else norm_len,
+    )
+    return AGGREGATIONS[mode](values, m, counts)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of values over mask == 1 (0 when the mask is empty). [B, T] -> scalar."""
     m = mask.to(values.dtype)
     return (values * m).sum() / m.sum().clamp(min=1.0)
-
-
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")

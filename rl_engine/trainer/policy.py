@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from rl_engine.algos.advantages import get_advantage_fn, group_indices
-from rl_engine.algos.losses import aggregate, filtered_is_weights, kl_k3, ppo_clip_loss, truncated_is_weights
+from rl_engine.algos.losses import OFF_POLICY_WEIGHTS, aggregate, kl_k3, ppo_clip_loss
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad
@@ -267,9 +267,9 @@ class PolicyTrainer:
         behaviour = torch.where(finite, behaviour, torch.zeros_like(behaviour))  # no NaN into masked sums
         mask = mask * (~rejected).float()[:, None]
         old, is_w, is_flag = behaviour, None, None
-        if ac.off_policy != "none":
+        weigh = OFF_POLICY_WEIGHTS[ac.off_policy]
+        if weigh is not None:
             old = self._logprobs_no_grad(self.policy, batch)  # current weights, before this step's update
-            weigh = filtered_is_weights if ac.off_policy == "decoupled" else truncated_is_weights
             is_w, is_flag = weigh(old, behaviour, ac.tis_threshold)
         return StepData(
             batch=batch,

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rl_engine.config import (
     ConfigError,
+    ExperimentConfig,
     apply_overrides,
     dump_yaml,
     experiment_json_schema,
     fork_config,
+    joined,
     load_yaml,
     parse_config,
+    relative,
 )
+from rl_engine.config.layout import layout
 from rl_engine.presets import get_preset, preset_names
 
 
@@ -84,6 +90,30 @@ def test_field_errors_carry_paths_without_union_tags():
     assert set(errs) == {"rollout.n", "rollout.bogus", "trainer.lr"}
     assert "valid integer" in errs["rollout.n"]
     assert "Extra inputs are not permitted" in errs["rollout.bogus"]
+
+
+def test_a_field_named_like_its_sections_kind_keeps_its_path():
+    # data.source 'task' has a field 'task': pydantic's location ('data', 'task', 'task') loses the
+    # kind once, not twice.
+    errs = errors_of({"model": {"path": "m"}, "data": {"source": "task", "task": 5}})
+    assert list(errs) == ["data.task"]
+
+
+def test_the_kinds_of_a_section_are_those_the_json_schema_declares():
+    # What error paths drop and what a fork keeps (layout) is read from the models; the JSON Schema
+    # pydantic writes for the form is the independent statement of the same unions.
+    schema = experiment_json_schema()
+    declared = {
+        name: (prop["discriminator"]["propertyName"], sorted(prop["discriminator"]["mapping"]))
+        for name, prop in schema["properties"].items()
+        if "discriminator" in prop
+    }
+    unions = layout(ExperimentConfig).unions
+    assert {path: (u.tag, sorted(u.variants)) for path, u in unions.items()} == declared
+    assert declared == {
+        "rollout": ("backend", ["hf", "sglang", "vllm"]),
+        "data": ("source", ["dataset", "jsonl", "task"]),
+    }
 
 
 def test_missing_variant_tags_default_to_hf_and_task():
@@ -267,3 +297,30 @@ def test_custom_resources_with_sane_amounts_are_accepted():
                                 "rollout_node_resources": {"rollout_node": 0.25}, "rollout_gpus": 8})
     )  # fmt: skip
     assert cfg.resources.trainer_node_resources == {"trainer_node": 1.0}
+
+
+# --- error paths inside a larger document ----------------------------------------------------------------
+
+NAME = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)
+PATHS = st.lists(st.one_of(NAME, st.integers(0, 99).map(lambda i: f"[{i}]")), max_size=4).map(
+    lambda parts: ".".join(parts).replace(".[", "[")
+)
+
+
+@given(prefix=NAME, path=PATHS)
+def test_a_path_put_under_a_prefix_comes_back_out_of_it(prefix, path):
+    inside = joined(prefix, path)
+    assert relative(prefix, inside) == path
+    assert inside == prefix if not path else inside.startswith(prefix) and inside != prefix
+
+
+def test_paths_under_a_prefix_read_as_an_api_body_and_a_job_spec_name_them():
+    assert joined("config", "trainer.lr") == "config.trainer.lr" and joined("config", "") == "config"
+    assert joined("events[2]", "[0].step") == "events[2][0].step" and joined("", "trainer") == "trainer"
+    assert relative("config", "placement.ray_address") is None
+    assert relative("config", "config_overrides.trainer") is None  # a prefix of the key is not its parent
+    err = ConfigError([("trainer.lr", "too big"), ("", "root problem"), ("trainer.lr", "and negative")])
+    assert err.under("config").by_path() == {
+        "config.trainer.lr": ["too big", "and negative"],
+        "config": ["root problem"],
+    }

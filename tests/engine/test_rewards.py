@@ -63,7 +63,7 @@ def test_format_reward_is_a_regex_not_code():
 def test_registry_errors_name_the_choices():
     assert {"exact_match", "numeric_answer", "format"} <= set(reward_names())
     with pytest.raises(ValueError, match="unknown reward 'python'; choose one of"):
-        build_reward(RewardConfig(name="python", kwargs={"code": "import os"}))
+        build_reward(RewardConfig.model_construct(name="python", kwargs={"code": "import os"}))
     with pytest.raises(ValueError, match="it takes: strip, case_sensitive, prefix_credit"):
         build_reward(RewardConfig(name="exact_match", kwargs={"bogus": 1}))
     with pytest.raises(ValueError, match="not a valid regular expression"):
@@ -148,7 +148,7 @@ def test_a_reward_that_raises_scores_zero_is_counted_and_logged(monkeypatch, cap
         return fn
 
     monkeypatch.setitem(REWARDS, "flaky", flaky)
-    fn = build_reward(RewardConfig(name="flaky"))
+    fn = build_reward(RewardConfig.model_construct(name="flaky", kwargs={}))  # not a name the config knows
     fn.log_first, fn.log_every = 2, 3
     samples = [_s(r, "1") for r in ["ok", "boom", "nan", "boom", "boom", "ok", "boom", "boom", "boom"]]
     with caplog.at_level(logging.WARNING, logger="rl_engine.rewards"):

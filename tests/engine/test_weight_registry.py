@@ -85,7 +85,7 @@ def test_no_engine_code_but_the_config_compares_a_backend_name():
     offenders = {
         str(path.relative_to(REPO_ROOT)): lines
         for path in sorted((REPO_ROOT / "rl_engine").rglob("*.py"))
-        if path != REPO_ROOT / "rl_engine" / "config.py"  # its validators check a Literal field
+        if path.parent != REPO_ROOT / "rl_engine" / "config"  # its validators check a Literal field
         if (lines := backend_name_checks(path.read_text()))
     }
     assert offenders == {}, "dispatch on rollout.backend goes through rl_engine.weights.registry"

@@ -25,18 +25,16 @@ from tests.conftest import REPO_ROOT
 APP_ORDER = ("accounts", "experiments", "tracking", "alerts", "sweeps", "launcher", "core", "config")
 PLATFORM_APPS = set(APP_ORDER)
 SHARED_MODULE = "models"
-# What the platform may import of the engine: the config schema and presets, the model catalogue
-# (what a model directory holds), the launch spec, the
-# table of the fields that moved from the config to the launch spec's placement (its data migration),
-# the ingestion wire format, the walk of local data paths, what a dataset folder's card or manifest
-# reads, the strict URL grammar and the check of free-form JSON values. Each imports neither torch nor
-# ray nor transformers (checked below).
+# What the platform may import of the engine: the config schema (the package ``rl_engine.config``, by
+# what its ``__init__`` re-exports) and presets, the model catalogue (what a model directory holds), the
+# launch spec, the ingestion wire format, the walk of local data paths, what a dataset folder's card or
+# manifest reads, the strict URL grammar and the check of free-form JSON values. Each imports neither
+# torch nor ray nor transformers (checked below).
 ENGINE_PUBLIC = (
     "rl_engine.config",
     "rl_engine.presets",
     "rl_engine.catalogue",
     "rl_engine.jobspec",
-    "rl_engine.moved_fields",
     "rl_engine.wire",
     "rl_engine.paths",
     "rl_engine.dataset_folder",

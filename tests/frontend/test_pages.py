@@ -11,8 +11,8 @@ from django.test import Client
 
 from accounts.models import Role
 from accounts.services import project_create
+from experiments.form_schema import form_schema
 from experiments.services import run_transition
-from rl_engine.config import experiment_json_schema
 from rl_engine.presets import preset_names
 from tests.factories import ExperimentFactory, MembershipFactory, RunFactory, UserFactory
 from tracking.services import checkpoint_record
@@ -79,10 +79,12 @@ def test_home_lists_the_members_projects_and_experiments(world):
     assert "alpha" in body and "copy-task" in body and f'href="/experiments/{world["exp"].pk}/"' in body
 
 
-def test_new_experiment_page_carries_the_engine_schema_and_presets(world):
+def test_new_experiment_page_carries_the_projects_form_and_presets(world):
     resp = client_for(world["owner"]).get("/experiments/new/?preset=demo-cpu")
     data = page_data(resp)
-    assert data["schema"] == experiment_json_schema()
+    assert data["schema"] == form_schema(world["project"])  # the engine's, narrowed for the project
+    assert data["schema"]["x-platform"] == {"project": world["project"].pk}
+    assert "trust_remote_code" not in data["schema"]["$defs"]["ModelConfig"]["properties"]
     trainer = data["schema"]["$defs"]["TrainerConfig"]["properties"]
     assert trainer["lr"]["x-essential"] is True  # drawn first
     assert "x-essential" not in trainer["warmup_steps"]

@@ -57,6 +57,28 @@ def test_invalid_config_is_a_400_with_pydantic_field_paths(team, member):
     assert any("rollout.n" in m for m in resp.json()["errors"]["config"])  # a cross-field (root) error
 
 
+@pytest.mark.parametrize(
+    ("section", "field", "value", "names"),
+    [
+        ("reward", "name", "exact_matchh", "contains, exact_match, format, math_verify, numeric_answer"),
+        ("data", "task", "cpy", "add, add_mod10, copy, next_digit, reverse"),
+    ],
+)
+def test_a_misspelt_registry_name_is_a_400_at_its_field_naming_the_choices(
+    team, member, section, field, value, names
+):
+    # Refused when the experiment is created, not inside the run's job.
+    cfg = demo_config()
+    cfg[section] = {**cfg.get(section, {}), field: value}
+    resp = member.post("/api/experiments", create_body(team, config=cfg), format="json")
+    assert resp.status_code == 400, resp.json()
+    what = "reward" if section == "reward" else "task"
+    assert resp.json()["errors"] == {
+        f"config.{section}.{field}": [f"unknown {what} {value!r}; choose one of {names}"]
+    }
+    assert not Experiment.objects.exists()
+
+
 def test_a_queue_bound_that_cannot_hold_a_pull_is_a_400_at_its_field(team, member):
     """A cross-section rule whose fix is one field's (the engine used to find it only at launch)."""
     cfg = demo_config()

@@ -20,8 +20,8 @@ from experiments.services import run_create, run_transition
 from launcher.placement import input_paths, run_placement
 from launcher.services import job_spec
 from rl_engine.config import parse_config
+from rl_engine.config.moved import MOVED
 from rl_engine.jobspec import JobSpec, Placement
-from rl_engine.moved_fields import MOVED
 from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tests.platform.conftest import client_for
 from tracking.services import checkpoint_record

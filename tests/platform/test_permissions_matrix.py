@@ -81,6 +81,7 @@ ENDPOINTS = [
     Endpoint("POST", "/api/experiments/{experiment}/clone", "member", 201, {}),
     Endpoint("GET", "/api/experiments/{experiment}/yaml", "viewer", 200),
     Endpoint("GET", "/api/schema/experiment", "public", 200),
+    Endpoint("GET", "/api/schema/experiment?project={project}", "viewer", 200),  # the project's form
     Endpoint("GET", "/api/presets", "public", 200),
     Endpoint("GET", "/api/presets/demo-cpu", "public", 200),
     Endpoint("GET", "/api/models", "auth", 200),

@@ -53,6 +53,24 @@ if (start.config) {
   choosePreset(start.preset || "");
 }
 
+// --- the project's form ---------------------------------------------------------------------------------
+// The form is the project's (what its policy lets it run): another project's is fetched when picked.
+
+const projectSelect = document.getElementById("exp-project");
+let schemaProject = (data.schema["x-platform"] || {}).project;
+projectSelect.addEventListener("change", async () => {
+  const project = Number(projectSelect.value);
+  if (project === schemaProject || (mode === "yaml" && !yamlToForm())) return;
+  try {
+    const schema = await api("/api/schema/experiment", { params: { project } });
+    schemaProject = project;
+    form.setSchema(schema);
+    if (mode === "yaml") yamlBox.value = jsyaml.dump(form.getValue(), { sortKeys: false, lineWidth: 120 });
+  } catch (err) {
+    showErrors({ project: [err.message] }, err.message);
+  }
+});
+
 // --- form / YAML toggle ---------------------------------------------------------------------------------
 
 /** Parse the YAML box into the form; false (and a message) when it is not valid YAML. */
@@ -99,12 +117,20 @@ function clearMetaErrors() {
   }
 }
 
+/** A path of the API's answer relative to its body's `config` ("config.trainer.lr" -> "trainer.lr",
+ * "config" -> ""), or null for another field: the one place the prefix is taken off. */
+function inConfig(path) {
+  if (path === "config") return "";
+  return path.startsWith("config.") ? path.slice("config.".length) : null;
+}
+
 /** Split the API's field errors: config.* go to the schema form, the rest to the fields above it. */
 function showErrors(fieldErrors, fallback) {
   const configErrors = {};
   let placed = 0;
   for (const [path, msgs] of Object.entries(fieldErrors)) {
-    if (path === "config" || path.startsWith("config.")) { configErrors[path] = msgs; continue; }
+    const inside = inConfig(path);
+    if (inside !== null) { configErrors[inside] = msgs; continue; }
     const field = document.querySelector(`[data-meta="${CSS.escape(path.split(".")[0])}"]`);
     if (field) {
       field.classList.add("has-error");

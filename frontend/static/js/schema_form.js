@@ -1,8 +1,11 @@
-// A form rendered from a JSON Schema (pydantic's output for rl_engine.config.ExperimentConfig).
+// A form rendered from a JSON Schema: the platform's form schema of a project (experiments.form_schema:
+// pydantic's schema of rl_engine.config.ExperimentConfig, narrowed by the platform's policy).
 //
 // Handles: nested objects ($ref), enums, booleans, integers/numbers with bounds, strings, nullable values
 // (anyOf [X, null]), optional sub-objects, free-form dicts (JSON text), tuples (prefixItems), arrays of
-// enums (checkboxes) and discriminated unions (oneOf + discriminator: a select that swaps the variant).
+// enums (checkboxes), discriminated unions (oneOf + discriminator: a select that swaps the variant) and
+// labelled choices ("x-choices": [{value, label}], a select; with "x-free-text" also an "other…" entry
+// that opens a text box, the hint saying what may be typed there).
 //
 // The form keeps a plain JS value as its model; every input writes into it at its field path. The server
 // is the judge of validity: numbers that do not parse are sent as typed so the API answers with a field
@@ -10,11 +13,15 @@
 //
 // Layout: the fields the schema marks "x-essential" (direct fields of a section, and the variant choice of
 // a marked union) come first, unfolded, in one card; every section below holds the other fields and is
-// folded until the user opens it (or an error in it opens it).
+// folded until the user opens it (or an error in it opens it). What a run asks of the cluster ("x-group":
+// "cluster": a whole section such as resources, or single fields such as trainer.device) is drawn in one
+// folded "cluster" section of its own, last, labelled by its paths.
 
 import { el } from "./api.js";
 
 const clone = (v) => (v === undefined ? undefined : JSON.parse(JSON.stringify(v)));
+const CLUSTER = "cluster";
+const OTHER = "\u0001other"; // the choice select's "other…" entry (no value a config holds)
 const isObj = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
 
 /** "a.b" + "c" -> "a.b.c" */
@@ -35,6 +42,14 @@ export class SchemaForm {
   }
 
   // --- public ------------------------------------------------------------------------------------------
+
+  /** Draw another schema (another project's form) over the current value. */
+  setSchema(schema) {
+    this.schema = schema;
+    this.defs = schema.$defs || {};
+    this.value = this.fill(this.schema, this.value);
+    this.render();
+  }
 
   /** Replace the whole value (a preset, a parsed YAML document) and redraw. */
   setValue(value) {
@@ -58,7 +73,7 @@ export class SchemaForm {
   }
 
   /**
-   * Show {"trainer.lr": ["msg"], "": ["cross-field msg"]} next to fields. A path with no field of its own
+   * Show {"trainer.lr": ["msg"], "": ["cross-field msg"]} next to fields (paths relative to the config). A path with no field of its own
    * (e.g. "trainer.betas[0]", or "trainer" for a whole-section check) lands on its nearest ancestor;
    * errors with no field at all go to the box at the top of the form. Returns the first marked element.
    */
@@ -66,8 +81,7 @@ export class SchemaForm {
     this.clearErrors();
     let first = null;
     const general = this.root.querySelector(".sf-general-errors");
-    for (const [rawPath, msgs] of Object.entries(errors || {})) {
-      const path = rawPath.replace(/^config\.?/, "");
+    for (const [path, msgs] of Object.entries(errors || {})) {
       const target = this.findField(path);
       const text = (Array.isArray(msgs) ? msgs : [msgs]).join(" ");
       if (!target) {
@@ -135,6 +149,7 @@ export class SchemaForm {
       }
       return { kind: "json", s, nullable };
     }
+    if (s["x-choices"]) return { kind: "choice", s, nullable: false };
     if (s.enum) return { kind: "enum", s, nullable: false };
     if (s.const !== undefined) return { kind: "const", s, nullable: false };
     if (s.type === "object" && s.properties) return { kind: "object", s, nullable: false };
@@ -221,12 +236,16 @@ export class SchemaForm {
     const essentials = [];
     const scalars = [];
     const sections = [];
+    const cluster = [];
     for (const [key, prop] of Object.entries(top.properties)) {
       const k = this.kind(prop);
       const req = (top.required || []).includes(key);
-      if (k.kind === "object" || k.kind === "union") {
+      if ((k.kind === "object" || k.kind === "union") && inCluster(prop)) {
+        cluster.push(this.subObject(key, key, prop, k));
+      } else if (k.kind === "object" || k.kind === "union") {
         essentials.push(...this.essentialFields(key, prop, k));
         sections.push(this.section(key, prop, k));
+        cluster.push(...this.clusterFields(key, prop, k));
       } else if (isEssential(prop)) {
         essentials.push(this.field(key, key, prop, k, req));
       } else {
@@ -238,7 +257,24 @@ export class SchemaForm {
     const generalSection = this.folded("general", el("summary", {}, "general"),
       el("div", { class: "sf-body" }, el("div", { class: "sf-fields" }, scalars)));
     const advanced = el("div", { class: "sf-advanced-title muted small" }, "Advanced (folded: open a section to change it)");
-    this.root.replaceChildren(general, card, advanced, generalSection, ...sections);
+    const clusterSection = this.folded(CLUSTER,
+      el("summary", {}, CLUSTER, el("span", { class: "sf-union-tag" }, "what a run asks of the cluster: GPUs, CPUs, devices, threads")),
+      el("div", { class: "sf-body", "data-testid": "cluster-section" }, ...cluster));
+    this.root.replaceChildren(general, card, advanced, generalSection, ...sections, clusterSection);
+  }
+
+  /** The fields of a top-level section (its current variant's) that belong to the cluster section,
+   * labelled by their path. */
+  clusterFields(path, prop, k) {
+    let s = k.s;
+    if (k.kind === "union") s = this.variant(s, (this.get(path) || {})[s.discriminator.propertyName]);
+    const grid = [];
+    for (const [key, child] of Object.entries(s.properties)) {
+      if (!inCluster(child)) continue;
+      const cpath = join(path, key);
+      grid.push(this.field(cpath, cpath, child, this.kind(child), (s.required || []).includes(key)));
+    }
+    return grid.length ? [el("div", { class: "sf-fields" }, grid)] : [];
   }
 
   /** A folded card: open only once the user opened it (or an error in it did: see `mark`). */
@@ -295,6 +331,7 @@ export class SchemaForm {
       const ck = this.kind(child);
       if (ck.kind === "const") continue; // the union's tag, drawn as the select above
       if (topLevel && isEssential(child) && ck.kind !== "object" && ck.kind !== "union") continue;
+      if (topLevel && inCluster(child)) continue; // drawn in the cluster section
       const cpath = join(path, key);
       const req = (s.required || []).includes(key);
       if (ck.kind === "object" || ck.kind === "union") nested.push(this.subObject(key, cpath, child, ck));
@@ -363,6 +400,38 @@ export class SchemaForm {
     return wrap;
   }
 
+  /** A select of labelled choices ("x-choices"); with "x-free-text" an "other…" entry opens a text box
+   * for a value of one's own. A value that is none of the choices is kept and shown as it is. */
+  choiceInput(id, path, k, hint) {
+    const s = k.s;
+    const value = this.get(path);
+    const empty = value === undefined || value === null || value === "";
+    const known = s["x-choices"].some((c) => c.value === value);
+    const free = s["x-free-text"];
+    const own = !empty && !known;
+    const opts = [];
+    if (k.nullable) opts.push(el("option", { value: "", selected: empty }, "(none)"));
+    else if (empty) opts.push(el("option", { value: "", selected: true, disabled: true }, "choose…"));
+    for (const c of s["x-choices"]) opts.push(el("option", { value: c.value, selected: c.value === value }, c.label));
+    if (free) opts.push(el("option", { value: OTHER, selected: own }, "other…"));
+    else if (own) opts.push(el("option", { value, selected: true }, `${value} (not offered here)`));
+    const sel = el("select", { id, name: path }, opts);
+    const blank = () => (k.nullable ? null : undefined);
+    const text = free ? el("input", { type: "text", id: `${id}-other`, name: `${path}-other`, hidden: !own,
+      value: own ? String(value) : "", placeholder: free }) : null;
+    sel.addEventListener("change", () => {
+      if (text) text.hidden = sel.value !== OTHER;
+      if (sel.value === OTHER) this.set(path, text.value === "" ? blank() : text.value);
+      else this.set(path, sel.value === "" ? blank() : sel.value);
+    });
+    if (text) {
+      text.addEventListener("input", () => this.set(path, text.value === "" ? blank() : text.value));
+      hint.push(`other: ${free}`);
+    }
+    if (!s["x-choices"].length && !free) hint.push("nothing to choose from here: ask an operator");
+    return el("div", { class: "sf-inline" }, text ? [sel, text] : [sel]);
+  }
+
   input(id, path, k, hint) {
     const s = k.s;
     const value = this.get(path);
@@ -374,6 +443,8 @@ export class SchemaForm {
         sel.addEventListener("change", () => this.set(path, sel.value === "" && k.nullable ? null : sel.value));
         return sel;
       }
+      case "choice":
+        return this.choiceInput(id, path, k, hint);
       case "bool": {
         const cb = el("input", { type: "checkbox", id, name: path, checked: value === true });
         cb.addEventListener("change", () => this.set(path, cb.checked));
@@ -442,6 +513,11 @@ export class SchemaForm {
       }
     }
   }
+}
+
+/** Whether the schema puts a property (a section or a field) in the cluster section. */
+function inCluster(node) {
+  return Boolean(node && node["x-group"] === CLUSTER);
 }
 
 /** Whether the schema marks a property as one of the essentials (drawn first, unfolded). */

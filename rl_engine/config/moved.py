@@ -1,14 +1,18 @@
 """The fields that moved out of ``ExperimentConfig`` into the job's placement (``rl_engine.jobspec``):
 where a run runs, not what it trains. One table, read by
 
-- the config (``rl_engine.config``): a config that still sets one is refused with a message naming its
-  new place, except where it holds the value a normalised config stored when it was unset (an export
-  made before the move still imports);
+- the config (``experiment``, ``validation``): a config that still sets one is refused with a message
+  naming its new place, except where it holds the value a normalised config stored when it was unset
+  (an export made before the move still imports);
 - the CLI (``rl_engine.cli``): a standalone user's YAML (or ``--set``) that still sets one has it lifted
-  into the placement, with a one-line notice naming the flag to use instead;
-- the platform's data migration, which drops them from stored experiments and runs.
+  into the placement, with a one-line notice naming the flag to use instead.
 
-Standard library only (the platform's migration imports it).
+This compatibility goes in release :data:`REMOVED_IN`: a test fails once the project's version
+(``pyproject.toml``) reaches it. Removing it: delete this module and its uses (the lifting in
+``rl_engine.cli.load_job``, ``ExperimentConfig._drop_unset_moved``, the message in
+``validation.validation_errors``, docs/engine.md "Configs from before the split" and their tests); a
+moved field is then an unknown field like any other. The platform's data migration (experiments 0003)
+keeps its own copy of the paths and stays. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from typing import Any
+
+# The release that drops this compatibility (``pyproject.toml``'s ``project.version``).
+REMOVED_IN = "0.2.0"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,99 @@
+"""The one configuration schema of an experiment (pydantic; imports neither torch nor ray).
+
+- ``sections``: the sections (model, rollout, trainer, algorithm, pipeline, data, reward, resources,
+  logging, eval); ``experiment``: ``ExperimentConfig``, the checks across sections, its JSON Schema;
+- ``errors``: ``ConfigError`` (field path, message) and where a path prefix is added or removed;
+- ``layout``: where the schema's unions and nested models sit, read from the models;
+- ``validation``: a mapping validated, pydantic's errors as field paths;
+- ``io``: YAML files, presets and ``--set`` overrides; ``merge``: partial configs merged in (sweeps, forks);
+- ``names``: the names a registry looks up (rewards, tasks, estimators...), torch-free;
+- ``moved``: the fields that moved to the placement, still recognised until ``REMOVED_IN``.
+
+Import from here: ``from rl_engine.config import ExperimentConfig, parse_config``.
+"""
+
+from rl_engine.config.errors import ConfigError, FieldError, joined, relative
+from rl_engine.config.experiment import ExperimentConfig, experiment_json_schema
+from rl_engine.config.io import apply_overrides, dump_yaml, load_yaml, parse_override, read_yaml, yaml_where
+from rl_engine.config.merge import FORK_FIXED, fork_config, merge_config
+from rl_engine.config.sections import (
+    ESSENTIAL,
+    LOGPROB_CONVENTION,
+    RAY_BUILTIN_RESOURCES,
+    SEED_LIMIT,
+    AlgorithmConfig,
+    DataConfig,
+    DatasetColumns,
+    DatasetDataConfig,
+    EngineRolloutConfig,
+    EvalConfig,
+    HFRolloutConfig,
+    JsonlDataConfig,
+    LoggingConfig,
+    MlflowConfig,
+    ModelConfig,
+    NodeResources,
+    PipelineConfig,
+    ResourcesConfig,
+    RewardConfig,
+    RolloutConfig,
+    SGLangRolloutConfig,
+    SinkName,
+    SyntheticDataSpec,
+    TaskDataConfig,
+    TinyModelSpec,
+    TrainerConfig,
+    VLLMRolloutConfig,
+    WandbConfig,
+    has_validation_data,
+)
+from rl_engine.config.validation import parse_config, validation_errors
+
+__all__ = [
+    "ESSENTIAL",
+    "FORK_FIXED",
+    "LOGPROB_CONVENTION",
+    "RAY_BUILTIN_RESOURCES",
+    "SEED_LIMIT",
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "DatasetColumns",
+    "DatasetDataConfig",
+    "EngineRolloutConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "FieldError",
+    "HFRolloutConfig",
+    "JsonlDataConfig",
+    "LoggingConfig",
+    "MlflowConfig",
+    "ModelConfig",
+    "NodeResources",
+    "PipelineConfig",
+    "ResourcesConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "SGLangRolloutConfig",
+    "SinkName",
+    "SyntheticDataSpec",
+    "TaskDataConfig",
+    "TinyModelSpec",
+    "TrainerConfig",
+    "VLLMRolloutConfig",
+    "WandbConfig",
+    "apply_overrides",
+    "dump_yaml",
+    "experiment_json_schema",
+    "fork_config",
+    "has_validation_data",
+    "joined",
+    "load_yaml",
+    "merge_config",
+    "parse_config",
+    "parse_override",
+    "read_yaml",
+    "relative",
+    "validation_errors",
+    "yaml_where",
+]
