@@ -144,7 +144,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "chat_template": "on",
         },
         "reward": {"name": "math_verify", "kwargs": {"answer_format": "auto"}},
-        "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True, "max_prompts": 64},
+        "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True},
         "logging": {"sinks": ["stdout"], "log_every": 1},
     },
     "gsm8k-qwen2.5-1.5b-vllm": {
