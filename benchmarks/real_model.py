@@ -95,6 +95,7 @@ class Curve:
             "last_step": None if last is None else last["step"],
             "last_wall_min": None if last is None else last["wall_s"] / 60,
             "median_step_s": statistics.median(step_s) if step_s else None,
+            "last_train_step_wall_min": self.steps[-1]["wall_s"] / 60 if self.steps else None,
             "startup_s": self.startup_s,
             "error": self.error,
         }
@@ -193,6 +194,21 @@ def run_learning(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> l
               f"{(s['last_wall_min'] or 0):.1f} min); {s.get('error') or 'ok'}", flush=True)  # fmt: skip
         curves.append(curve)
     return curves
+
+
+def async_vs_sync(curves: list[Curve]) -> list[dict[str, Any]]:
+    """Wall clock to the same trainer step, sync against fully_async, per backend and seed (same data)."""
+    out = []
+    by_key = {(c.backend, c.mode, c.seed): c for c in curves if c.error is None and c.steps}
+    for (backend, mode, seed), sync in by_key.items():
+        other = by_key.get((backend, "fully_async", seed))
+        if mode != "sync" or other is None:
+            continue
+        step = min(sync.steps[-1]["step"], other.steps[-1]["step"])
+        wall = {c.mode: next(s["wall_s"] for s in c.steps if s["step"] >= step) for c in (sync, other)}
+        out.append({"backend": backend, "seed": seed, "step": step, "sync_min": wall["sync"] / 60,
+                    "fully_async_min": wall["fully_async"] / 60, "speedup": wall["sync"] / wall["fully_async"]})  # fmt: skip
+    return out
 
 
 def plot(curves: list[Curve], path: Path, minutes: float, title: str) -> str | None:
@@ -411,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         curves = run_learning(args, specs, out)
         report["runs"] = [c.summary(args.minutes) for c in curves]
         report["curves"] = [asdict(c) for c in curves]
+        report["async_vs_sync"] = async_vs_sync(curves)
         title = f"{Path(args.model).name}, preset {args.preset}, {os.cpu_count()} CPU cores"
         why = plot(curves, out / "curves.png", args.minutes, title)
         report["png"] = None if why else str(out / "curves.png")
