@@ -259,7 +259,7 @@ def build_parser() -> Parser:
     cli_run.add_commands(
         sub.add_parser("run", help="launch, follow, wait for, cancel, resume runs"), common, Parser
     )
-    cli_sweep.add_commands(  # issue 22: sweeps
+    cli_sweep.add_commands(  # sweeps
         sub.add_parser("sweep", help="create, show (ranked), cancel sweeps"), common, Parser
     )
     return parser

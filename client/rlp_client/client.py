@@ -170,7 +170,7 @@ class Client:
         for r in self.transport.pages("/api/runs", params):
             yield Run(self, RunInfo.from_api(r))
 
-    # --- sweeps (issue 22) -----------------------------------------------------------------------------
+    # --- sweeps ----------------------------------------------------------------------------------------
 
     def create_sweep(
         self,

@@ -68,8 +68,8 @@ INSTALLED_APPS = [
     "experiments",
     "tracking",
     "launcher",
-    "alerts",  # issue 22: alerts, metric rules, webhooks
-    "sweeps",  # issue 22: sweeps
+    "alerts",  # alerts, metric rules, webhooks
+    "sweeps",  # sweeps
 ]
 
 MIDDLEWARE = [
@@ -192,7 +192,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # issue 22: the alerts app's choice sets by name (several serializers have a "kind")
+    # the alerts app's choice sets by name (several serializers have a "kind")
     "ENUM_NAME_OVERRIDES": {
         "AlertKindEnum": "alerts.models.AlertKind",
         "RuleKindEnum": "alerts.models.RuleKind",
@@ -294,7 +294,7 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# --- Alerts and webhooks (issue 22; docs/deploy.md, "Alerts and webhooks") ---------------------------
+# --- Alerts and webhooks (docs/deploy.md, "Alerts and webhooks") ---------------------------
 # How often the metric rules are evaluated over running runs (a beat task; 0: never).
 ALERT_RULES_INTERVAL_S = env_int("ALERT_RULES_INTERVAL_S", 60)
 # Hosts a webhook may point at although they resolve to loopback, private, link-local addresses or
@@ -331,7 +331,7 @@ if WEBHOOK_SWEEP_INTERVAL_S > 0:
         "options": {"expires": WEBHOOK_SWEEP_INTERVAL_S},
     }
 
-# --- Sweeps (issue 22; docs/api.md, "Sweeps") ------------------------------------------------------------
+# --- Sweeps (docs/api.md, "Sweeps") ------------------------------------------------------------
 SWEEP_MAX_RUNS = env_int("SWEEP_MAX_RUNS", 100)  # the most runs one sweep may make
 # How often the median rule is applied to the running runs of sweeps that asked for early stopping
 # (a beat task; 0: never).

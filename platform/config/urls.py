@@ -18,8 +18,8 @@ urlpatterns = [
     path("api/", include("experiments.urls")),
     path("api/", include("tracking.urls")),
     path("api/", include("launcher.urls")),
-    path("api/", include("alerts.urls")),  # issue 22: alerts, metric rules, webhooks
-    path("api/", include("sweeps.urls")),  # issue 22: sweeps
+    path("api/", include("alerts.urls")),  # alerts, metric rules, webhooks
+    path("api/", include("sweeps.urls")),  # sweeps
     path("", include("experiments.web_urls")),
-    path("", include("sweeps.web_urls")),  # issue 22: the sweep page
+    path("", include("sweeps.web_urls")),  # the sweep page
 ]

@@ -404,7 +404,7 @@ class RunCompareView(JsonOnly, APIView):
         return Response(RunCompareSerializer(comparison).data)
 
 
-# --- fork (issue 22) -----------------------------------------------------------------------------------
+# --- fork ----------------------------------------------------------------------------------------------
 
 
 class RunForkView(JsonOnly, APIView):

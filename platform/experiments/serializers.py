@@ -216,7 +216,7 @@ class RunCompareSerializer(serializers.Serializer):
     )
 
 
-# --- fork (issue 22) -----------------------------------------------------------------------------------
+# --- fork ----------------------------------------------------------------------------------------------
 
 
 class ForkSerializer(ResumeSerializer):

@@ -17,6 +17,6 @@ urlpatterns = [
     path("runs/<int:pk>", api.RunDetailView.as_view(), name="api-run"),
     path("runs/<int:pk>/cancel", api.RunCancelView.as_view(), name="api-run-cancel"),
     path("runs/<int:pk>/resume", api.RunResumeView.as_view(), name="api-run-resume"),
-    # fork (issue 22)
+    # fork
     path("runs/<int:pk>/fork", api.RunForkView.as_view(), name="api-run-fork"),
 ]

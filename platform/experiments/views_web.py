@@ -172,7 +172,7 @@ def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
                 "run": run_summary(run),
                 "checkpoints": run_checkpoints(run),
                 "can_write": has_role(request, run.project_id, Role.MEMBER),
-                "lineage": run_lineage(run),  # fork (issue 22): the curves this run continues
+                "lineage": run_lineage(run),  # fork: the curves this run continues
             },
         },
     )

@@ -23,7 +23,7 @@ from experiments.models import CANCELLABLE_STATES, Experiment, Run, RunState
 from experiments.path_policy import data_walks_once
 from experiments.selectors import stored_config
 from experiments.services import InvalidTransition, run_create, run_request_cancel
-from rl_engine.config import ConfigError, ExperimentConfig, merge_config, parse_config
+from rl_engine.config import ConfigError, ExperimentConfig, dotted_get, merge_config, parse_config
 from rl_engine.wire import EventKind
 from sweeps import search_space as ss
 from sweeps.models import Method, Sweep, SweepRun
@@ -83,13 +83,6 @@ class PlannedRun:
     params: ss.Point
     seed: int
     config: ExperimentConfig
-
-
-def _dotted(data: dict[str, Any], path: str) -> Any:
-    node: Any = data
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def _short(point: ss.Point) -> str:
@@ -161,7 +154,7 @@ def sweep_plan(*, experiment: Experiment, spec: SweepSpec, seed: int) -> list[Pl
             continue
         # The point as the run's config holds it (validated: "1e-6" from a YAML file is 1e-06 there).
         dump = config.model_dump(mode="json")
-        params = {path: _dotted(dump, path) for path in point}
+        params = {path: dotted_get(dump, path) for path in point}
         planned.append(PlannedRun(index=index, params=params, seed=config.seed, config=config))
     if errors:
         if bad_points > MAX_POINTS_REPORTED:

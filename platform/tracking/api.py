@@ -78,23 +78,6 @@ def _parse(model: type[wire.M], request: Request, endpoint: str) -> wire.M:
         raise exceptions.ValidationError(exc.errors) from None
 
 
-def store_metrics(run_id: int, body: wire.MetricsBody) -> wire.MetricsReply:
-    """A validated metrics batch stored: what the view and the ingestion front (tracking/ingest.py) answer."""
-    points = [services.Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in body.points]
-    result = services.metrics_ingest(run_id=run_id, points=points)
-    return wire.MetricsReply(received=result.received, inserted=result.inserted)
-
-
-def store_samples(run_id: int, body: wire.SamplesBody) -> wire.SamplesReply:
-    """A validated samples batch stored: what the view and the ingestion front answer."""
-    stored = services.samples_record(
-        run_id=run_id,
-        samples=[services.NewSample(**s.model_dump()) for s in body.samples],
-        batch_id=body.batch_id or "",
-    )
-    return wire.SamplesReply(received=len(body.samples), stored=stored)
-
-
 def _reply(reply: BaseModel, code: int = status.HTTP_200_OK) -> Response:
     return Response(reply.model_dump(mode="json"), status=code)
 
@@ -137,7 +120,7 @@ class RunMetricsView(IngestView):
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         body = _parse(wire.MetricsBody, request, wire.METRICS)
-        return _reply(store_metrics(run.pk, body))
+        return _reply(services.metrics_batch_store(run.pk, body))
 
     @extend_schema(
         parameters=[
@@ -260,7 +243,7 @@ class RunSamplesView(IngestView):
     def post(self, request: Request, run_id: int) -> Response:
         run = _ingest_run(request, run_id)
         body = _parse(wire.SamplesBody, request, wire.SAMPLES)
-        return _reply(store_samples(run.pk, body), status.HTTP_201_CREATED)
+        return _reply(services.samples_batch_store(run.pk, body), status.HTTP_201_CREATED)
 
     @extend_schema(
         parameters=[

@@ -13,8 +13,8 @@ long-lived threads (each keeps its database connection):
   XFrameOptionsMiddleware, called directly; DRF's ``Allow`` and ``Vary``);
 - the same authentication (``TokenAuthentication``'s checks, ``ingest_token``), JSON parser
   (``NulSafeJSONParser``), batch limit, wire validation (``rl_engine.wire``), throttle (``IngestThrottle``'s
-  key and window) and storage (``api.store_metrics``: idempotent on (run, key, step), published live
-  after it is stored; ``api.store_samples``: capped per step, idempotent on the batch id: what the views
+  key and window) and storage (``services.metrics_batch_store``: idempotent on (run, key, step), published live
+  after it is stored; ``services.samples_batch_store``: capped per step, idempotent on the batch id: what the views
   call);
 - the same answer: the view's status (200 for metrics, 201 for samples) and reply model
   (``MetricsReply``, ``SamplesReply``), rendered by the view's JSON renderer.
@@ -58,7 +58,8 @@ from accounts.parsers import NulSafeJSONParser
 from accounts.throttles import IngestThrottle
 from rl_engine import wire
 from tracking import live
-from tracking.api import RunMetricsView, RunSamplesView, store_metrics, store_samples
+from tracking.api import RunMetricsView, RunSamplesView
+from tracking.services import metrics_batch_store, samples_batch_store
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,8 @@ class Route:
 
 
 ROUTES = {  # by URL name
-    "api-run-metrics": Route(wire.METRICS, wire.MetricsBody, store_metrics, 200, RunMetricsView),
-    "api-run-samples": Route(wire.SAMPLES, wire.SamplesBody, store_samples, 201, RunSamplesView),
+    "api-run-metrics": Route(wire.METRICS, wire.MetricsBody, metrics_batch_store, 200, RunMetricsView),
+    "api-run-samples": Route(wire.SAMPLES, wire.SamplesBody, samples_batch_store, 201, RunSamplesView),
 }
 _PATH_ENDS = tuple("/" + route.endpoint for route in ROUTES.values())  # what may be one of them
 

@@ -386,3 +386,20 @@ def samples_record(*, run_id: int, samples: Iterable[NewSample], batch_id: str =
             )
         Sample.objects.bulk_create(keep)
     return len(keep)
+
+
+def metrics_batch_store(run_id: int, body: wire.MetricsBody) -> wire.MetricsReply:
+    """A validated metrics batch stored: what the view and the ingestion front (tracking/ingest.py) answer."""
+    points = [Point(p["key"], p["step"], p["value"], p["wall_time"]) for p in body.points]
+    result = metrics_ingest(run_id=run_id, points=points)
+    return wire.MetricsReply(received=result.received, inserted=result.inserted)
+
+
+def samples_batch_store(run_id: int, body: wire.SamplesBody) -> wire.SamplesReply:
+    """A validated samples batch stored: what the view and the ingestion front answer."""
+    stored = samples_record(
+        run_id=run_id,
+        samples=[NewSample(**s.model_dump()) for s in body.samples],
+        batch_id=body.batch_id or "",
+    )
+    return wire.SamplesReply(received=len(body.samples), stored=stored)

@@ -15,7 +15,7 @@ Import from here: ``from rl_engine.config import ExperimentConfig, parse_config`
 from rl_engine.config.errors import ConfigError, FieldError, joined, relative
 from rl_engine.config.experiment import ExperimentConfig, experiment_json_schema
 from rl_engine.config.io import apply_overrides, dump_yaml, load_yaml, parse_override, read_yaml, yaml_where
-from rl_engine.config.merge import FORK_FIXED, fork_config, merge_config
+from rl_engine.config.merge import FORK_FIXED, dotted_get, fork_config, merge_config
 from rl_engine.config.sections import (
     ESSENTIAL,
     LOGPROB_CONVENTION,
@@ -83,6 +83,7 @@ __all__ = [
     "VLLMRolloutConfig",
     "WandbConfig",
     "apply_overrides",
+    "dotted_get",
     "dump_yaml",
     "experiment_json_schema",
     "fork_config",

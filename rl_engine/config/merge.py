@@ -47,7 +47,8 @@ def merge_config(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
     return out
 
 
-def _dotted(data: dict[str, Any], path: str) -> Any:
+def dotted_get(data: dict[str, Any], path: str) -> Any:
+    """The value at a dotted ``path`` of a nested dict, or None where a part is missing."""
     node: Any = data
     for part in path.split("."):
         node = node.get(part) if isinstance(node, dict) else None
@@ -66,7 +67,7 @@ def fork_config(parent: ExperimentConfig, overrides: dict[str, Any]) -> Experime
     after = child.model_dump(mode="json")
     fixed: list[tuple[str, str]] = []
     for path in FORK_FIXED:
-        old, new = _dotted(base, path), _dotted(after, path)
+        old, new = dotted_get(base, path), dotted_get(after, path)
         if old == new:
             continue
         if isinstance(old, dict) and isinstance(new, dict):

@@ -1,7 +1,7 @@
 // Experiment page: the Launch button posts to the API and opens the new run's dashboard; while a run is
 // active its row's state and times follow the API (every 3 s).
 import { api, fmtTime, pageData, results } from "./api.js";
-import { badgeRunsWithAlerts } from "./run_alerts.js"; // issue 22: alerts
+import { badgeRunsWithAlerts } from "./run_alerts.js"; // alerts
 
 const btn = document.getElementById("launch-btn");
 const errorBox = document.getElementById("action-error");
@@ -48,6 +48,6 @@ async function refreshStates() {
 }
 setTimeout(refreshStates, 3000);
 
-// --- alerts (issue 22): a badge on each run with open alerts ---
+// --- alerts: a badge on each run with open alerts ---
 badgeRunsWithAlerts([...document.querySelectorAll("tr[data-run-id]")],
   table ? { project: table.dataset.project } : {});

@@ -1,4 +1,4 @@
-// Experiment page, issue 22 (sweeps): the experiment's sweeps (links to their pages) and the "New sweep"
+// Experiment page (sweeps): the experiment's sweeps (links to their pages) and the "New sweep"
 // form, which posts to /api/sweeps and opens the new sweep's page; refusals are listed by field path.
 import { api, el, results } from "./api.js";
 

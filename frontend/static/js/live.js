@@ -56,7 +56,7 @@ export class RunStream {
       this.call("onEvent", msg.event);
     } else if (msg.kind === "metrics") {
       this.call("onMetrics", msg.series || {});
-    } else if (msg.kind === "alert") { // issue 22: an alert of the run opened, repeated or resolved
+    } else if (msg.kind === "alert") { // an alert of the run opened, repeated or resolved
       this.call("onAlert", msg.alert);
     }
   }

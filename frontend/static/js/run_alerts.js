@@ -1,4 +1,4 @@
-// Alerts of runs (issue 22; docs/dashboard.md, "Alerts"): the run page's banner of the run's open alerts
+// Alerts of runs (docs/dashboard.md, "Alerts"): the run page's banner of the run's open alerts
 // (GET /api/alerts, then the live stream's "alert" messages), and a badge per run in a run list.
 // Messages are written as text, never as HTML: an engine alert's text comes from the run.
 

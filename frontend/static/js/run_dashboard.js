@@ -5,7 +5,7 @@
 import { api, el, fmtNum, fmtTime, pageData, results } from "./api.js";
 import { ChartBoard } from "./charts.js";
 import { RunStream } from "./live.js";
-import { AlertBanner } from "./run_alerts.js"; // issue 22: alerts
+import { AlertBanner } from "./run_alerts.js"; // alerts
 
 const data = pageData("page-data");
 const run = data.run;
@@ -120,7 +120,7 @@ function appendEvent(ev) {
 
 function handleEvent(ev) {
   appendEvent(ev);
-  // issue 22: an engine alert or a failure opens an alert in the process that stored it, whose live
+  // an engine alert or a failure opens an alert in the process that stored it, whose live
   // message may not reach this page's server (embedded default): read the open alerts again.
   if (ev.kind === "alert" || (ev.kind === "status" && ev.data && ev.data.to === "failed")) alertBanner.load();
   if (ev.kind === "status" && ev.data && ev.data.to) {
@@ -200,7 +200,7 @@ async function loadExports() {
   } catch { /* the table still lists the checkpoints; export states are read again on the next notice */ }
 }
 
-// --- fork (issue 22) -------------------------------------------------------------------------------------
+// --- fork ------------------------------------------------------------------------------------------------
 // "Fork from here" on a checkpoint row opens the override editor; the fork is a new run of the experiment
 // from that checkpoint with this run's config and the overrides (POST /api/runs/<id>/fork).
 
@@ -360,7 +360,7 @@ async function loadStatusHistory() {
   renderTimeline();
 }
 
-// --- alerts (issue 22): the run's open alerts, loaded with the page and kept live ---
+// --- alerts: the run's open alerts, loaded with the page and kept live ---
 const alertBanner = new AlertBanner($("run-alerts"), run.id, Boolean(data.can_write));
 alertBanner.load();
 
