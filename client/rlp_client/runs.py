@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlp_client.live import LiveStream
 from rlp_client.models import (
@@ -19,13 +19,19 @@ from rlp_client.models import (
 )
 
 if TYPE_CHECKING:
-    from rlp_client.client import Client
+    from rlp_client.transport import Transport
+
+
+class HasTransport(Protocol):
+    """What a run needs of its client (a :class:`rlp_client.client.Client`): its transport."""
+
+    transport: Transport
 
 
 class Run:
     """One run. ``info`` is the last snapshot read; :meth:`refresh` reads it again."""
 
-    def __init__(self, client: Client, info: RunInfo) -> None:
+    def __init__(self, client: HasTransport, info: RunInfo) -> None:
         self.client = client
         self.info = info
 
