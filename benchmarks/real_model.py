@@ -18,7 +18,8 @@ Three parts, each side by side in one invocation; figures as JSON, the learning 
     .venv/bin/python benchmarks/real_model.py --quick          # SmolLM2, a few steps of each part
     .venv/bin/python benchmarks/real_model.py --runs hf:fully_async:0,hf:sync:0 --steps 80 \\
         --parts learning,export --out var/bench/real-model     # the figures in docs/benchmarks.md
-    # --reuse reads the runs an earlier invocation finished in --out: add runs one invocation at a time
+    # --reuse reads the runs an earlier invocation finished in --out: add runs one invocation at a time;
+    # --reuse --extend --steps N continues a finished run from its last checkpoint to step N
 
 Needs the model (``make model``); the vLLM parts need vLLM's CPU environment (``make check-vllm-cpu``
 builds it at ``VLLM_CPU_VENV``, default ``var/venv-vllm-cpu``) and are skipped, saying why, without it.
@@ -103,16 +104,24 @@ class Curve:
 
 
 def read_curve(spec: RunSpec, metrics_path: Path, started: float) -> Curve:
+    """The run's curve from its JSONL log. A run continued with ``--extend`` appends a second process's
+    records: its start-up (between the first process's last record and the second's "pipeline running"
+    status) is left out of the wall clock, as the first process's is."""
     curve = Curve(spec.label, spec.backend, spec.mode, spec.seed)
     t0: float | None = None
+    paused_s, last_time = 0.0, 0.0
     for line in metrics_path.read_text().splitlines():
         item = json.loads(line)
-        if item["type"] == "event" and item.get("kind") == "status" and t0 is None:
+        running = item["type"] == "event" and item.get("kind") == "status" and "running" in item["message"]
+        if running and t0 is None:
             t0 = item["time"]
             curve.startup_s = t0 - started
+        elif running:
+            paused_s += item["time"] - last_time
+        last_time = item["time"]
         if item["type"] != "metrics" or t0 is None:
             continue
-        m, wall = item["metrics"], item["time"] - t0
+        m, wall = item["metrics"], item["time"] - t0 - paused_s
         if "val/pass@1" in m:
             curve.evals.append({"step": item["step"], "wall_s": wall, "pass_at_1": m["val/pass@1"],
                                 "length": m.get("val/response_length", 0.0)})  # fmt: skip
@@ -170,23 +179,44 @@ def run_learning(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> l
         run_dir = out / "runs" / spec.label
         if args.reuse and (run_dir / "run.json").exists():  # a finished run of an earlier invocation
             done = json.loads((run_dir / "run.json").read_text())
+            last = last_checkpoint(run_dir / "checkpoints")
+            if args.extend and done["returncode"] == 0 and last is not None and last[0] < args.steps:
+                print(f"run {spec.label}: from step {last[0]} to {args.steps}", flush=True)
+                done["returncode"] = train(args, spec, run_dir, data_dir, resume_from=last[1])
+                (run_dir / "run.json").write_text(json.dumps(done))
             curves.append(finished_curve(args, spec, run_dir, done["started"], done["returncode"]))
             continue
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
-        python, env = engine_python(spec.backend)
-        cmd = [python, "-m", "rl_engine", "train", "--config", f"preset:{args.preset}", "--run-dir", str(run_dir),
-               "--checkpoint-dir", str(run_dir / "checkpoints"), "--no-progress-bar"]  # fmt: skip
-        for s in run_overrides(args, spec, data_dir):
-            cmd += ["--set", s]
         print(f"run {spec.label}: {args.steps} steps", flush=True)
         started = time.time()
-        with (run_dir / "engine.log").open("w") as log:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=RUN_TIMEOUT_S, check=False)  # fmt: skip
-        (run_dir / "run.json").write_text(json.dumps({"started": started, "returncode": proc.returncode}))
-        curves.append(finished_curve(args, spec, run_dir, started, proc.returncode))
+        rc = train(args, spec, run_dir, data_dir)
+        (run_dir / "run.json").write_text(json.dumps({"started": started, "returncode": rc}))
+        curves.append(finished_curve(args, spec, run_dir, started, rc))
     return curves
+
+
+def last_checkpoint(folder: Path) -> tuple[int, Path] | None:
+    """The newest ``step_NNNNNNNN`` checkpoint in ``folder``: (step, path)."""
+    steps = sorted((int(p.name.removeprefix("step_")), p) for p in folder.glob("step_*") if p.is_dir())
+    return steps[-1] if steps else None
+
+
+def train(
+    args: argparse.Namespace, spec: RunSpec, run_dir: Path, data_dir: Path, resume_from: Path | None = None
+) -> int:
+    """``python -m rl_engine train`` of one run in its own process (its log appended to engine.log)."""
+    python, env = engine_python(spec.backend)
+    cmd = [python, "-m", "rl_engine", "train", "--config", f"preset:{args.preset}", "--run-dir", str(run_dir),
+           "--checkpoint-dir", str(run_dir / "checkpoints"), "--no-progress-bar"]  # fmt: skip
+    if resume_from is not None:  # the checkpoint's step was evaluated at the first process's end
+        cmd += ["--resume-from", str(resume_from), "--set", "eval.before_training=false"]
+    for s in run_overrides(args, spec, data_dir):
+        cmd += ["--set", s]
+    with (run_dir / "engine.log").open("a") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=RUN_TIMEOUT_S, check=False)  # fmt: skip
+    return proc.returncode
 
 
 def finished_curve(args: argparse.Namespace, spec: RunSpec, run_dir: Path, started: float, rc: int) -> Curve:
@@ -393,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for runs, JSON and PNG (default: a temporary one)")
     p.add_argument("--reuse", action="store_true",
                    help="read runs an earlier invocation finished in --out instead of running them again")  # fmt: skip
+    p.add_argument("--extend", action="store_true",
+                   help="with --reuse: continue a finished run from its last checkpoint to --steps")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="SmolLM2, 3 steps per run, hf runs only")
     p.add_argument(
         "--smoke", action="store_true", help="a tiny model, 2 steps per run, hf only: seconds-scale"
