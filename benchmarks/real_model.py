@@ -112,13 +112,15 @@ def read_curve(spec: RunSpec, metrics_path: Path, started: float) -> Curve:
     paused_s, last_time = 0.0, 0.0
     for line in metrics_path.read_text().splitlines():
         item = json.loads(line)
-        running = item["type"] == "event" and item.get("kind") == "status" and "running" in item["message"]
+        status = item["message"] if item["type"] == "event" and item.get("kind") == "status" else ""
+        running = status.startswith("pipeline running")
         if running and t0 is None:
             t0 = item["time"]
             curve.startup_s = t0 - started
-        elif running:
+        elif running:  # a continued run: from the first process's last record to this one, start-up
             paused_s += item["time"] - last_time
-        last_time = item["time"]
+        if not (running or status.startswith("resumed from")):
+            last_time = item["time"]
         if item["type"] != "metrics" or t0 is None:
             continue
         m, wall = item["metrics"], item["time"] - t0 - paused_s
