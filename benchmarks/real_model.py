@@ -181,7 +181,9 @@ def run_learning(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> l
         run_dir = out / "runs" / spec.label
         if args.reuse and (run_dir / "run.json").exists():  # a finished run of an earlier invocation
             done = json.loads((run_dir / "run.json").read_text())
-            last = last_checkpoint(run_dir / "checkpoints")
+            from rl_engine.pipeline.checkpoint import list_checkpoints
+
+            last = (list_checkpoints(run_dir / "checkpoints") or [None])[-1]
             if args.extend and done["returncode"] == 0 and last is not None and last[0] < args.steps:
                 print(f"run {spec.label}: from step {last[0]} to {args.steps}", flush=True)
                 done["returncode"] = train(args, spec, run_dir, data_dir, resume_from=last[1])
@@ -196,12 +198,6 @@ def run_learning(args: argparse.Namespace, specs: list[RunSpec], out: Path) -> l
         (run_dir / "run.json").write_text(json.dumps({"started": started, "returncode": rc}))
         curves.append(finished_curve(args, spec, run_dir, started, rc))
     return curves
-
-
-def last_checkpoint(folder: Path) -> tuple[int, Path] | None:
-    """The newest ``step_NNNNNNNN`` checkpoint in ``folder``: (step, path)."""
-    steps = sorted((int(p.name.removeprefix("step_")), p) for p in folder.glob("step_*") if p.is_dir())
-    return steps[-1] if steps else None
 
 
 def train(
