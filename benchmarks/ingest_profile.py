@@ -42,7 +42,7 @@ from live_load import Config  # noqa: E402
 # takes it). Order matters: the narrower layers first.
 BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("live publish (build + hand-off)", ("publish (tracking/live.py", "_metrics_payload", "live_metrics")),
-    ("live send (channel layer, on the loop)", ("_send_forever", "group_send")),
+    ("live send (the bus, on the loop)", ("drain (tracking/live.py", "publish (tracking/bus.py")),
     ("SQL: the ingest statement", ("_insert_postgres",)),
     (
         "token authentication (SQL)",

@@ -203,7 +203,7 @@ async def sinks_phase(dep: Deployment, cfg: Config, args: argparse.Namespace) ->
         "post_to_ws_p50_ms": round(statistics.median(post)) if post else None,
         "post_to_ws_p95_ms": round(pct(post, 0.95)) if post else None,
         "sockets_closed": stats["closed"],
-        "received_by_layer": stats["by_layer"],  # (follower, step) receipts: live through the channel layer
+        "received_by_layer": stats["by_layer"],  # (follower, step) receipts: live through the bus
         "received_by_poll": stats["by_poll"],  # ... and from the consumers' database poll
         "web_cpu_pct": round(100 * cpu / elapsed),
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, requests), 2),
@@ -398,7 +398,7 @@ def main() -> None:
 def print_table(mode: str, results: list[dict[str, Any]]) -> None:
     load = lambda r: f"{r['load_before']}-{r['load_after']}"  # noqa: E731
     if mode == "sinks":
-        print("\n| web tier | sink requests (failed) | points/request | delivered / expected | received by layer / by poll"
+        print("\n| web tier | sink requests (failed) | points/request | delivered / expected | received live / by poll"
               " | engine → browser p50 / p95 | POST → ws p50 / p95 | web CPU | web CPU per request"
               " | sinks / followers CPU | load |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         for r in results:

@@ -274,7 +274,7 @@ def batch_length(data: Any, field: str) -> int | None:
 
 # --- the live stream (the platform's websocket ws/runs/<id>/) ---------------------------------------------
 # Server -> client messages, by their ``kind``. TypedDicts: a message is the plain dict the consumer
-# sends as JSON (and the channel layer carries as a group message's payload); tests validate what the
+# sends as JSON (and the live bus carries as an envelope's text); tests validate what the
 # consumer sends against ``LiveMessage``. The builders below are the only place these dicts are made.
 
 

@@ -125,12 +125,11 @@ def redis_url() -> str:
 
 
 @pytest.fixture
-def redis_layer(settings, tmp_path) -> Iterator[str]:
-    """The channel layer on Redis in both deployments: the production pass's Redis (REDIS_URL), else a
-    private redis-server started for the test (tests/private_redis.py), so that what only a Redis layer
-    does (a process's own followers served from its outbox) is tested on the embedded default too.
-    Keys under a prefix of the test's own. Returns the Redis URL."""
-    from config.layers import redis_channel_layer
+def redis_bus(settings, tmp_path) -> Iterator[str]:
+    """The live bus on Redis in both deployments: the production pass's Redis (REDIS_URL), else a
+    private redis-server started for the test (tests/private_redis.py), so that what only the Redis bus
+    does (another process's hub, a burst read in batches) is tested on the embedded default too.
+    Channels under a prefix of the test's own. Returns the Redis URL."""
     from tests.private_redis import PrivateRedis, require_redis_server
 
     url, server = os.environ.get("REDIS_URL", ""), None
@@ -139,7 +138,7 @@ def redis_layer(settings, tmp_path) -> Iterator[str]:
         server = PrivateRedis(tmp_path)
         server.start()
         url = server.url
-    settings.CHANNEL_LAYERS = {"default": redis_channel_layer(url, f"asgi-test-{uuid.uuid4().hex[:12]}")}
+    settings.LIVE_BUS = {"url": url, "prefix": f"rlp-test-{uuid.uuid4().hex[:12]}"}
     yield url
     if server is not None:
         server.stop()

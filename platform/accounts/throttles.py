@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 import time
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 import redis
+from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS, caches
 from django.core.cache import cache as default_cache
 from django.core.cache.backends.redis import RedisCache
@@ -68,6 +70,16 @@ def _log_store_away(scope: str, exc: BaseException) -> None:
         log.warning("rate-limit store unavailable (%s: %s); scope %s", type(exc).__name__, exc, scope)
 
 
+def _default_redis_location(cache: Any) -> str | None:
+    """The first server of the default cache when that cache is Redis, read from the settings as Django
+    reads it (a list, or a string split at commas and semicolons); None for any other cache."""
+    if cache is not caches[DEFAULT_CACHE_ALIAS] or not isinstance(cache, RedisCache):
+        return None
+    location = settings.CACHES[DEFAULT_CACHE_ALIAS]["LOCATION"]
+    servers = re.split("[;,]", location) if isinstance(location, str) else list(location)
+    return servers[0] if servers else None
+
+
 def count_in_window(cache: Any, key: str, ttl_s: int) -> int:
     """Count one more request under ``key`` (created with a ``ttl_s`` expiry) and return the count. On
     Redis one round trip (SET NX EX and INCR, pipelined; every ingestion request pays it); elsewhere the
@@ -76,8 +88,8 @@ def count_in_window(cache: Any, key: str, ttl_s: int) -> int:
     and every request paid add and incr on a Redis connection opened for it)."""
     if cache is default_cache:
         cache = caches[DEFAULT_CACHE_ALIAS]
-    if isinstance(cache, RedisCache):
-        location = cache._servers[0]
+    location = _default_redis_location(cache)
+    if location is not None:
         client = _redis_clients.get(location)
         if client is None:  # one thread-safe client (and connection pool) per process and server
             client = _redis_clients.setdefault(

@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django, websockets through Channels (see config/routing.py). The engine's
-metrics POSTs take a shorter path in front of Django (tracking/ingest.py), with the same answers."""
+metrics POSTs take a shorter path in front of Django (tracking/ingest.py), with the same answers. Every
+connection records the server's event loop for the live publishes of sync views (tracking/live.py)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from config.routing import websocket_urlpatterns  # noqa: E402
 from tracking.ingest import IngestFront  # noqa: E402
+from tracking.live import ServerLoop  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": IngestFront(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
+application = ServerLoop(
+    ProtocolTypeRouter(
+        {
+            "http": IngestFront(django_asgi_app),
+            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
 )

@@ -5,7 +5,7 @@
 Each worker is a full ASGI server (uvicorn with uvloop and httptools) running the whole application:
 REST API, pages, websockets and the engine's ingestion endpoints. The workers share nothing but the
 listening socket, PostgreSQL and Redis: a websocket on any worker receives every run's live messages
-through the Redis channel layer, and the rate-limit counters live in the Redis cache. gunicorn starts
+through the Redis live bus (tracking/bus.py), and the rate-limit counters live in the Redis cache. gunicorn starts
 a new worker when one exits or stops answering its heartbeat for ``timeout`` seconds.
 
 Chosen by measurement (docs/benchmarks.md, "The web tier under load"; side by side, on a loaded
@@ -14,7 +14,7 @@ daphne on the old path, and 1000-point batches at 5-8 requests/s against 3.5; gu
 (a worker that dies or hangs is replaced) was within the noise of ``uvicorn --workers``.
 
 ``WEB_CONCURRENCY``: how many worker processes (default: the CPUs this process may run on). Without
-``REDIS_URL`` (the embedded default: an in-process channel layer and cache) only one process can
+``REDIS_URL`` (the embedded default: an in-process live bus and cache) only one process can
 serve, and a larger value is refused.
 """
 
@@ -35,7 +35,7 @@ def web_concurrency() -> int:
     if not os.environ.get("REDIS_URL", "").strip():
         if raw and n > 1:
             raise SystemExit(
-                "error: WEB_CONCURRENCY > 1 needs REDIS_URL: without Redis the channel layer and the "
+                "error: WEB_CONCURRENCY > 1 needs REDIS_URL: without Redis the live bus and the "
                 "rate-limit counters live in one process"
             )
         return 1

@@ -1,8 +1,8 @@
 """Settings for both deployments from one codebase.
 
 No environment variables: the *embedded default* (SQLite under var/, kombu's filesystem broker, the
-in-process channel layer, a local Ray head). With DATABASE_URL and REDIS_URL: the production stack
-(PostgreSQL through psycopg 3, Redis as Celery broker and channel layer). Every variable is documented
+in-process live bus, a local Ray head). With DATABASE_URL and REDIS_URL: the production stack
+(PostgreSQL through psycopg 3, Redis as Celery broker and live bus). Every variable is documented
 in README.md (Configuration).
 """
 
@@ -23,7 +23,6 @@ from config.env import (
     platform_url_host,
     proxy_ssl_header,
 )
-from config.layers import redis_channel_layer
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository root
 PLATFORM_DIR = BASE_DIR / "platform"
@@ -231,24 +230,22 @@ else:
         "polling_interval": 0.1,
     }
 
-# --- Channels ---------------------------------------------------------------------------------------
+# --- Live bus (tracking/bus.py) ------------------------------------------------------------------------
 # Websocket consumers also read the database every LIVE_POLL_INTERVAL_S seconds (0: never, except while
-# the layer is unreachable). The in-process layer of the embedded default cannot carry a Celery worker's
-# messages: there the poll is how status changes reach the browser (1.5 s). With Redis the layer carries
-# everything and the poll is only a safety net (10 s): a Redis restart that redis-py's reconnects hide
-# from the consumer empties the run's group, and each poll also joins it again.
+# the bus is unreachable). The in-process bus of the embedded default cannot carry a Celery worker's
+# messages: there the poll is how status changes reach the browser (1.5 s). With Redis the bus carries
+# everything and the poll is only a safety net (10 s). Channels' channel layer is not used.
 LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or (10.0 if REDIS_URL else 1.5))
-if REDIS_URL:
-    # Socket timeouts: see config/layers.py. Deployments sharing one Redis are told apart by their queue
-    # name (the default queue keeps channels-redis' own prefix).
-    CHANNEL_LAYERS = {
-        "default": redis_channel_layer(
-            REDIS_URL,
-            "asgi" if CELERY_TASK_DEFAULT_QUEUE == "celery" else f"asgi:{CELERY_TASK_DEFAULT_QUEUE}",
-        )
+# Redis pub/sub channels "<prefix>:live:<run id>"; deployments sharing one Redis are told apart by their
+# queue name. None: in process.
+LIVE_BUS = (
+    {
+        "url": REDIS_URL,
+        "prefix": "rlp" if CELERY_TASK_DEFAULT_QUEUE == "celery" else f"rlp:{CELERY_TASK_DEFAULT_QUEUE}",
     }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    if REDIS_URL
+    else None
+)
 
 # --- Launcher / engine ------------------------------------------------------------------------------
 # "local": a Ray head started for the platform on this machine; "address": an existing cluster.

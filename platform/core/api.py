@@ -28,7 +28,7 @@ class HealthView(APIView):
                 "database_ok": serializers.BooleanField(),
                 "broker": serializers.CharField(),
                 "broker_ok": serializers.BooleanField(),
-                "channel_layer": serializers.CharField(),
+                "live_bus": serializers.CharField(),
                 "last_worker_ping": serializers.DateTimeField(allow_null=True),
                 "worker_hostname": serializers.CharField(allow_null=True),
                 "last_sweep": serializers.DateTimeField(allow_null=True),

@@ -60,7 +60,7 @@ def health_summary(*, worker_window_s: int = 300) -> dict[str, object]:
         "database_ok": True,
         "broker": broker,
         "broker_ok": broker_ok,
-        "channel_layer": settings.CHANNEL_LAYERS["default"]["BACKEND"].rsplit(".", 1)[-1],
+        "live_bus": "redis" if getattr(settings, "LIVE_BUS", None) else "memory",
         "last_worker_ping": last.answered_at.isoformat() if last else None,
         "worker_hostname": last.hostname if last else None,
         "last_sweep": sweep.answered_at.isoformat() if sweep else None,

@@ -13,19 +13,18 @@ Protocol (docs/dashboard.md has the full picture):
 - Events are sent in ``seq`` order without gaps or repeats: a published event that skips ahead makes the
   consumer read the gap from the database first.
 - Database poll: every ``LIVE_POLL_INTERVAL_S`` the consumer also checks the database for metric points
-  and events the layer did not carry. For metrics it reads one row, the run's batch counter
+  and events the live bus did not carry. For metrics it reads one row, the run's batch counter
   (tracking/coverage.py), and compares it with the batches that arrived live; it reads points only when
-  a batch is still missing one poll later (or at once while the layer is down). The embedded default's
-  in-process channel layer cannot carry a message from a Celery worker (status changes) to the web
-  process, so there it polls every 1.5 s. With Redis the layer carries everything and the poll (10 s)
-  is a safety net: a Redis restart that redis-py's automatic reconnect hides from the consumer loses
-  its group membership, so each poll also joins the run's group again and sends what the layer did not.
-- Live messages reach the consumer through its process's ``LiveHub`` (tracking/hub.py): one layer
-  membership per run and process, each message received once and encoded to JSON once for every local
-  follower of the run.
-- A channel layer that is unreachable (Redis down) does not end the stream: the consumer polls the
-  database every ``FALLBACK_POLL_S`` meanwhile; the hub retries the layer with a backoff, and once it
-  answers joins the runs' groups again and tells each consumer to read what it missed.
+  a batch is still missing one poll later (or at once while the bus is down). The embedded default's
+  in-process bus cannot carry a message from a Celery worker (status changes) to the web process, so
+  there it polls every 1.5 s. With Redis the bus carries everything and the poll (10 s) is a safety net.
+- Live messages reach the consumer through its process's ``LiveHub`` (tracking/hub.py): one bus
+  subscription per run and process, each message received once; its JSON text was encoded once, by the
+  publisher, for every follower. The consumer reads its inbox in a task of its own; Channels' channel
+  layer is not used.
+- A live bus that is unreachable (Redis down) does not end the stream: the consumer polls the database
+  every ``FALLBACK_POLL_S`` meanwhile; the hub retries the bus with a backoff, and once it answers
+  listens to the runs again and tells each consumer to read what it missed.
 - Membership and the session (for a token stream: the token) are re-checked on every poll, at least
   every ``MEMBERSHIP_RECHECK_S`` and on every client message (``tracking/stream_access.py``: one
   statement while the rows Django's check read are unchanged): a user removed from the project (or
@@ -42,7 +41,6 @@ import logging
 import time
 from typing import Any
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -51,9 +49,10 @@ from django.db import connection
 from experiments.models import Run
 from experiments.summary import run_summary
 from rl_engine import wire
-from tracking import live, stream_access
-from tracking.coverage import Coverage, Span, Stored
-from tracking.hub import Inbox, LiveHub, hub_for
+from tracking import stream_access
+from tracking.bus import Envelope, live_bus
+from tracking.coverage import Coverage, Stored
+from tracking.hub import Inbox, LiveHub, Resync, hub_for
 from tracking.models import MetricPoint, RunEvent, RunProgress
 from tracking.services import event_payload
 
@@ -63,12 +62,11 @@ CATCH_UP_BATCH = 500  # events per database read while catching up
 POLL_METRIC_ROWS = 5000  # metric points per database read of a poll
 CLOSE_FORBIDDEN = 4403
 MEMBERSHIP_RECHECK_S = 5.0  # longest time between two membership checks of an open stream
-LIVE_MESSAGE_TYPES = frozenset({"run.update", "live.resync"})  # what the hub delivers
-FALLBACK_POLL_S = 1.5  # database poll period while the channel layer is unreachable
+FALLBACK_POLL_S = 1.5  # database poll period while the live bus is unreachable
 
 
 def poll_interval_s() -> float:
-    """The configured poll period (0: no poll while the layer works)."""
+    """The configured poll period (0: no poll while the bus works)."""
     return float(getattr(settings, "LIVE_POLL_INTERVAL_S", 1.5))
 
 
@@ -148,7 +146,6 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     """Forwards one run's events (in seq order, caught up from the DB) and metric batches."""
 
     run_id: int
-    group: str
     hub: LiveHub
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -157,19 +154,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.subscribed = False
         self.member_checked = time.monotonic()  # when membership was last confirmed
         self.grant: stream_access.Grant | None = None  # what the last passed check read
-        self.admitted = asyncio.Event()  # connect() accepted a member: only then does the inbox matter
-
-    # Channels reads the layer through ``self.channel_receive``, which it assigns (a receive on this
-    # consumer's own layer channel) in ``__call__`` right before it starts waiting on it. Live messages
-    # come through the hub instead: the property hands Channels the inbox, and the consumer's own channel
-    # is never joined to a group.
-    @property
-    def channel_receive(self) -> Any:
-        return self._receive_from_hub
-
-    @channel_receive.setter
-    def channel_receive(self, layer_receive: Any) -> None:
-        pass
+        self.poller: asyncio.Task[None] | None = None
+        self.reader: asyncio.Task[None] | None = None  # takes the inbox's messages, once accepted
 
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -180,46 +166,48 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.lock = asyncio.Lock()  # what was sent: last_seq, coverage
         self.events_read_lock = asyncio.Lock()
         self.metrics_read_lock = asyncio.Lock()
-        self.poller: asyncio.Task[None] | None = None
-        self.group = live.group_name(self.run_id)
-        self.hub = hub_for(self.channel_layer)
+        self.hub = hub_for(live_bus())
         if not await self.still_member():  # before accept: the handshake is refused
             return
         self.subscribed = True
-        if not await self.hub.subscribe(self.group, self.inbox):  # the poll carries the stream meanwhile
-            log.warning("run %s: channel layer unreachable; following the database", self.run_id)
-        self.admitted.set()
+        if not await self.hub.subscribe(self.run_id, self.inbox):  # the poll carries the stream meanwhile
+            log.warning("run %s: live bus unreachable; following the database", self.run_id)
         await self.accept()
         # Metrics stored before now come from the REST history the page loads; the poll takes it from here.
         self.coverage = Coverage(await stored_at_connect(self.run_id))
         await self.send_json(wire.live_hello(await summary_of(self.run_id)))
         await self.catch_up(_query_int(self.scope, "last_seq"))
-        self.poller = asyncio.create_task(self.poll_forever())
+        # Live messages that came meanwhile wait in the inbox: they follow the hello and the catch-up.
+        self.reader = asyncio.create_task(self.read_inbox(), name=f"live-follower-{self.run_id}")
+        self.poller = asyncio.create_task(self.poll_forever(), name=f"live-poll-{self.run_id}")
 
     async def disconnect(self, code: int) -> None:
-        if self.poller is not None:
-            self.poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.poller
+        for task in (self.poller, self.reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.subscribed:
             self.subscribed = False
-            await self.hub.unsubscribe(self.group, self.inbox)
+            await self.hub.unsubscribe(self.run_id, self.inbox)
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Channels runs ``close_old_connections`` before every handler, as a thread-sensitive
-        ``sync_to_async`` call: on the one thread every consumer of the process shares for its database
-        reads. For a live message that meant waiting behind other consumers' polls: under load (100
-        followers) live messages queued for tens of seconds (docs/benchmarks.md). The hub's messages are
-        handled without it: their handlers touch the database only through ``database_sync_to_async``,
-        which closes stale connections itself."""
-        if message["type"] in LIVE_MESSAGE_TYPES:
-            await getattr(self, get_handler_name(message))(message)
-        else:
-            await super().dispatch(message)
-
-    async def _receive_from_hub(self) -> dict[str, Any]:
-        await self.admitted.wait()
-        return await self.inbox.get()
+    async def read_inbox(self) -> None:
+        """Send what the hub delivers, in order. Not through Channels' dispatch, which would run
+        ``close_old_connections`` before each message on the one thread every consumer of the process
+        shares for its database reads: under load (100 followers) live messages then queued behind other
+        consumers' polls for tens of seconds (docs/benchmarks.md). The handlers reach the database only
+        through ``database_sync_to_async``, which closes stale connections itself."""
+        while True:
+            item = await self.inbox.get()
+            try:
+                if isinstance(item, Resync):
+                    await self.live_resync()
+                else:
+                    await self.run_update(item)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one failed message must not end the stream: the poll covers it
+                log.warning("live message to a follower of run %s failed", self.run_id, exc_info=True)
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
@@ -247,41 +235,30 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.catch_up(seq)
 
-    # --- group messages (tracking.live.publish) --------------------------------------------------------
+    # --- live messages (tracking.live.publish) ----------------------------------------------------------
 
-    async def run_update(self, message: dict[str, Any]) -> None:
-        """A live message; ``text`` is its payload as JSON, encoded once by the hub for every follower."""
-        payload = message.get("payload") or {}
-        text = message.get("text")
-        kind = payload.get("kind")
-        if kind == wire.LiveKind.EVENT:
-            seq = int(payload["event"]["seq"])
+    async def run_update(self, envelope: Envelope) -> None:
+        """A live message; ``envelope.text`` is its payload as JSON, encoded once by the publisher."""
+        if envelope.kind == wire.LiveKind.EVENT:
             async with self.lock:
-                if seq <= self.last_seq:
+                if envelope.seq <= self.last_seq:
                     return  # already sent (by the catch-up or the poll)
-                if seq == self.last_seq + 1:
-                    await self._send_live(payload, text)
-                    self.last_seq = seq
+                if envelope.seq == self.last_seq + 1:
+                    await self.send(text_data=envelope.text)
+                    self.last_seq = envelope.seq
                     return
             await self.catch_up()  # it skipped ahead: the gap is in the database
-        elif kind == wire.LiveKind.METRICS:
+        elif envelope.kind == wire.LiveKind.METRICS:
             async with self.lock:
-                for span in message.get("spans") or ():
-                    self.coverage.add(Span(*span))
-                await self._send_live(payload, text)
+                for span in envelope.spans:
+                    self.coverage.add(span)
+                await self.send(text_data=envelope.text)
         else:
-            await self._send_live(payload, text)
+            await self.send(text_data=envelope.text)
 
-    async def live_resync(self, message: dict[str, Any]) -> None:
-        """The hub reached the layer again after losing it: read what it did not carry meanwhile."""
-        if self.poller is not None:  # accepted already
-            await self._poll_quietly(now=True)
-
-    async def _send_live(self, payload: Any, text: str | None) -> None:
-        if text is None:
-            await self.send_json(payload)
-        else:
-            await self.send(text_data=text)
+    async def live_resync(self) -> None:
+        """The hub reached the bus again after losing it: read what it did not carry meanwhile."""
+        await self._poll_quietly(now=True)
 
     # --- database reads --------------------------------------------------------------------------------
 
@@ -365,8 +342,6 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 return
             if self.hub.up and not due:
                 continue
-            if self.hub.up:
-                await self.hub.join(self.group)  # restores a membership that a silent Redis restart dropped
             last = time.monotonic()
             await self._poll_quietly(now=not self.hub.up)
 

@@ -1,51 +1,55 @@
-"""The live fan-out of one web process: one channel-layer membership per followed run, not per socket.
+"""The live fan-out of one web process: one bus subscription per followed run, not per socket.
 
-Channels' default gives every websocket consumer its own layer channel and group membership. With
-channels-redis every consumer of a process then waits on the layer in turn (one lock per process, two
-asyncio tasks per waiting consumer and wake-up) and encodes every message to JSON itself. Under a sweep's
-load (20 runs logging every 40 ms, 100 followers on one process) the process read its layer channel
-slower than messages arrived: the backlog in Redis grew for the whole run, and four points in five
-reached the browsers through the consumers' 10-second database poll instead (docs/benchmarks.md).
+A ``LiveHub`` (one per event loop and bus) owns one ``BusReader`` (tracking/bus.py). It listens to a run
+when the first local follower of that run subscribes and stops when the last one goes; one reader task
+receives each envelope once and puts it in every subscriber's ``Inbox``, which the follower's own task
+reads (tracking/consumers.py). Under a sweep's load (20 runs logging every 40 ms, 100 followers on one
+process) a receive per socket was what fell behind (docs/benchmarks.md).
 
-Here a ``LiveHub`` (one per event loop and channel layer) owns one layer channel. It joins ``run_<id>``
-when the first local follower of that run subscribes and leaves when the last one goes; one reader task
-receives each message once, encodes its payload to JSON once and puts it in every subscriber's inbox,
-where the consumer's own dispatch loop takes it (``RunConsumer.channel_receive``). Messages carry their
-group (``tracking.live.publish`` adds it), since a layer message does not say which group it came from.
+The hub also owns the bus's failures: when a receive fails (Redis away) it marks itself down, reopens the
+reader with a backoff (subscribing to every followed run again), and then tells every subscriber to read
+what it missed (a ``Resync`` in its inbox). Consumers poll the database faster while the hub is down.
 
-The hub also owns the layer's failures: when a receive fails (Redis away) it marks itself down, retries
-joining every group with a backoff (a restarted Redis forgot them), and then tells every subscriber to
-read what it missed (``live.resync``). Consumers poll the database faster while the hub is down.
+A publish in this process hands its envelope to this loop's hub at once (``deliver``) and marks it with the
+hub's ``origin``, so that the hub's reader skips the same envelope when the bus brings it back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import uuid
 import weakref
-from typing import Any
+from dataclasses import dataclass
 
-from channels_redis.core import RedisChannelLayer
+from tracking.bus import BusReader, BusUnavailable, Envelope, LiveBus
 
 log = logging.getLogger(__name__)
 
-INBOX_MAX = 1000  # messages a consumer may fall behind by; beyond, new ones wait for its database poll
-RETRY_MIN_S = 0.5  # first wait before joining the groups again after the layer failed
+INBOX_MAX = 1000  # envelopes a consumer may fall behind by; beyond, new ones wait for its database poll
+RETRY_MIN_S = 0.5  # first wait before reopening the reader after the bus failed
 RETRY_MAX_S = 5.0  # longest wait between two attempts
-RECEIVE_BATCH = 500  # messages taken from the layer in one read
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """The hub reached the bus again after losing it: read from the database what it did not carry."""
+
+
+RESYNC = Resync()
+InboxItem = Envelope | Resync
 
 
 class Inbox:
-    """What the hub delivers to one consumer: layer messages, in order, with their JSON text."""
+    """What the hub delivers to one consumer, in order."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(INBOX_MAX)
-        self.overflowing = False  # a message was dropped and none delivered since (logged once)
+        self.queue: asyncio.Queue[InboxItem] = asyncio.Queue(INBOX_MAX)
+        self.overflowing = False  # an item was dropped and none delivered since (logged once)
 
-    def put(self, message: dict[str, Any]) -> None:
+    def put(self, item: InboxItem) -> None:
         try:
-            self.queue.put_nowait(message)
+            self.queue.put_nowait(item)
             self.overflowing = False
         except asyncio.QueueFull:
             if not self.overflowing:
@@ -54,156 +58,136 @@ class Inbox:
                 )
             self.overflowing = True
 
-    async def get(self) -> dict[str, Any]:
+    async def get(self) -> InboxItem:
         return await self.queue.get()
 
 
 class LiveHub:
-    """One layer channel per process (event loop) and layer, shared by every local follower."""
+    """One bus reader per process (event loop) and bus, shared by every local follower."""
 
-    def __init__(self, layer: Any) -> None:
-        self.layer = layer
-        self.channel: str | None = None
-        self.subscribers: dict[str, set[Inbox]] = {}  # group -> local inboxes
-        self.up = False  # the last layer operation succeeded
-        self._reader: asyncio.Task[None] | None = None
+    def __init__(self, bus: LiveBus) -> None:
+        self.bus = bus
+        self.origin = uuid.uuid4().hex  # marks what this hub delivered itself
+        self.subscribers: dict[int, set[Inbox]] = {}  # run id -> local inboxes
+        self.up = False  # the reader is open and its last operation succeeded
+        self._reader: BusReader | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._attempted = asyncio.Event()  # the reader task tried to open the reader at least once
 
-    async def subscribe(self, group: str, inbox: Inbox) -> bool:
-        """Deliver ``group``'s messages to ``inbox`` from now on; False when the layer is unreachable
-        (the subscription stands: the hub joins the group once the layer is back)."""
-        if self.channel is None:
-            self.channel = await self.layer.new_channel()
-        first = group not in self.subscribers
-        self.subscribers.setdefault(group, set()).add(inbox)
-        joined = await self.join(group) if first or not self.up else True
-        if self._reader is None or self._reader.done():  # started after the join: it finds the layer up
-            self._reader = asyncio.get_running_loop().create_task(self._read_forever(), name="live-hub")
-        return joined
+    async def subscribe(self, run_id: int, inbox: Inbox) -> bool:
+        """Deliver ``run_id``'s envelopes to ``inbox`` from now on; False when the bus is unreachable
+        (the subscription stands: the hub listens to the run once the bus is back)."""
+        first = run_id not in self.subscribers
+        self.subscribers.setdefault(run_id, set()).add(inbox)
+        if self._task is None or self._task.done():
+            self._attempted.clear()
+            self._task = asyncio.get_running_loop().create_task(self._read_forever(), name="live-hub")
+        if not self.up:
+            # A new reader opens with every followed run, this one included; one that failed keeps
+            # retrying in its task (the consumer follows the database meanwhile).
+            await self._attempted.wait()
+            return self.up
+        if not first:
+            return True
+        assert self._reader is not None
+        try:
+            await self._reader.listen(run_id)
+        except BusUnavailable:
+            log.warning("live bus: could not listen to run %s", run_id, exc_info=True)
+            return False
+        return True
 
-    async def unsubscribe(self, group: str, inbox: Inbox) -> None:
-        inboxes = self.subscribers.get(group)
+    async def unsubscribe(self, run_id: int, inbox: Inbox) -> None:
+        inboxes = self.subscribers.get(run_id)
         if inboxes is None or inbox not in inboxes:
             return
         inboxes.discard(inbox)
         if inboxes:
             return
-        del self.subscribers[group]
-        if self.up and self.channel is not None:
-            try:
-                await self.layer.group_discard(group, self.channel)
-            except Exception:  # an unreachable layer forgets the membership anyway
-                self.up = False
-        if not self.subscribers and self._reader is not None:
-            self._reader.cancel()  # nothing to read for (the next subscriber starts a reader again)
-            self._reader = None
+        del self.subscribers[run_id]
+        if not self.subscribers:  # nothing to read for: the next subscriber starts a reader again
+            await self._stop()
+        elif self.up and self._reader is not None:
+            await self._reader.unlisten(run_id)
 
-    async def join(self, group: str) -> bool:
-        """Join ``group`` (again: idempotent). A restarted Redis forgot every membership, and one that
-        restarted unnoticed (redis-py reconnects silently) too: the consumers' polls call this."""
-        assert self.channel is not None
+    async def _stop(self) -> None:
+        # Taken before waiting: a subscriber that comes meanwhile starts a reader of its own.
+        task, self._task = self._task, None
+        reader, self._reader = self._reader, None
+        self.up = False
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # (its cancellation is not this task's)
+        if reader is not None:
+            await reader.close()
+
+    async def _open(self) -> bool:
+        """A fresh reader listening to every followed run."""
+        if self._reader is None:
+            self._reader = self.bus.reader()
         try:
-            await self.layer.group_add(group, self.channel)
-        except Exception:
-            self.up = False
+            await self._reader.reopen(set(self.subscribers))
+        except BusUnavailable as exc:
+            log.info("live bus unreachable (%s)", exc)
             return False
-        self.up = True
-        return True
-
-    async def _rejoin_all(self) -> bool:
-        for group in list(self.subscribers):
-            if not await self.join(group):
-                return False
         return True
 
     async def _read_forever(self) -> None:
-        assert self.channel is not None
         delay = RETRY_MIN_S
+        lost = False  # the bus failed while followed: what it dropped is in the database
         while self.subscribers:
             if not self.up:
-                if not await self._rejoin_all():
+                opened = await self._open()
+                self.up = opened
+                self._attempted.set()
+                if not opened:
+                    lost = True
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
                     continue
                 delay = RETRY_MIN_S
-                log.info("channel layer reachable again: %d runs followed", len(self.subscribers))
-                for inboxes in list(self.subscribers.values()):
-                    for inbox in list(inboxes):
-                        inbox.put({"type": "live.resync"})
+                if lost:
+                    log.info("live bus reachable again: %d runs followed", len(self.subscribers))
+                    for inboxes in list(self.subscribers.values()):
+                        for inbox in list(inboxes):
+                            inbox.put(RESYNC)
+                    lost = False
+            assert self._reader is not None
             try:
-                messages = await self._receive_batch()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("channel layer lost (%r): live followers read the database meanwhile", exc)
-                self.up = False
+                envelopes = await self._reader.receive()
+            except BusUnavailable as exc:
+                log.warning("live bus lost (%s): live followers read the database meanwhile", exc)
+                self.up, lost = False, True
                 continue
-            self.up = True
-            for message in messages:
-                self.deliver(message)
+            except Exception:  # a bug must not end every follower's live stream: reopen, as above
+                log.exception("live bus reader failed")
+                self.up, lost = False, True
+                await asyncio.sleep(delay)
+                continue
+            for envelope in envelopes:
+                if envelope.origin != self.origin:
+                    self.deliver(envelope)
 
-    async def _receive_batch(self) -> list[dict[str, Any]]:
-        """The next messages for the hub's channel, in the order they were sent.
-
-        channels-redis' ``receive`` takes one message per call, in four commands one after the other (a
-        clean-up script, the blocking pop, a backup copy, its removal); on a web process busy with 100
-        sockets each command waits for the event loop, and the hub fell behind at ~25 messages a second
-        (docs/benchmarks.md). For that layer the hub reads its process's queue itself: one blocking pop,
-        then whatever else waits (up to RECEIVE_BATCH) in one more command. Messages are ordered by send
-        time as the layer's own receive orders them. The layer's backup queue (which re-delivers a
-        message whose receiver was cancelled mid-way) is not used: a follower that misses a message
-        reads it from the database on its next poll. The queue is the layer's for the whole process, so
-        this assumes one hub reads it: one server event loop per process, as uvicorn and daphne run.
-        Other layers (the embedded default's in-memory one) are read through ``receive``."""
-        layer = self.layer
-        if not isinstance(layer, RedisChannelLayer):
-            return [await layer.receive(self.channel)]
-        local = layer.non_local_name(self.channel)  # the process's queue: "specific.<process id>!"
-        key = layer.prefix + local
-        connection = layer.connection(layer.consistent_hash(local))
-        first = await connection.bzpopmin(key, timeout=layer.brpop_timeout)
-        if first is None:
-            return []
-        raw = [first[1]] + [member for member, _ in await connection.zpopmin(key, RECEIVE_BATCH - 1)]
-        messages = []
-        for data in raw:
-            message = layer.deserialize(data)
-            message.pop("__asgi_channel__", None)  # the hub's channel (this process has no other reader)
-            messages.append(message)
-        return messages
-
-    def deliver(self, message: dict[str, Any]) -> None:
-        """Hand a message to this process's followers of its run: one read from the layer, or one this
-        process publishes (``tracking.live`` hands it here and leaves this hub's channel out of the
-        layer's send). One bad message is logged and dropped: it must not stop the live stream."""
-        try:
-            self._dispatch(message)
-        except Exception:
-            log.warning("live message to %s dropped", message.get("group"), exc_info=True)
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        inboxes = self.subscribers.get(message.get("group", ""))
-        if not inboxes:
-            return  # the last local follower left while the message was on its way
-        if message.get("type") == "run.update" and "payload" in message:
-            message = {**message, "text": json.dumps(message["payload"])}  # once, for every follower
-        for inbox in list(inboxes):
-            inbox.put(message)
+    def deliver(self, envelope: Envelope) -> None:
+        """Hand an envelope to this process's followers of its run."""
+        for inbox in list(self.subscribers.get(envelope.run_id, ())):
+            inbox.put(envelope)
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, LiveHub]] = weakref.WeakKeyDictionary()
 
 
-def local_hub(layer: Any) -> LiveHub | None:
-    """The running event loop's hub for ``layer`` when it has a layer channel, else None (no follower
-    ever subscribed in this process)."""
-    hub = _hubs.get(asyncio.get_running_loop(), {}).get(id(layer))
-    return hub if hub is not None and hub.layer is layer and hub.channel is not None else None
+def local_hub(bus: LiveBus) -> LiveHub | None:
+    """The running event loop's hub for ``bus`` when one exists, else None (no follower ever subscribed
+    on this loop)."""
+    hub = _hubs.get(asyncio.get_running_loop(), {}).get(id(bus))
+    return hub if hub is not None and hub.bus is bus else None
 
 
-def hub_for(layer: Any) -> LiveHub:
-    """The hub of the running event loop for ``layer`` (settings may swap the layer: tests do)."""
+def hub_for(bus: LiveBus) -> LiveHub:
+    """The hub of the running event loop for ``bus`` (settings may swap the bus: tests do)."""
     hubs = _hubs.setdefault(asyncio.get_running_loop(), {})
-    hub = hubs.get(id(layer))
-    if hub is None or hub.layer is not layer:
-        hub = hubs[id(layer)] = LiveHub(layer)
+    hub = hubs.get(id(bus))
+    if hub is None or hub.bus is not bus:
+        hub = hubs[id(bus)] = LiveHub(bus)
     return hub

@@ -179,19 +179,28 @@ class IngestFront:
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.app = app
         self._pools: dict[asyncio.AbstractEventLoop, ThreadPoolExecutor] = {}
+        self._started: dict[asyncio.AbstractEventLoop, list[int]] = {}  # the threads each pool started
 
     def _pool(self, loop: asyncio.AbstractEventLoop) -> ThreadPoolExecutor:
         pool = self._pools.get(loop)
         if pool is None:
+            started = self._started[loop] = []
+
+            def start_thread() -> None:
+                live.bind_loop(loop)
+                started.append(threading.get_ident())
+
             pool = self._pools[loop] = ThreadPoolExecutor(
-                THREADS, thread_name_prefix="ingest", initializer=live.bind_loop, initargs=(loop,)
+                THREADS, thread_name_prefix="ingest", initializer=start_thread
             )
         return pool
 
     def close(self) -> None:
         """Close the threads' database connections and stop the threads (a server exiting, a test)."""
-        for pool in self._pools.values():
-            n = len(pool._threads)  # each thread takes exactly one close (they wait for each other)
+        for loop, pool in self._pools.items():
+            n = len(
+                self._started.get(loop, ())
+            )  # each thread takes exactly one close (they wait for each other)
             barrier = threading.Barrier(n) if n else None
 
             def close_one(barrier: threading.Barrier | None = barrier) -> None:
@@ -203,6 +212,7 @@ class IngestFront:
                 future.result()
             pool.shutdown(wait=True)
         self._pools.clear()
+        self._started.clear()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith(_PATH_ENDS):

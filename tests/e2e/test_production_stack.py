@@ -185,7 +185,7 @@ def test_a_redis_restart_under_the_live_stack_loses_nothing_and_new_runs_start(p
     run = Run.objects.get(pk=training)
     stored = db_points(run)
     assert sorted(stored) == sorted(jsonl_records(run))  # no point lost
-    # The socket followed the database while Redis was away and the layer again after. A batch whose
+    # The socket followed the database while Redis was away and the bus again after. A batch whose
     # publish failed just as Redis came back is sent by the next safety poll (LIVE_POLL_INTERVAL_S, 10 s
     # with Redis): every point arrives, with its stored value (around the switch some may come twice).
     ws.wait_for(lambda f: set(f.points()) >= set(stored), 25, "every stored point over the websocket")
@@ -221,7 +221,7 @@ def test_a_websocket_on_either_web_process_sees_points_posted_to_the_other(produ
         assert api.post(f"/api/runs/{run.pk}/metrics", body)["inserted"] == 1
         sent.add(("cross/x", step, step / 2))
     for f in followers:
-        # Through the layer, not the database poll: the points carried by live messages alone hold every
+        # Through the bus, not the database poll: the points carried by live messages alone hold every
         # posted point. (A safety poll that happens to run between a point's commit and its live message
         # may send it first; the live message still comes, and that is what this test is about.)
         try:
@@ -237,7 +237,7 @@ def delivery_report(
     production: Production, followers: list[Follower], served: dict[int, set[int]], sent: set
 ) -> str:
     """What each follower received, by web process and source, and what the web processes logged about
-    the layer: enough to tell a lost publish from a consumer that stopped reading."""
+    the bus: enough to tell a lost publish from a consumer that stopped reading."""
     process = {port: pid for pid, ports in served.items() for port in ports}
     lines = [f"posted: {sorted(s for _, s, _ in sent)}"]
     for f in followers:
@@ -249,15 +249,15 @@ def delivery_report(
     logged = [
         ln
         for ln in production.stack.log("web").splitlines()
-        if any(w in ln for w in ("layer", "publish", "Error"))
+        if any(w in ln for w in ("live bus", "publish", "Error"))
     ]
-    lines.append("web log lines about the layer or publishing (last 30):")
+    lines.append("web log lines about the live bus or publishing (last 30):")
     lines.extend(logged[-30:])
     return "\n".join(lines)
 
 
 def live_points(f: Follower) -> set[tuple[str, int, float]]:
-    """The (key, step, value) carried by messages the channel layer delivered (not the safety poll)."""
+    """The (key, step, value) carried by messages the live bus delivered (not the safety poll)."""
     return {
         (key, step, value)
         for m in f.of_kind("metrics")

@@ -52,9 +52,9 @@ def points(steps: range, t0: float) -> list[dict]:
 
 def as_worker(fn, **kwargs):
     """Call a service the way the launcher's Celery worker does: from a thread with no event loop (this one
-    runs Playwright's), so that its after-commit publish reaches the channel layer. On the in-process
-    layer of the embedded default that publish cannot reach the server process, and the dashboard must
-    learn of the change through the consumer's database poll; with Redis it arrives through the layer."""
+    runs Playwright's), so that its after-commit publish reaches the live bus. On the in-process
+    bus of the embedded default that publish cannot reach the server process, and the dashboard must
+    learn of the change through the consumer's database poll; with Redis it arrives through the bus."""
     from concurrent.futures import ThreadPoolExecutor
 
     from django.db import connections
@@ -207,7 +207,7 @@ def test_the_queue_bound_check_shows_its_message_at_its_field(page, asgi_server)
     assert page.js_errors == []
 
 
-@pytest.mark.smoke  # live updates on the in-process layer and the poll: the embedded pass runs it too
+@pytest.mark.smoke  # live updates on the in-process bus and the poll: the embedded pass runs it too
 def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_server, tmp_path):
     user = UserFactory(username="bob")
     project = project_create(name="rl", user=user)

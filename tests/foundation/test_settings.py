@@ -20,7 +20,7 @@ print(json.dumps({
     "db": settings.DATABASES["default"]["ENGINE"],
     "db_name": str(settings.DATABASES["default"]["NAME"]),
     "broker": settings.CELERY_BROKER_URL,
-    "layer": settings.CHANNEL_LAYERS["default"]["BACKEND"],
+    "live_bus": settings.LIVE_BUS,
     "debug": settings.DEBUG,
 }))
 """
@@ -49,7 +49,7 @@ def test_no_env_resolves_to_embedded_default(tmp_path):
     assert resolved["db"] == "django.db.backends.sqlite3"
     assert resolved["db_name"] == str(tmp_path / "db.sqlite3")
     assert resolved["broker"] == "filesystem://"
-    assert resolved["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert resolved["live_bus"] is None  # in process
     assert resolved["debug"] is True
 
 
@@ -77,7 +77,7 @@ def test_database_and_redis_urls_resolve_to_production_stack(tmp_path):
         "6543",
     )
     assert resolved["broker"] == "redis://cache.internal:6380/2"
-    assert resolved["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert resolved["live_bus"]["url"] == "redis://cache.internal:6380/2"
 
 
 def test_debug_off_without_secret_key_refuses_to_start_with_one_line(tmp_path):
@@ -119,37 +119,28 @@ LIVE_PROBE = """
 import json, django
 django.setup()
 from django.conf import settings
-from channels_redis.core import RedisChannelLayer
-layer = settings.CHANNEL_LAYERS["default"]
-host = (layer.get("CONFIG") or {}).get("hosts", [{}])[0]
 print(json.dumps({
     "poll": settings.LIVE_POLL_INTERVAL_S,
     "proxy": settings.SECURE_PROXY_SSL_HEADER,
-    "socket_timeout": host.get("socket_timeout") if isinstance(host, dict) else "not configured",
-    "blocking_read": RedisChannelLayer.brpop_timeout,
     "hosts": settings.ALLOWED_HOSTS,
     "db": {k: settings.DATABASES["default"].get(k) for k in ("CONN_MAX_AGE", "OPTIONS")},
 }))
 """
 
 
-def test_live_poll_follows_the_layer_and_the_redis_layer_outwaits_its_blocking_read(tmp_path):
+def test_live_poll_follows_the_bus(tmp_path):
     embedded = json.loads(run_probe({"VAR_DIR": str(tmp_path)}, LIVE_PROBE).stdout)
-    assert embedded["poll"] == 1.5  # the in-process layer cannot carry a worker's messages: poll
+    assert embedded["poll"] == 1.5  # the in-process bus cannot carry a worker's messages: poll
     redis = run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://cache.internal:6380/2"}, LIVE_PROBE)
     production = json.loads(redis.stdout)
     assert production["poll"] == 10.0  # Redis carries everything: the poll is a slow safety net
-    # redis-py's default socket timeout (5 s) equals the layer's blocking read: idle sockets died.
-    assert production["socket_timeout"] > 2 * production["blocking_read"]
     forced = run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://x:1/0", "LIVE_POLL_INTERVAL_S": "2"},
                        LIVE_PROBE)  # fmt: skip
     assert json.loads(forced.stdout)["poll"] == 2.0
 
 
-def test_deployments_sharing_one_redis_keep_their_layer_keys_apart(tmp_path):
-    probe = PROBE.replace(
-        '"debug": settings.DEBUG,', '"prefix": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],'
-    )
+def test_deployments_sharing_one_redis_keep_their_live_channels_apart(tmp_path):
+    probe = PROBE.replace('"debug": settings.DEBUG,', '"prefix": settings.LIVE_BUS["prefix"],')
     prefixes = [
         json.loads(
             run_probe({"VAR_DIR": str(tmp_path), "REDIS_URL": "redis://x:1/0", **queue}, probe).stdout
@@ -160,7 +151,7 @@ def test_deployments_sharing_one_redis_keep_their_layer_keys_apart(tmp_path):
             {"CELERY_QUEUE": "test-123-abc"},
         )
     ]
-    assert prefixes[0] == "asgi"  # the default deployment keeps channels-redis' own key names
+    assert prefixes[0] == "rlp"
     assert len(set(prefixes)) == 3
 
 

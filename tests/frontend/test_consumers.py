@@ -1,6 +1,6 @@
 """The run websocket (tracking/consumers.py) through the real ASGI stack: session auth, catch-up by seq,
 live forwarding of published messages, gap repair, and the database poll that covers the in-process
-channel layer. Real database (transactional: the consumer reads from other threads), real channel layer."""
+live bus. Real database (transactional: the consumer reads from other threads), real live bus."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import connections
 from django.test import Client
@@ -25,6 +24,7 @@ from experiments.models import Run
 from rl_engine import wire
 from tests.conftest import REPO_ROOT, child_process_env
 from tests.factories import ExperimentFactory, MembershipFactory, RunFactory, UserFactory
+from tracking.bus import live_bus
 from tracking.models import MetricPoint, RunEvent
 from tracking.services import Point, event_payload, events_append, metrics_ingest
 
@@ -67,7 +67,7 @@ async def close_thread_connections():
 
 @pytest.fixture
 def no_poll(settings):
-    settings.LIVE_POLL_INTERVAL_S = 0  # prove the channel-layer path alone
+    settings.LIVE_POLL_INTERVAL_S = 0  # prove the live bus's path alone
 
 
 @pytest.fixture
@@ -187,7 +187,7 @@ async def test_published_event_and_metrics_are_forwarded_live(setup, no_poll):
     comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
     assert (await comm.connect())[0]
     assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
-    # The services store first, then publish on commit through tracking.live (the real channel layer).
+    # The services store first, then publish on commit through tracking.live (the real live bus).
     await database_sync_to_async(events_append)(
         run_id=run.pk, kind="status", message="queued → starting", data={"from": "queued", "to": "starting"}
     )
@@ -226,7 +226,7 @@ async def test_only_points_actually_stored_are_shown_live(setup, no_poll):
 async def test_a_batch_whose_live_message_was_lost_comes_from_the_poll_and_no_point_twice(
     setup, fast_poll, monkeypatch
 ):
-    """The layer carries every batch but one (its publish never left the process): the poll finds the
+    """The bus carries every batch but one (its publish never left the process): the poll finds the
     run's batch counter ahead of what arrived, and sends that batch's points, and only those, while the
     other batches keep arriving live. Reference: every point the database holds, each received once."""
     from tracking import live
@@ -266,10 +266,10 @@ async def test_a_batch_whose_live_message_was_lost_comes_from_the_poll_and_no_po
 
 
 async def announce(run_id: int, payload: Any) -> None:
-    """Publish ``payload`` to the run's followers the way ``tracking.live`` does, without storing it."""
+    """Publish ``payload`` to the run's followers as another process does, without storing it."""
     from tracking import live
 
-    await live.send(get_channel_layer(), live.group_name(run_id), live.layer_message(run_id, payload))
+    await live_bus().publish(live.LiveMessage(run_id, payload, []).envelope())
 
 
 async def test_published_event_that_skips_ahead_is_preceded_by_the_gap_from_the_database(setup, no_poll):
@@ -295,14 +295,14 @@ async def test_published_event_that_skips_ahead_is_preceded_by_the_gap_from_the_
     await comm.disconnect()
 
 
-async def test_poll_delivers_what_another_process_stored_without_a_shared_channel_layer(setup, fast_poll):
-    """A Celery worker on the in-process layer cannot reach us: the consumer's DB poll must."""
+async def test_poll_delivers_what_another_process_stored_without_a_shared_bus(setup, fast_poll):
+    """A Celery worker on the in-process bus cannot reach us: the consumer's DB poll must."""
     run = setup["run"]
     comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
     assert (await comm.connect())[0]
     await comm.receive_json_from(timeout=3)
     env = child_process_env()
-    env.pop("REDIS_URL", None)  # the child's channel layer is in-process: its publish goes nowhere
+    env.pop("REDIS_URL", None)  # the child's bus is in-process: its publish goes nowhere
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
     code = (
         "import django; django.setup()\n"
@@ -333,12 +333,13 @@ async def test_poll_delivers_what_another_process_stored_without_a_shared_channe
 
 
 async def test_an_idle_socket_on_redis_stays_open_past_10_s_then_receives(setup, no_poll, redis_url, caplog):
-    """channels-redis blocks on Redis in 5 s reads; with redis-py's default 5 s socket timeout an idle
-    consumer's layer read failed with TimeoutError after 5 s (the socket closed with 1011; now the
-    consumer would fall back to the poll, which the log shows). Idle for 11 s, then live, no fallback."""
-    from channels_redis.core import RedisChannelLayer
+    """An idle hub's reader waits on Redis in reads of HEALTH_S and pings when nothing came: a read that
+    timed out used to end an idle socket after 5 s (a socket timeout equal to the blocking read), and a
+    ping left unanswered would mark the bus lost (the log shows it). Idle for 11 s (two health checks),
+    then live, no fallback."""
+    from tracking.bus import HEALTH_S, RedisBus
 
-    assert isinstance(get_channel_layer(), RedisChannelLayer)  # the production layer, on the real Redis
+    assert isinstance(live_bus(), RedisBus) and 2 * HEALTH_S < 11  # the production bus, on the real Redis
     run = setup["run"]
     comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
     assert (await comm.connect())[0]
@@ -348,30 +349,28 @@ async def test_an_idle_socket_on_redis_stays_open_past_10_s_then_receives(setup,
     event = (await receive_events(comm, 1, timeout=5))[0]
     assert (event["seq"], event["message"]) == (4, "after the silence")
     await comm.disconnect()
-    assert "channel layer lost" not in caplog.text
+    assert "live bus lost" not in caplog.text
 
 
-async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_returns(
+async def test_the_stream_survives_the_bus_going_away_and_listens_again_when_it_returns(
     setup, settings, tmp_path, monkeypatch
 ):
     """Redis (a private server: the shared one is never stopped) goes away under an open socket: the
-    consumer stays open and follows the database; when Redis is back it joins the run's group again
-    (a restarted Redis forgot it) and live messages flow. No point is lost or sent twice. The data is
-    published by another web process (its own layer: a process's own followers get its messages
-    without the layer)."""
-    from channels_redis.core import RedisChannelLayer
-
-    from config.layers import redis_channel_layer
+    consumer stays open and follows the database; when Redis is back the hub subscribes to the run
+    again (a restarted Redis forgot it) and live messages flow. No point is lost or sent twice. The data
+    is published by another web process (its own bus: a process's own followers get its messages
+    without the bus)."""
     from tests.private_redis import PrivateRedis, require_redis_server
     from tracking import live
+    from tracking.bus import RedisBus
 
     require_redis_server()
     redis = PrivateRedis(tmp_path)
     redis.start()
-    settings.CHANNEL_LAYERS = {"default": redis_channel_layer(redis.url)}
-    publisher = RedisChannelLayer(**redis_channel_layer(redis.url)["CONFIG"])
-    monkeypatch.setattr(live, "get_channel_layer", lambda: publisher)
-    settings.LIVE_POLL_INTERVAL_S = 0  # as deployed with Redis: no poll while the layer works
+    settings.LIVE_BUS = {"url": redis.url, "prefix": "rlp"}
+    publisher = RedisBus(redis.url, "rlp")  # another process's
+    monkeypatch.setattr(live, "live_bus", lambda: publisher)
+    settings.LIVE_POLL_INTERVAL_S = 0  # as deployed with Redis: no poll while the bus works
     run = setup["run"]
     ingest = database_sync_to_async(metrics_ingest)
     try:
@@ -379,7 +378,7 @@ async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_retu
         assert (await comm.connect())[0]
         assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
         redis.stop()
-        # Stored while the layer is down: the publish fails (logged), the consumer's fallback poll delivers.
+        # Stored while the bus is down: the publish fails (logged), the consumer's fallback poll delivers.
         await database_sync_to_async(events_append)(run_id=run.pk, kind="log", message="during the outage")
         await ingest(run_id=run.pk, points=[Point("reward/mean", 0, 0.1, 1.0)])
         steps: list[int] = []
@@ -394,11 +393,11 @@ async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_retu
                 sources.append(msg.get("source", "live"))
         assert (event["seq"], event["message"]) == (4, "during the outage")
         assert steps == [0] and sources == ["poll"]
-        redis.start()  # same port, empty: the group membership is gone
+        redis.start()  # same port, empty: the subscription is gone
         step = 0
-        while "live" not in sources:  # until a message comes through the layer again (not the poll)
+        while "live" not in sources:  # until a message comes through the bus again (not the poll)
             step += 1
-            assert step < 60, "the consumer did not rejoin the layer within 30 s"
+            assert step < 60, "the hub did not listen to the bus again within 30 s"
             await ingest(run_id=run.pk, points=[Point("reward/mean", step, 0.1, 1.0)])
             # (a receive that times out would cancel the consumer: wait with receive_nothing instead)
             while not await comm.receive_nothing(timeout=0.5):
@@ -406,48 +405,46 @@ async def test_the_stream_survives_the_layer_going_away_and_rejoins_when_it_retu
                 if msg["kind"] == "metrics":
                     steps += msg["series"]["reward/mean"]["steps"]
                     sources.append(msg.get("source", "live"))
-        assert sorted(set(steps)) == list(range(step + 1))  # every point: rejoin catch-up plus live
+        assert sorted(set(steps)) == list(range(step + 1))  # every point: resync catch-up plus live
         await comm.disconnect()
     finally:
-        await publisher.close_pools()
         redis.stop()
 
 
-async def test_the_first_publish_after_a_redis_restart_reaches_the_group(tmp_path):
-    """A publisher's layer keeps its pooled connections across a Redis restart, and the first command on
-    each fails ("Connection closed by server"): the publish tries once more on a fresh connection, so a
-    web process does not lose its first live message after every restart (found by the production
-    stack's two-process test). Publisher and consumer are separate layers, as they are separate
-    processes in production."""
-    from channels_redis.core import RedisChannelLayer
-
-    from config.layers import redis_channel_layer
+async def test_the_first_publish_after_a_redis_restart_reaches_the_followers(tmp_path):
+    """A publisher keeps its pooled connections across a Redis restart, and the first command on each
+    fails ("Connection closed by server"): the publish tries once more on a fresh connection, so a web
+    process does not lose its first live message after every restart (found by the production stack's
+    two-process test); the same for a Celery worker's publish. Publisher and reader are separate buses,
+    as they are separate processes in production."""
     from tests.private_redis import PrivateRedis, require_redis_server
-    from tracking import live
+    from tracking.bus import BusUnavailable, Envelope, RedisBus
 
     require_redis_server()
     redis = PrivateRedis(tmp_path)
     redis.start()
-    publisher = RedisChannelLayer(**redis_channel_layer(redis.url)["CONFIG"])
-    consumer = RedisChannelLayer(**redis_channel_layer(redis.url)["CONFIG"])
+    publisher, reader = RedisBus(redis.url, "rlp"), RedisBus(redis.url, "rlp").reader()
+
+    def envelope(n: int) -> Envelope:
+        return Envelope(run_id=1, kind="event", text=f'{{"n": {n}}}', seq=n)
+
     try:
-        channel = await consumer.new_channel()
-        await consumer.group_add("run_1", channel)
-        await live.send(publisher, "run_1", {"type": "run.update", "n": 1})
-        assert (await consumer.receive(channel))["n"] == 1
+        await reader.reopen({1})
+        await publisher.publish(envelope(1))
+        await asyncio.to_thread(publisher.publish_sync, envelope(2))
+        assert [e.seq for e in await reader.receive()] in ([1, 2], [1])
         redis.stop()
-        redis.start()  # same port, empty: the membership is gone, the publisher's connections are dead
-        for attempt in range(
-            2
-        ):  # the consumer re-joins as its own loop does (once more on a dead connection)
-            try:
-                await consumer.group_add("run_1", channel)
-                break
-            except Exception:
-                assert attempt == 0
-        await live.send(publisher, "run_1", {"type": "run.update", "n": 2})
-        assert (await asyncio.wait_for(consumer.receive(channel), 10))["n"] == 2
+        redis.start()  # same port, empty: the subscription is gone, the publisher's connections are dead
+        with pytest.raises(BusUnavailable):
+            while True:  # the reader notices (its hub then reopens it)
+                await asyncio.wait_for(reader.receive(), 15)
+        await reader.reopen({1})
+        await publisher.publish(envelope(3))
+        await asyncio.to_thread(publisher.publish_sync, envelope(4))
+        got: list[int] = []
+        while len(got) < 2:
+            got += [e.seq for e in await asyncio.wait_for(reader.receive(), 10) if e.seq > 2]
+        assert got == [3, 4]
     finally:
-        await publisher.close_pools()
-        await consumer.close_pools()
+        await reader.close()
         redis.stop()

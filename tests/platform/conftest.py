@@ -1,18 +1,21 @@
-"""Fixtures of the platform tests: users in each role of one project, API clients, a live-group listener."""
+"""Fixtures of the platform tests: users in each role of one project, API clients, a live-bus listener."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
+import threading
 import uuid
+from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from rest_framework.test import APIClient
 
 from accounts.models import Role
 from accounts.services import project_create, token_create
 from tests.factories import ExperimentFactory, MembershipFactory, UserFactory
+from tracking.bus import Envelope, live_bus
 
 
 @pytest.fixture(autouse=True)
@@ -73,33 +76,50 @@ def token_client():
     return make
 
 
-class GroupListener:
-    """Joins a run's channel-layer group and collects what is published to it."""
+class BusListener:
+    """Listens to a run on the live bus (as a web process's hub does, on an event loop of its own in a
+    thread) and collects what is published to it."""
 
-    def __init__(self, group: str):
-        self.layer = get_channel_layer()
-        self.group = group
-        self.channel = async_to_sync(self.layer.new_channel)()
-        async_to_sync(self.layer.group_add)(group, self.channel)
+    def __init__(self, run_id: int):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.waiting: list[Envelope] = []
+        self.reader = self._run(self._open(run_id))
 
-    def receive(self, timeout: float = 2.0) -> dict:
-        import asyncio
+    def _run(self, coro: Any, timeout: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-        async def _recv():
-            return await asyncio.wait_for(self.layer.receive(self.channel), timeout)
+    async def _open(self, run_id: int) -> Any:
+        reader = live_bus().reader()
+        await reader.reopen({run_id})
+        return reader
 
-        return async_to_sync(_recv)()
+    async def _next(self) -> Envelope:
+        if not self.waiting:
+            self.waiting = await self.reader.receive()
+        return self.waiting.pop(0)
+
+    def receive(self, timeout: float = 2.0) -> Envelope:
+        return self._run(asyncio.wait_for(self._next(), timeout), timeout + 1)
+
+    def receive_payload(self, timeout: float = 2.0) -> dict[str, Any]:
+        """The next envelope's payload, as a browser reads it."""
+        return json.loads(self.receive(timeout).text)
 
     def close(self) -> None:
-        async_to_sync(self.layer.group_discard)(self.group, self.channel)
+        self._run(self.reader.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
 
 
 @pytest.fixture
 def listen():
-    listeners: list[GroupListener] = []
+    listeners: list[BusListener] = []
 
-    def make(run_id: int) -> GroupListener:
-        listener = GroupListener(f"run_{run_id}")
+    def make(run_id: int) -> BusListener:
+        listener = BusListener(run_id)
         listeners.append(listener)
         return listener
 

@@ -86,7 +86,7 @@ def test_the_alert_is_published_live_after_commit(run, listen, django_capture_on
     messages = []
     while True:
         try:
-            messages.append(listener.receive(timeout=1.0)["payload"])
+            messages.append(listener.receive_payload(timeout=1.0))
         except TimeoutError:
             break
     alerts = [m for m in messages if m["kind"] == wire.LiveKind.ALERT]

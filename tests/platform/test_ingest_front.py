@@ -1,10 +1,11 @@
 """The ingestion front (tracking/ingest.py) through ASGI: a run's own ingest token gets its metrics or
 samples batch stored with the answer Django gives (status, body, headers), without Django's request cycle; every
 other request reaches the Django application with its body and gets Django's own answer. Real database
-(transactional: the front stores from its own threads), real throttle counters and channel layer."""
+(transactional: the front stores from its own threads), real throttle counters and live bus."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from typing import Any
@@ -13,7 +14,6 @@ import pytest
 import pytest_asyncio
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
-from channels.layers import get_channel_layer
 from django.db import connections
 from django.utils import timezone
 
@@ -22,7 +22,8 @@ from accounts.services import ingest_token_issue, token_create
 from config.asgi import django_asgi_app
 from experiments.services import run_create
 from rl_engine import wire
-from tracking import live, services
+from tracking import services
+from tracking.bus import live_bus
 from tracking.ingest import IngestFront
 from tracking.models import MetricPoint, Sample
 
@@ -360,16 +361,19 @@ async def test_an_error_while_storing_hands_the_request_to_django_which_stores_i
     assert await sync_to_async(stored)(run.pk) == sent(body)
 
 
-async def test_the_fronts_stored_points_are_published_to_the_runs_group(front, world):
+async def test_the_fronts_stored_points_are_published_to_the_runs_followers(front, world):
     app, _ = front
     run, token = world["runs"][0], world["ingest"][0]
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(live.group_name(run.pk), channel)
+    reader = live_bus().reader()  # what a web process's hub listens with
+    await reader.reopen({run.pk})
     body = batch(0, n=6)
-    assert (await call(app, f"/api/runs/{run.pk}/metrics", json.dumps(body).encode(), token))[0] == 200
-    message = await layer.receive(channel)
-    series = message["payload"]["series"]
+    try:
+        assert (await call(app, f"/api/runs/{run.pk}/metrics", json.dumps(body).encode(), token))[0] == 200
+        envelope = (await asyncio.wait_for(reader.receive(), 10))[0]
+    finally:
+        await reader.close()
+    assert envelope.run_id == run.pk and envelope.kind == "metrics"
+    series = json.loads(envelope.text)["series"]
     got = {(k, s, v) for k, ser in series.items() for s, v in zip(ser["steps"], ser["values"], strict=True)}
     assert got == sent(body)
 

@@ -2,7 +2,7 @@
 deactivated user) is disconnected with 4403 at the next poll, also with database polling off, and on
 their next message. The same rule holds for a script that
 authenticates with an API token (tracking/ws_auth.py): refused tokens are closed with 4401, non-members
-with 4403. Real ASGI stack, database and channel layer."""
+with 4403. Real ASGI stack, database and live bus."""
 
 from __future__ import annotations
 

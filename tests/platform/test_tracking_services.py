@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any
@@ -15,6 +16,7 @@ from experiments.models import RunState
 from experiments.services import run_create
 from tests.factories import RunFactory
 from tracking import live
+from tracking.bus import Envelope
 from tracking.coverage import Span
 from tracking.models import Checkpoint, MetricPoint, RunEvent, Sample
 from tracking.services import (
@@ -70,16 +72,20 @@ def test_stored_metrics_and_events_are_published_to_the_run_group_after_commit(
     listener = listen(run.pk)
     with django_capture_on_commit_callbacks(execute=True):
         metrics_ingest(run_id=run.pk, points=[Point("loss", 3, 0.25, 10.0), Point("loss", 4, 0.2, 11.0)])
-    msg = listener.receive()
-    assert (msg["type"], msg["group"]) == ("run.update", f"run_{run.pk}")
-    assert msg["payload"] == {
+    envelope = listener.receive()
+    assert (envelope.run_id, envelope.kind) == (run.pk, "metrics")
+    batch = list(MetricPoint.objects.filter(run=run).order_by("id").values_list("id", flat=True))
+    assert [(s.start, s.end, s.first_id, s.last_id) for s in envelope.spans] == [(0, 2, batch[0], batch[1])]
+    assert json.loads(envelope.text) == {
         "kind": "metrics",
         "count": 2,
         "series": {"loss": {"steps": [3, 4], "values": [0.25, 0.2], "wall_times": [10.0, 11.0]}},
     }
     with django_capture_on_commit_callbacks(execute=True):
         event = events_append(run_id=run.pk, kind="log", message="hello", data={"line": 1})
-    payload = listener.receive()["payload"]
+    envelope = listener.receive()
+    assert (envelope.kind, envelope.seq) == ("event", event.seq)
+    payload = json.loads(envelope.text)
     assert payload["kind"] == "event"
     assert payload["event"] | {"created": None} == {
         "seq": event.seq,
@@ -106,54 +112,65 @@ def test_nothing_is_published_when_the_transaction_rolls_back(
     assert not RunEvent.objects.filter(run=run, message="never stored").exists()
 
 
-def test_publish_with_a_broken_channel_layer_logs_instead_of_raising(settings, caplog):
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
-        }
-    }
-    from channels.layers import channel_layers
+def test_publish_with_an_unreachable_bus_logs_instead_of_raising(settings, caplog):
+    settings.LIVE_BUS = {"url": "redis://127.0.0.1:1/0", "prefix": "nowhere"}
+    assert live.publish(1, {"kind": "event", "event": {"seq": 1}}) is False
+    assert "live publish to run 1 failed" in caplog.text
 
-    channel_layers.backends.clear()
-    try:
-        assert live.publish(1, {"kind": "event"}) is False
-    finally:
-        channel_layers.backends.clear()
-    assert "live publish to run_1 failed" in caplog.text
+
+class RecordingBus:
+    """A bus that records what is published to it (an outbox's sends), each send after ``delay``."""
+
+    name = "recording"
+
+    def __init__(self, delay: Any = None) -> None:
+        self.sent: list[Envelope] = []
+        self.delay = delay
+
+    async def publish(self, envelope: Envelope) -> None:
+        if self.delay is not None:
+            await self.delay(envelope)
+        self.sent.append(envelope)
+
+    def publish_sync(self, envelope: Envelope) -> None:
+        self.sent.append(envelope)
+
+    def reader(self) -> Any:
+        raise NotImplementedError
 
 
 def test_in_the_web_server_a_publish_leaves_the_request_at_once_and_messages_keep_their_order(monkeypatch):
-    """A sync view runs in asgiref's thread beside the server's event loop: publish hands the message to
-    that loop and returns before it is sent; one sender keeps the publish order. (Called synchronously,
-    the three sends would be recorded before "returned".)"""
-    import asyncio
-
-    from asgiref.sync import sync_to_async
-
+    """A sync view runs in a worker thread beside the server's event loop (recorded by the ASGI
+    application's ``ServerLoop``): publish hands the message to that loop and returns before it is sent;
+    one sender keeps the publish order. (Called synchronously, the three sends would be recorded before
+    "returned".)"""
     log: list[object] = []
 
-    class Layer:
-        async def group_send(self, group: str, message: dict) -> None:
-            await asyncio.sleep(0.01 * (3 - message["payload"]["n"]))  # later ones are quicker to send
-            log.append((group, message["payload"]["n"]))
+    async def slow(envelope: Envelope) -> None:
+        n = json.loads(envelope.text)["n"]
+        await asyncio.sleep(0.01 * (3 - n))  # later ones are quicker to send
+        log.append((envelope.run_id, n))
 
-    monkeypatch.setattr(live, "get_channel_layer", Layer)
+    bus = RecordingBus(slow)
+    monkeypatch.setattr(live, "live_bus", lambda: bus)
 
     def view() -> None:
         for n in range(3):
             assert live.publish(7, {"n": n}) is True
         log.append("returned")
 
-    async def server() -> None:
+    async def app(scope: dict, receive: Any, send: Any) -> None:
         await sync_to_async(view)()
+
+    async def server() -> None:
+        await live.ServerLoop(app)({"type": "http"}, None, None)
         for _ in range(200):
             if len(log) == 4:
                 break
             await asyncio.sleep(0.01)
 
     asyncio.run(server())
-    assert log == ["returned", ("run_7", 0), ("run_7", 1), ("run_7", 2)]
+    assert log == ["returned", (7, 0), (7, 1), (7, 2)]
 
 
 def _metrics(step: int) -> dict:
@@ -168,18 +185,15 @@ def test_waiting_metrics_merge_while_a_send_is_in_flight_and_nothing_is_reordere
     """Per run, one send in flight; metrics published meanwhile go out as one message, each key's points
     in publish order, naming every stored batch it carries; an event is never merged and keeps its place
     between the metrics around it."""
-    sent: list[dict[str, Any]] = []
     in_flight = threading.Event()
     gate = asyncio.Event()
 
-    class Layer:
-        async def group_send(self, group: str, message: dict) -> None:
-            in_flight.set()
-            await gate.wait()  # the first send is in flight until the view published everything
-            sent.append(message)
+    async def held(envelope: Envelope) -> None:
+        in_flight.set()
+        await gate.wait()  # the first send is in flight until the view published everything
 
-    layer = Layer()
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    bus = RecordingBus(held)
+    monkeypatch.setattr(live, "live_bus", lambda: bus)
 
     def batch(step: int) -> Span:
         return Span(start=step, end=step + 1, first_id=10 * step, last_id=10 * step)
@@ -194,18 +208,21 @@ def test_waiting_metrics_merge_while_a_send_is_in_flight_and_nothing_is_reordere
         live.publish(1, _metrics(4), span=batch(4))
 
     async def server() -> None:
+        live.bind_server_loop(asyncio.get_running_loop())  # as the ASGI application's ServerLoop does
         await sync_to_async(view)()
         gate.set()
         deadline = time.monotonic() + 10
-        while len(sent) < 4 and time.monotonic() < deadline:
+        while len(bus.sent) < 4 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
     asyncio.run(server())
-    payloads = [m["payload"] for m in sent]
+    payloads = [json.loads(e.text) for e in bus.sent]
     assert [p["kind"] for p in payloads] == ["metrics", "metrics", "event", "metrics"]
+    assert [e.kind for e in bus.sent] == ["metrics", "metrics", "event", "metrics"]
     assert [p["series"]["k"]["steps"] for p in payloads if p["kind"] == "metrics"] == [[0], [1, 2], [3, 4]]
-    assert [[s[0] for s in m["spans"]] for m in sent if "spans" in m] == [[0], [1, 2], [3, 4]]
+    assert [[s.start for s in e.spans] for e in bus.sent if e.kind == "metrics"] == [[0], [1, 2], [3, 4]]
     assert [p["count"] for p in payloads if p["kind"] == "metrics"] == [1, 2, 2]
+    assert bus.sent[2].seq == 1
 
 
 def test_unknown_event_kind_is_refused(run):
