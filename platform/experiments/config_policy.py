@@ -277,11 +277,21 @@ def config_violations(
     return out
 
 
-def check_config(cfg: ExperimentConfig, *, project: Project) -> None:
-    """Raise ConfigError unless ``cfg`` may run in ``project``."""
+@dataclass(frozen=True)
+class PermittedConfig:
+    """A config the platform's policy accepted for one project: what ``check_config`` answers, so that a
+    caller holding one (a sweep's planned point) hands it on and nothing checks it again."""
+
+    config: ExperimentConfig
+    project_id: int
+
+
+def check_config(cfg: ExperimentConfig, *, project: Project) -> PermittedConfig:
+    """``cfg`` as permitted in ``project``; ConfigError naming the refused fields otherwise."""
     problems = config_violations(cfg, allow_remote_code=bool(project.allow_trust_remote_code))
     if problems:
         raise ConfigError(problems)
+    return PermittedConfig(config=cfg, project_id=project.pk)
 
 
 def check_resume_checkpoint(checkpoint: Checkpoint, *, project: Project) -> None:

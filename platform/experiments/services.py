@@ -18,7 +18,12 @@ from django.utils import timezone
 
 from accounts.models import Project
 from accounts.services import ingest_tokens_renew, ingest_tokens_revoke_for_run
-from experiments.config_policy import CheckpointRefused, check_config, check_resume_checkpoint
+from experiments.config_policy import (
+    CheckpointRefused,
+    PermittedConfig,
+    check_config,
+    check_resume_checkpoint,
+)
 from experiments.lifecycle import CancelRequested, RunQueued, StateChanged, announce
 from experiments.models import ACTIVE_STATES, TERMINAL_STATES, Experiment, Run, RunState
 from experiments.selectors import stored_config
@@ -158,16 +163,21 @@ def run_create(
     priority: int = 0,
     resumed_from: Run | None = None,
     resumed_from_checkpoint: Checkpoint | None = None,
-    config: ExperimentConfig | None = None,
+    config: ExperimentConfig | PermittedConfig | None = None,
     provider: str = "",
 ) -> Run:
     """Launch: freeze the config (``config``, else the experiment's) into a queued run, announced as
     :class:`RunQueued` (the launcher enqueues its start once the run is committed). The experiment's
     stored config is read back with the engine's schema (it may predate it) and the platform's policy
     is checked again (the experiment may predate it, or its project's rights changed): ConfigError when
-    either refuses; CheckpointRefused when ``resumed_from_checkpoint`` is not this project's to resume."""
-    frozen = config if config is not None else stored_config(experiment)
-    check_config(frozen, project=experiment.project)
+    either refuses; CheckpointRefused when ``resumed_from_checkpoint`` is not this project's to resume.
+    A ``PermittedConfig`` of the experiment's project was checked by the caller and is not again."""
+    if isinstance(config, PermittedConfig) and config.project_id == experiment.project_id:
+        frozen = config.config
+    else:
+        raw = config.config if isinstance(config, PermittedConfig) else config
+        frozen = raw if raw is not None else stored_config(experiment)
+        check_config(frozen, project=experiment.project)
     if resumed_from_checkpoint is not None:
         check_resume_checkpoint(resumed_from_checkpoint, project=experiment.project)
     with transaction.atomic():

@@ -18,12 +18,12 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from experiments.config_policy import check_config
+from experiments.config_policy import PermittedConfig, check_config
 from experiments.models import CANCELLABLE_STATES, Experiment, Run, RunState
 from experiments.path_policy import data_walks_once
 from experiments.selectors import stored_config
 from experiments.services import InvalidTransition, run_create, run_request_cancel
-from rl_engine.config import ConfigError, ExperimentConfig, dotted_get, merge_config, parse_config
+from rl_engine.config import ConfigError, dotted_get, merge_config, parse_config
 from rl_engine.wire import EventKind
 from sweeps import search_space as ss
 from sweeps.models import Method, Sweep, SweepRun
@@ -82,7 +82,7 @@ class PlannedRun:
     index: int
     params: ss.Point
     seed: int
-    config: ExperimentConfig
+    config: PermittedConfig  # checked once, here: run_create does not check it again
 
 
 def _short(point: ss.Point) -> str:
@@ -146,7 +146,7 @@ def sweep_plan(*, experiment: Experiment, spec: SweepSpec, seed: int) -> list[Pl
             overrides["seed"] = seed + index
         try:
             config = parse_config(merge_config(base, overrides))
-            check_config(config, project=experiment.project)
+            permitted = check_config(config, project=experiment.project)
         except ConfigError as exc:
             bad_points += 1
             if bad_points <= MAX_POINTS_REPORTED:
@@ -155,7 +155,7 @@ def sweep_plan(*, experiment: Experiment, spec: SweepSpec, seed: int) -> list[Pl
         # The point as the run's config holds it (validated: "1e-6" from a YAML file is 1e-06 there).
         dump = config.model_dump(mode="json")
         params = {path: dotted_get(dump, path) for path in point}
-        planned.append(PlannedRun(index=index, params=params, seed=config.seed, config=config))
+        planned.append(PlannedRun(index=index, params=params, seed=config.seed, config=permitted))
     if errors:
         if bad_points > MAX_POINTS_REPORTED:
             errors.append(("search_space", f"{bad_points} of {n} points are invalid (the first shown)"))

@@ -492,8 +492,9 @@ def test_a_sweep_without_early_stopping_is_never_stopped(member, experiment):
 def test_a_sweep_walks_its_data_folder_once_whatever_its_number_of_points(
     settings, team, member, tmp_path, monkeypatch
 ):
-    """Every point's config is checked (and each again by run_create); the data folder they all name is
-    walked once per sweep, not twice per point. Counted at os.listdir, the walk's one way into a folder."""
+    """Every point's config is checked once (run_create takes the sweep's checked config as it is); the
+    data folder they all name is walked once per sweep, not twice per point. Counted at os.listdir, the
+    walk's one way into a folder."""
     import os
 
     from tests.factories import ExperimentFactory, demo_config
@@ -532,3 +533,27 @@ def test_a_sweep_walks_its_data_folder_once_whatever_its_number_of_points(
     listed.clear()
     assert _create(member, experiment, method="grid", search_space=space, seed=2).status_code == 201
     assert [p for p in listed if p == str(folder)] == [str(folder)]
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_a_sweep_checks_each_points_config_against_the_policy_once(member, experiment, monkeypatch, n):
+    """The policy's check runs once per point, n in all for n points (it ran twice per point: the
+    sweep's plan, then run_create again), and once per launch outside sweeps. Counted at the check
+    itself (``config_violations``)."""
+    from experiments import config_policy
+
+    calls: list[float] = []
+    real = config_policy.config_violations
+
+    def counted(cfg, **kwargs):
+        calls.append(cfg.trainer.lr)
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(config_policy, "config_violations", counted)
+    lrs = [1e-6 * (i + 1) for i in range(n)]
+    resp = _create(member, experiment, method="grid", search_space={"trainer.lr": lrs}, seed=5)
+    assert resp.status_code == 201, resp.content
+    assert sorted(calls) == sorted(lrs)  # each point's config, once
+    calls.clear()
+    assert member.post("/api/runs", {"experiment": experiment.pk}, format="json").status_code == 201
+    assert len(calls) == 1  # a plain launch: the experiment's stored config, checked again, once
