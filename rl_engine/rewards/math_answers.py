@@ -117,6 +117,7 @@ def math_verify_reward(
         raise ValueError(
             "reward 'math_verify' needs the math-verify package (pip install math-verify)"
         ) from None
+    _quiet_timeout_notice()
 
     def fn(sample: Sample) -> float:
         from math_verify import verify

@@ -119,15 +119,24 @@ def test_math_verify_answer_formats_and_format_reward():
         build_reward(RewardConfig(name="math_verify", kwargs={"format": "boxed"}))
 
 
-def test_math_verify_works_off_the_main_thread():
-    # The rollouter scores in a worker thread, where math-verify's signal-based timeout cannot run.
+def test_math_verify_works_off_the_main_thread(monkeypatch, caplog):
+    # The rollouter scores in a worker thread, where math-verify's signal-based timeout cannot run; its
+    # once-per-process notice that the timeout is off is by design there, and not logged.
+    import math_verify.grader
+    import math_verify.parser
+
+    monkeypatch.setattr(math_verify.parser, "TIMEOUT_WARNING_SHOWN", False)  # as in a fresh process
+    monkeypatch.setattr(math_verify.grader, "TIMEOUT_WARNING_SHOWN", False)
     fn = build_reward(RewardConfig(name="math_verify"))
     out: list[float] = []
     t = threading.Thread(target=lambda: out.extend(fn(_s(r, GSM8K_GOLD)) for r in ["#### 72", "#### 7"]))
-    t.start()
-    t.join()
+    with caplog.at_level(logging.WARNING):
+        t.start()
+        t.join()
     assert out == [1.0, 0.0]
     assert fn.errors == 0
+    assert math_verify.parser.TIMEOUT_WARNING_SHOWN  # the notice was issued, and filtered
+    assert "Timeout is disabled" not in caplog.text
 
 
 # --- rewards that fail ----------------------------------------------------------------------------------
