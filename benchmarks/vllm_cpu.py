@@ -69,6 +69,7 @@ def _timed(fn) -> float:
 
 def _gloo_pair(worker, trainer: PolicyTrainer):
     """Join a gloo weight group: trainer side (rank 0) here, ``worker`` as rank 1; returns the sender."""
+    from rl_engine.types import TransferGroup
     from rl_engine.weights.broadcast import GroupInit, GroupSender
     from rl_engine.weights.sync import free_endpoint
 
@@ -79,9 +80,7 @@ def _gloo_pair(worker, trainer: PolicyTrainer):
         target=lambda: box.setdefault("s", GroupSender.join(GroupInit(address, port, 2, 0, "gloo")))
     )
     t.start()
-    worker.init_weight_transfer(
-        address, port, 1, 2, max_bucket_bytes=manifest.max_bucket_bytes, backend="gloo"
-    )
+    worker.init_weight_transfer(TransferGroup(address, port, 1, 2, "gloo", 300.0, manifest.max_bucket_bytes))
     t.join()
     return box["s"], manifest
 

@@ -165,6 +165,22 @@ class WeightLoadTiming:
 
 
 @dataclass(frozen=True)
+class TransferGroup:
+    """A rollout worker's place in the trainer's broadcast weight group (``pipeline.sync_backend: gloo |
+    nccl``): the trainer is rank 0 and hosts the group's store at ``master_address:master_port``; the
+    worker takes ranks ``rank_offset ..`` (an engine one per GPU). One description for every backend,
+    built by ``weights.sync.BroadcastSync``; each worker takes what its engine lets it use."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    backend: str  # "gloo" | "nccl"
+    timeout_s: float  # bounds the join and each collective (where the engine lets it be set)
+    max_bucket_bytes: int  # the largest bucket the trainer sends (vLLM's packed buffer is this size)
+
+
+@dataclass(frozen=True)
 class SendStats:
     """The trainer's part of a broadcast sync: buckets and bytes sent, seconds spent."""
 

@@ -145,6 +145,7 @@ def check_broadcast(engine: str, worker, trainer, prompts, n: int) -> dict:
 
     import torch
 
+    from rl_engine.types import TransferGroup
     from rl_engine.weights.broadcast import GroupInit
     from rl_engine.weights.registry import rollout_backend
 
@@ -171,7 +172,7 @@ def check_broadcast(engine: str, worker, trainer, prompts, n: int) -> dict:
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     max_bytes = stream.manifest.max_bucket_bytes
-    worker.init_weight_transfer("127.0.0.1", port, 1, 2, max_bucket_bytes=max_bytes, backend="nccl")
+    worker.init_weight_transfer(TransferGroup("127.0.0.1", port, 1, 2, "nccl", 300.0, max_bytes))
     joined.wait(300)
     t0 = time.perf_counter()
     worker.receive_weights(stream.manifest, 2)

@@ -43,6 +43,7 @@ from rl_engine.types import (
     RolloutHealth,
     RolloutStopped,
     Sample,
+    TransferGroup,
     WeightLoadTiming,
     split_groups,
 )
@@ -317,12 +318,10 @@ class Rollouter:
         """Ranks this rollouter's worker takes in a broadcast weight group (one per engine GPU)."""
         return int(getattr(self.worker, "weight_transfer_ranks", 1))
 
-    def init_weight_transfer(
-        self, address: str, port: int, rank_offset: int, world_size: int, **kwargs: Any
-    ) -> None:
+    def init_weight_transfer(self, group: TransferGroup) -> None:
         """Join the broadcast weight group (once, before ``start``; the trainer joins as rank 0 at the
-        same time). ``kwargs``: ``max_bucket_bytes``, ``backend``, ``timeout_s`` for the worker."""
-        self.worker.init_weight_transfer(address, port, rank_offset, world_size, **kwargs)
+        same time)."""
+        self.worker.init_weight_transfer(group)
 
     def receive_weights(self, manifest: Any, version: int) -> WeightLoadTiming:
         """Broadcast sync: receive the buckets of ``manifest`` (a ``WeightManifest``) while the trainer

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rl_engine.types import Prompt, Sample
+from rl_engine.types import Prompt, Sample, TransferGroup
 
 if TYPE_CHECKING:
     from rl_engine.weights.buckets import WeightManifest, WeightStream
@@ -88,19 +88,9 @@ class RolloutWorker(ABC):
         """Load new weights in place and record ``version``: a ``WeightStream`` (loaded bucket by bucket:
         in process, or from the Ray object store) or named numpy arrays / tensors."""
 
-    def init_weight_transfer(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        *,
-        max_bucket_bytes: int,
-        backend: str,
-        timeout_s: float | None = None,
-    ) -> None:
-        """Join the trainer's broadcast weight group as ranks ``rank_offset ..`` (the trainer, rank 0,
-        joins at the same time). Workers without a broadcast path take the object store only."""
+    def init_weight_transfer(self, group: TransferGroup) -> None:
+        """Join the trainer's broadcast weight group as ranks ``group.rank_offset ..`` (the trainer, rank
+        0, joins at the same time). Workers without a broadcast path take the object store only."""
         raise NotImplementedError(f"{type(self).__name__} takes weights through the object store only")
 
     def receive_weights(self, manifest: WeightManifest, version: int) -> None:

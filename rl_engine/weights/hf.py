@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rl_engine.rollout.base import RolloutWorker
+from rl_engine.types import TransferGroup
 from rl_engine.weights.broadcast import BroadcastWeights, GroupInit, GroupSender, group_device, join_group
 from rl_engine.weights.buckets import FlatParams, WeightManifest, WeightStream, load_stream
 
@@ -54,20 +55,17 @@ class HFWeights(RolloutWorker):
                 self._load_weights(weights)
             self._version = int(version)
 
-    def init_weight_transfer(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        *,
-        max_bucket_bytes: int = 0,
-        backend: str = "gloo",
-        timeout_s: float = 300.0,
-    ) -> None:
-        """Join the trainer's broadcast group as rank ``rank_offset`` (the trainer, rank 0, joins at the
-        same time): ``gloo`` in host memory, ``nccl`` on this worker's GPU. Any bucket size works."""
-        init = GroupInit(master_address, master_port, world_size, rank_offset, backend, timeout_s=timeout_s)
+    def init_weight_transfer(self, group: TransferGroup) -> None:
+        """Join the trainer's broadcast group as rank ``group.rank_offset`` (the trainer, rank 0, joins at
+        the same time): ``gloo`` in host memory, ``nccl`` on this worker's GPU. Any bucket size works."""
+        init = GroupInit(
+            group.master_address,
+            group.master_port,
+            group.world_size,
+            group.rank_offset,
+            group.backend,
+            timeout_s=group.timeout_s,
+        )
         self._group = join_group(init)
         self._group_device = group_device(init.backend)
 

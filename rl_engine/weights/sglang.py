@@ -24,6 +24,7 @@ from typing import Any
 from rl_engine.config import ModelConfig, SGLangRolloutConfig
 from rl_engine.rollout.async_worker import AsyncEngineWorker
 from rl_engine.rollout.engine_loop import EngineError
+from rl_engine.types import TransferGroup
 from rl_engine.weights.broadcast import WEIGHT_GROUP, GroupInit, GroupSender, group_device
 from rl_engine.weights.buckets import (
     BucketPlan,
@@ -115,30 +116,20 @@ class SglangWeights(AsyncEngineWorker):
 
         self._session(stream, request, version)
 
-    def init_weight_transfer(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        *,
-        max_bucket_bytes: int = 0,
-        backend: str = "nccl",
-        timeout_s: float | None = None,
-    ) -> None:
+    def init_weight_transfer(self, group: TransferGroup) -> None:
         """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently); each bucket
-        arrives as one broadcast whatever its size (``max_bucket_bytes`` is vLLM's concern; SGLang's
-        group keeps its own timeout). The trainer joins with SGLang's ``init_custom_process_group``
+        arrives as one broadcast whatever its size (``group.max_bucket_bytes`` is vLLM's concern;
+        SGLang's group keeps its own timeout). The trainer joins with SGLang's ``init_custom_process_group``
         (``open_sender``)."""
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         obj = InitWeightsUpdateGroupReqInput(
-            master_address=master_address,
-            master_port=int(master_port),
-            rank_offset=int(rank_offset),
-            world_size=int(world_size),
+            master_address=group.master_address,
+            master_port=group.master_port,
+            rank_offset=group.rank_offset,
+            world_size=group.world_size,
             group_name=WEIGHT_GROUP,
-            backend=backend,
+            backend=group.backend,
         )
         check_result(
             "init_weights_update_group",

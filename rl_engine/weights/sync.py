@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from rl_engine.types import SyncTiming, WeightLoadTiming
+from rl_engine.types import SyncTiming, TransferGroup, WeightLoadTiming
 
 
 def free_endpoint() -> tuple[str, int]:
@@ -119,17 +119,16 @@ class BroadcastSync(ParameterSync):
         joins = [self.trainer.open_weight_sender.remote(address, port, world, self.backend, self.timeout_s)]
         offset = 1
         for r, n in zip(self.rollouters, ranks, strict=True):
-            joins.append(
-                r.init_weight_transfer.remote(
-                    address,
-                    port,
-                    offset,
-                    world,
-                    max_bucket_bytes=manifest.max_bucket_bytes,
-                    backend=self.backend,
-                    timeout_s=self.timeout_s,
-                )
+            group = TransferGroup(
+                master_address=address,
+                master_port=int(port),
+                rank_offset=offset,
+                world_size=world,
+                backend=self.backend,
+                timeout_s=self.timeout_s,
+                max_bucket_bytes=manifest.max_bucket_bytes,
             )
+            joins.append(r.init_weight_transfer.remote(group))
             offset += n
         wait_all(joins, "weight sync setup")
         self.manifest = ray.put(manifest)

@@ -34,7 +34,7 @@ import torch
 from rl_engine.config import ModelConfig, VLLMRolloutConfig
 from rl_engine.rollout.async_worker import AsyncEngineWorker
 from rl_engine.rollout.engine_loop import EngineError
-from rl_engine.types import SendStats
+from rl_engine.types import SendStats, TransferGroup
 from rl_engine.weights.broadcast import BucketSender, GroupInit, GroupSender, broadcast_bytes, join_group
 from rl_engine.weights.buckets import (
     BucketPlan,
@@ -246,27 +246,23 @@ class VllmWeights(AsyncEngineWorker):
 
         self._session(stream, load, version)
 
-    def init_weight_transfer(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        *,
-        max_bucket_bytes: int,
-        backend: str = "nccl",
-        timeout_s: float | None = None,
-    ) -> None:
+    def init_weight_transfer(self, group: TransferGroup) -> None:
         """Join the trainer's broadcast group (rank 0 = trainer, joining concurrently).
 
-        nccl: vLLM's weight-transfer engine in packed mode with a buffer of ``max_bucket_bytes``, so
-        every bucket arrives as exactly one broadcast; ``timeout_s`` cannot be passed on (vLLM's group
-        keeps its own). gloo: each engine worker joins a gloo group itself (the extension)."""
+        nccl: vLLM's weight-transfer engine in packed mode with a buffer of ``group.max_bucket_bytes``,
+        so every bucket arrives as exactly one broadcast; ``group.timeout_s`` cannot be passed on (vLLM's
+        group keeps its own). gloo: each engine worker joins a gloo group itself (the extension)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
+        backend = group.backend
         if backend == "gloo":
-            timeout = float(timeout_s if timeout_s is not None else self.cfg.control_timeout_s)
-            args = (master_address, int(master_port), int(rank_offset), int(world_size), timeout)
+            args = (
+                group.master_address,
+                group.master_port,
+                group.rank_offset,
+                group.world_size,
+                group.timeout_s,
+            )
             self._control(
                 "join the gloo weight group", self.engine.collective_rpc("rl_engine_join_group", args=args)
             )
@@ -277,18 +273,18 @@ class VllmWeights(AsyncEngineWorker):
                 f"vllm: the engine was built for {self.cfg.weight_transfer!r} transfer, not {backend!r}"
             )
         info = {
-            "master_address": master_address,
-            "master_port": int(master_port),
-            "rank_offset": int(rank_offset),
-            "world_size": int(world_size),
+            "master_address": group.master_address,
+            "master_port": group.master_port,
+            "rank_offset": group.rank_offset,
+            "world_size": group.world_size,
             "packed": True,
-            "packed_buffer_size_bytes": int(max_bucket_bytes),
+            "packed_buffer_size_bytes": group.max_bucket_bytes,
         }
         self._control(
             "init_weight_transfer_engine",
             self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
         )
-        self._transfer, self._transfer_buffer = "nccl", int(max_bucket_bytes)
+        self._transfer, self._transfer_buffer = "nccl", group.max_bucket_bytes
 
     def receive_weights(self, manifest: WeightManifest, version: int) -> None:
         """Broadcast path: the trainer broadcasts each bucket's bytes while this waits on the engine."""

@@ -19,6 +19,7 @@ import torch
 from rl_engine.data import PromptStream
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError, EngineTimeout
+from rl_engine.types import TransferGroup
 from rl_engine.weights.buckets import plan_buckets
 from tests.engine import standin_sglang, standin_vllm, standins
 
@@ -248,7 +249,7 @@ def test_vllm_broadcast_path_sends_request_objects_and_keeps_the_version_on_fail
         with pytest.raises(EngineError, match="before init_weight_transfer"):
             worker.receive_weights(manifest, 2)
         worker.engine.join = False  # no trainer here: the stand-in records the request, joins no group
-        worker.init_weight_transfer("10.0.0.1", 29500, 1, 2, max_bucket_bytes=1 << 20)
+        worker.init_weight_transfer(TransferGroup("10.0.0.1", 29500, 1, 2, "nccl", 300.0, 1 << 20))
         assert worker.engine.transfer_init == {
             "master_address": "10.0.0.1",
             "master_port": 29500,

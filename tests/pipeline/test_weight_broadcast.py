@@ -19,6 +19,7 @@ from rl_engine.config import ModelConfig, TinyModelSpec, apply_overrides, parse_
 from rl_engine.models import load_model
 from rl_engine.models.tiny import save_tiny_model
 from rl_engine.presets import get_preset
+from rl_engine.types import TransferGroup
 from rl_engine.weights.broadcast import BroadcastWeights, GroupInit, join_group
 from rl_engine.weights.buckets import plan_buckets, unpack
 
@@ -29,6 +30,11 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _group(port: int, max_bucket_bytes: int, backend: str) -> TransferGroup:
+    """Rank 1 of 2 in the test's sender's group on this host."""
+    return TransferGroup("127.0.0.1", port, 1, 2, backend, 300.0, max_bucket_bytes)
 
 
 def _named(model_dir) -> dict[str, torch.Tensor]:
@@ -87,7 +93,7 @@ def test_hf_worker_receives_into_its_parameter_buffer_and_bumps_the_version_only
     buffer = worker._flat.flat.data_ptr()
     port = _free_port()
     proc = _start_sender(port, named, 64 * 1024, split=True)
-    worker.init_weight_transfer("127.0.0.1", port, 1, 2, max_bucket_bytes=manifest.max_bucket_bytes)
+    worker.init_weight_transfer(_group(port, manifest.max_bucket_bytes, "gloo"))
     worker.receive_weights(manifest, 4)
     proc.join(30)
     assert proc.exitcode == 0 and worker.version == 4
@@ -128,12 +134,7 @@ def test_engine_worker_receives_a_broadcast_as_one_checked_session(model_dir, mo
         port = _free_port()
         proc = _start_sender(port, named, 64 * 1024, split=False)
         worker.init_weight_transfer(
-            "127.0.0.1",
-            port,
-            1,
-            2,
-            max_bucket_bytes=manifest.max_bucket_bytes,
-            backend="gloo" if backend == "sglang" else "nccl",
+            _group(port, manifest.max_bucket_bytes, "gloo" if backend == "sglang" else "nccl")
         )
         worker.receive_weights(manifest, version=5)
         proc.join(30)
@@ -166,7 +167,9 @@ def test_vllm_refuses_a_bucket_larger_than_its_packed_buffer(model_dir, monkeypa
         worker.engine.join = False  # no sender in this test: only the request is recorded
         named = _named(model_dir)
         manifest = _plan(named, 64 * 1024, split=False)
-        worker.init_weight_transfer("10.0.0.1", 29500, 1, 2, max_bucket_bytes=manifest.max_bucket_bytes - 1)
+        worker.init_weight_transfer(
+            TransferGroup("10.0.0.1", 29500, 1, 2, "nccl", 300.0, manifest.max_bucket_bytes - 1)
+        )
         with pytest.raises(EngineError, match="does not fit"):
             worker.receive_weights(manifest, 2)
         assert worker.version == 0 and worker.engine.calls.count("pause_generation") == 0

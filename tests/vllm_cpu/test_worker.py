@@ -21,6 +21,7 @@ from rl_engine.data import PromptStream
 from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError
 from rl_engine.trainer import PolicyTrainer
+from rl_engine.types import TransferGroup
 from tests.vllm_cpu.conftest import figure, vllm_cpu_config
 
 pytestmark = pytest.mark.timeout(1800)  # one engine start on a loaded 2-core machine takes minutes
@@ -121,9 +122,7 @@ def test_weight_update_over_gloo(cfg, worker, trainer):
         )
     )
     join.start()
-    worker.init_weight_transfer(
-        address, port, 1, 2, max_bucket_bytes=manifest.max_bucket_bytes, backend="gloo", timeout_s=120
-    )
+    worker.init_weight_transfer(TransferGroup(address, port, 1, 2, "gloo", 120.0, manifest.max_bucket_bytes))
     join.join(120)
     sender = box["sender"]
     _perturb(trainer, seed=2)
