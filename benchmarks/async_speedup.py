@@ -8,7 +8,7 @@ One invocation prints one table (and ``--json PATH`` writes the raw figures)::
     .venv/bin/python benchmarks/async_speedup.py --smoke    # every part, a few steps once: a check that it runs
 
 (a) The real pipeline (actors, queue, admission gate, weight sync, partial rollout) with a rollout
-    worker and trainer whose *costs* come from the seeded model in ``tests.pipeline.simulated``:
+    worker and trainer whose *costs* come from the seeded model in ``harness.simulated``:
     D devices of S decode slots; ``sync`` time-shares all D devices (generate a batch of D*S
     sequences on D*S slots, then train on D devices); the async modes split them, D_r rollout
     devices (one rollouter each) and D_t = D - D_r training devices. See docs/pipeline.md for the
@@ -40,12 +40,12 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
+from harness.simulated import response_length  # noqa: E402
 from rl_engine.config import apply_overrides, parse_config  # noqa: E402
 from rl_engine.pipeline import run_experiment  # noqa: E402
 from rl_engine.pipeline.components import Components, Factory  # noqa: E402
 from rl_engine.presets import get_preset  # noqa: E402
 from rl_engine.sinks import MetricsSink  # noqa: E402
-from tests.pipeline.simulated import response_length  # noqa: E402
 
 
 class StepClock(MetricsSink):
@@ -124,10 +124,10 @@ def run_sim(mode: str, p: dict[str, Any], rollout_devices: int, steps: int) -> S
         "weight_mb": 4.0,
     }
     comps = Components(
-        worker=Factory("tests.pipeline.simulated:sim_worker", worker),
-        prompts=Factory("tests.pipeline.simulated:sim_prompts"),
-        reward=Factory("tests.pipeline.simulated:sim_reward"),
-        trainer=Factory("tests.pipeline.simulated:sim_trainer", trainer),
+        worker=Factory("harness.simulated:sim_worker", worker),
+        prompts=Factory("harness.simulated:sim_prompts"),
+        reward=Factory("harness.simulated:sim_reward"),
+        trainer=Factory("harness.simulated:sim_trainer", trainer),
         prepare=None,
     )
     cfg = parse_config(

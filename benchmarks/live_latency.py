@@ -99,7 +99,7 @@ class Deployment:
     the source tree it runs (default: this one; benchmarks/live_load.py runs an older commit's as well)."""
 
     def __init__(self, kind: str, flush_s: float, probe_runs: int = 1, root: Path = ROOT) -> None:
-        from tests.private_redis import PrivateRedis
+        from harness.private_redis import PrivateRedis
 
         self.kind, self.root = kind, root
         self.var_dir = Path(tempfile.mkdtemp(prefix="rlp-live-", dir="/tmp"))

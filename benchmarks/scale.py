@@ -421,12 +421,12 @@ def measure_rollout(
 
 @contextlib.contextmanager
 def _private_ray(logs: Path) -> Any:
-    """A one-node Ray of this benchmark (``ray start``, tests.ray_cluster: it starts under load too); its
+    """A one-node Ray of this benchmark (``ray start``, harness.ray_cluster: it starts under load too); its
     actors see no ``MALLOC_*`` variable (glibc as in a run)."""
     import ray
 
+    from harness.ray_cluster import LocalRayCluster
     from rl_engine.rollout.heap import MMAP_THRESHOLD_ENV
-    from tests.ray_cluster import LocalRayCluster
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != MMAP_THRESHOLD_ENV}
     with LocalRayCluster(logs, env=env).started(head_cpus=2) as cluster:

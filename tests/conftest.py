@@ -127,10 +127,10 @@ def redis_url() -> str:
 @pytest.fixture
 def redis_bus(settings, tmp_path) -> Iterator[str]:
     """The live bus on Redis in both deployments: the production pass's Redis (REDIS_URL), else a
-    private redis-server started for the test (tests/private_redis.py), so that what only the Redis bus
+    private redis-server started for the test (harness/private_redis.py), so that what only the Redis bus
     does (another process's hub, a burst read in batches) is tested on the embedded default too.
     Channels under a prefix of the test's own. Returns the Redis URL."""
-    from tests.private_redis import PrivateRedis, require_redis_server
+    from harness.private_redis import PrivateRedis, require_redis_server
 
     url, server = os.environ.get("REDIS_URL", ""), None
     if not url:

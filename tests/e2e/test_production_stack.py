@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from experiments.models import Run
+from harness.private_redis import PrivateRedis, require_redis_server
 from scripts.platform_stack import Api, Follower, PlatformStack
 from tests.conftest import SESSION_QUEUE, child_process_env, wait_for
 from tests.launcher.engine_runs import db_points, jsonl_records, tiny_config
-from tests.private_redis import PrivateRedis, require_redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

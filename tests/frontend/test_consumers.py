@@ -360,7 +360,7 @@ async def test_the_stream_survives_the_bus_going_away_and_listens_again_when_it_
     again (a restarted Redis forgot it) and live messages flow. No point is lost or sent twice. The data
     is published by another web process (its own bus: a process's own followers get its messages
     without the bus)."""
-    from tests.private_redis import PrivateRedis, require_redis_server
+    from harness.private_redis import PrivateRedis, require_redis_server
     from tracking import live
     from tracking.bus import RedisBus
 
@@ -417,7 +417,7 @@ async def test_the_first_publish_after_a_redis_restart_reaches_the_followers(tmp
     process does not lose its first live message after every restart (found by the production stack's
     two-process test); the same for a Celery worker's publish. Publisher and reader are separate buses,
     as they are separate processes in production."""
-    from tests.private_redis import PrivateRedis, require_redis_server
+    from harness.private_redis import PrivateRedis, require_redis_server
     from tracking.bus import BusUnavailable, Envelope, RedisBus
 
     require_redis_server()

@@ -1,5 +1,5 @@
 """The launcher's ``address`` provider submits a run to a multi-node Ray cluster: two worker nodes join the
-stack's Ray head (``ray start --address``, tests.ray_cluster), one with the custom resource
+stack's Ray head (``ray start --address``, harness.ray_cluster), one with the custom resource
 ``trainer_node``, one with ``rollout_node``; a run of a two-rank trainer group asks for them per role
 (docs/deploy.md, "Multi-node clusters"), goes through the real stack (Celery worker, Jobs API, the
 engine's HTTP sink) to success, and Ray placed both trainer ranks on the trainer node and the rollouter
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.ray_cluster import LocalRayCluster
 from tests.launcher.engine_runs import db_points, jsonl_points, tiny_config
 from tests.launcher.test_run_lifecycle import wait_state
-from tests.ray_cluster import LocalRayCluster
 
 # extended: 2-4 min (a real multi-node cluster); the address provider runs in CI through
 # test_run_lifecycle's existing-cluster test, the trainer group across ranks through tests/pipeline.

@@ -1,6 +1,6 @@
 """Shared fixtures: one private Ray instance per test session, a recording sink, configs.
 
-The simulated rollout worker/trainer (tests.pipeline.simulated) stand in for GPU inference
+The simulated rollout worker/trainer (harness.simulated) stand in for GPU inference
 engines in orchestration tests only; tests about learning, parity or log-probs use the real HF
 worker and PolicyTrainer on the tiny model.
 """
@@ -115,7 +115,7 @@ def sim_config(**overrides: Any) -> ExperimentConfig:
 def sim_components(worker: dict | None = None, trainer: dict | None = None) -> Components:
     return Components(
         worker=Factory(
-            "tests.pipeline.simulated:sim_worker",
+            "harness.simulated:sim_worker",
             {
                 "slots": 8,
                 "decode_step_s": 0.0005,
@@ -125,8 +125,8 @@ def sim_components(worker: dict | None = None, trainer: dict | None = None) -> C
                 **(worker or {}),
             },
         ),
-        prompts=Factory("tests.pipeline.simulated:sim_prompts"),
-        reward=Factory("tests.pipeline.simulated:sim_reward"),
-        trainer=Factory("tests.pipeline.simulated:sim_trainer", {"train_token_s": 0.0001, **(trainer or {})}),
+        prompts=Factory("harness.simulated:sim_prompts"),
+        reward=Factory("harness.simulated:sim_reward"),
+        trainer=Factory("harness.simulated:sim_trainer", {"train_token_s": 0.0001, **(trainer or {})}),
         prepare=None,
     )

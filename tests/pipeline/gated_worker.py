@@ -9,9 +9,9 @@ import os
 import time
 from typing import Any
 
+from harness.simulated import SimRolloutWorker
 from rl_engine.config import ExperimentConfig
 from rl_engine.types import Prompt, Sample
-from tests.pipeline.simulated import SimRolloutWorker
 
 GATE_WAIT_S = 60.0  # a gate that never opens releases the call after this (the test then fails)
 

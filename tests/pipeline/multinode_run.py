@@ -1,4 +1,4 @@
-"""A whole run on a real two-node Ray cluster on this machine (``tests.ray_cluster``: ``ray start`` a head
+"""A whole run on a real two-node Ray cluster on this machine (``harness.ray_cluster``: ``ray start`` a head
 and a worker node): the head has the custom resource ``trainer_node``, the other node ``rollout_node``;
 the config asks for them per role, so Ray must place both trainer ranks on the head and the rollouter
 on the other node. The factories record where each actor was built. Prints one JSON line. Usage:
@@ -37,12 +37,12 @@ def placed_worker(cfg: Any, out_dir: str, index: int = 0) -> Any:
 
 
 def main(model_dir: str, tmp: str) -> None:
+    from harness.ray_cluster import LocalRayCluster
     from rl_engine.jobspec import Placement
     from rl_engine.pipeline import run_experiment
     from rl_engine.pipeline.components import Components, Factory
     from tests.pipeline.conftest import RecordingSink
     from tests.pipeline.test_trainer_group_pipeline import group_cfg
-    from tests.ray_cluster import LocalRayCluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from harness.simulated import SimPromptStream
 from rl_engine.config import apply_overrides, parse_config
 from rl_engine.pipeline.components import real_prompts, real_worker
 from rl_engine.pipeline.knobs import StalenessViolation, knobs_from_config
@@ -22,7 +23,6 @@ from rl_engine.pipeline.trainer_actor import TrainerActor
 from rl_engine.presets import get_preset
 from rl_engine.types import PauseState
 from tests.pipeline.conftest import group, sim_components, sim_config
-from tests.pipeline.simulated import SimPromptStream
 
 _WAIT_S = 120.0  # generous: the machine is shared; nothing below is timed
 

@@ -381,7 +381,7 @@ async def test_the_fronts_stored_points_are_published_to_the_runs_followers(fron
 async def test_with_the_throttle_counters_store_away_the_front_still_stores(front, world, settings, tmp_path):
     """The ingest throttle lets a run's own token through while its store (a private Redis, killed) is
     away: the front stores and answers alone, with no detour through Django and no 500."""
-    from tests.private_redis import PrivateRedis, require_redis_server
+    from harness.private_redis import PrivateRedis, require_redis_server
 
     require_redis_server()
     server = PrivateRedis(tmp_path)

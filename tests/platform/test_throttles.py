@@ -177,7 +177,7 @@ def test_on_redis_the_throttle_counts_with_one_pipelined_round_trip_not_the_cach
 @pytest.fixture
 def private_cache(settings, tmp_path):
     """The throttle counters in a private Redis (the shared one is never stopped): (server, stop, start)."""
-    from tests.private_redis import PrivateRedis, require_redis_server
+    from harness.private_redis import PrivateRedis, require_redis_server
 
     require_redis_server()
     server = PrivateRedis(tmp_path)

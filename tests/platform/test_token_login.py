@@ -127,7 +127,7 @@ def test_tokens_made_by_logging_in_count_against_the_users_token_rate(team, rate
 
 def test_while_the_throttle_store_is_away_a_login_is_503_with_retry_after(team, settings, tmp_path):
     """The cache's Redis killed: no token is made uncounted; once it is back, logging in works again."""
-    from tests.private_redis import PrivateRedis, require_redis_server
+    from harness.private_redis import PrivateRedis, require_redis_server
 
     require_redis_server()
     redis = PrivateRedis(tmp_path)
