@@ -1,5 +1,5 @@
 """Which classes the pipeline actors build: the real engine parts by default, simulated ones in the
-orchestration tests and the long-tail benchmark (``tests/pipeline/simulated.py``: GPU engines cannot
+orchestration tests and the long-tail benchmark (``harness/simulated.py``: GPU engines cannot
 run here; the simulated parts model their *costs*, everything around them — actors, queue, sync,
 gates — is the real code).
 
