@@ -5,7 +5,7 @@ advances the run's point counter (``RunProgress.points``) in the same transactio
 are numbered by that counter without gaps or overlaps, in commit order, and a batch's rows hold the
 run's ids from its first to its last, no other (ids are taken under the lock). A batch is a ``Span``:
 the counter before and after it, and its first and last ids. Each live metrics message names the spans
-it carries (``tracking.live.layer_message``).
+it carries (in its envelope's header: ``tracking.bus.Envelope.spans``).
 
 A follower's ``Coverage`` starts at the counter read when it connected and moves forward over every span
 that arrives live. Its poll then reads one row (the counter and the last id, ``RunProgress``) and
