@@ -76,9 +76,27 @@ def state_of(run_id: int) -> str:
     return Run.objects.values_list("state", flat=True).get(pk=run_id)
 
 
-def wait_state(run_id: int, state: str, timeout_s: float = 120) -> Run:
-    wait_for(lambda: state_of(run_id) == state, timeout_s=timeout_s, interval_s=0.2,
-             message=f"run {run_id} to be {state}")  # fmt: skip
+def run_story(run_id: int) -> str:
+    """What a run did, for a wait that timed out: its state, its events and its job's log tail."""
+    run = Run.objects.get(pk=run_id)
+    events = [f"{e.kind}: {e.message}" for e in run.events.order_by("seq")][-40:]
+    log = ""
+    if run.cluster_address and run.ray_job_id:
+        try:
+            log = "\n".join(job_log_lines(run)[-40:])
+        except Exception as exc:
+            log = f"(job log unreadable: {exc})"
+    return f"state {run.state}\nevents:\n" + "\n".join(events) + f"\njob log tail:\n{log}"
+
+
+def wait_state(run_id: int, state: str, timeout_s: float = 300) -> Run:
+    """Wait for ``run_id`` to reach ``state``. The bound is for a hang, not a speed claim: CI runs this
+    beside the production pass on 2 cores, where a cold Ray head and a job start take minutes."""
+    try:
+        wait_for(lambda: state_of(run_id) == state, timeout_s=timeout_s, interval_s=0.2,
+                 message=f"run {run_id} to be {state}")  # fmt: skip
+    except pytest.fail.Exception as exc:
+        raise pytest.fail.Exception(f"{exc}\n{run_story(run_id)}") from None
     return Run.objects.get(pk=run_id)
 
 
