@@ -57,6 +57,7 @@ from rl_engine.config import (
     ResourcesConfig,
     parse_config,
 )
+from rl_engine.jobspec import InputPaths
 from rl_engine.presets import get_preset, preset_names
 from rl_engine.strict_url import url_problem
 
@@ -131,7 +132,7 @@ def _model_violations(model: ModelConfig, policy: PathPolicy) -> list[tuple[str,
         if problem:
             out.append(("model.tiny", problem))
     for field, value in (("path", model.path), ("tokenizer_path", model.tokenizer_path)):
-        if value is not None and not policy.model_ok(value):
+        if value is not None and policy.model_place(value) is None:
             where = (
                 f"under {roots_text(policy.model_roots)} (MODEL_ROOTS) or an allowed model "
                 f"({list_text(policy.allowed_models)})"
@@ -277,21 +278,71 @@ def config_violations(
     return out
 
 
+def resolved_inputs(cfg: ExperimentConfig, project_id: int, policy: PathPolicy) -> InputPaths:
+    """Where the job of a permitted ``cfg`` in project ``project_id`` reads its model and data: each path
+    in the form the policy checked it (``PathPolicy.model_place``, ``PathPolicy.data_ref``: absolute; a
+    hub dataset in its hub-only form), and a model ``model.tiny`` builds or a dataset ``data.synthetic``
+    generates in the project's own folder (:func:`built_place`). Only what differs from the config."""
+    model = cfg.model
+    model_path = policy.model_place(model.path) or model.path
+    if model.tiny is not None and policy.model_roots:
+        model_path = str(built_place(policy.model_roots[0], project_id, model.path))
+    found: dict[str, str | None] = {
+        "model_path": model_path,
+        "tokenizer_path": (policy.model_place(model.tokenizer_path) or model.tokenizer_path)
+        if model.tokenizer_path
+        else None,
+    }
+    data = cfg.data
+    if isinstance(data, JsonlDataConfig | DatasetDataConfig):
+        hub = isinstance(data, DatasetDataConfig)
+        path = data.path
+        if hub and data.synthetic is not None and policy.data_roots:
+            path = str(built_place(policy.data_roots[0], project_id, data.path))
+        found["data_path"] = _data_place(path, policy, hub=hub)
+        found["validation_path"] = _data_place(data.validation_path, policy, hub=hub)
+    if (
+        isinstance(data, DatasetDataConfig)
+        and data.cache_dir
+        and policy.under(data.cache_dir, policy.data_roots)
+    ):
+        found["data_cache_dir"] = policy.absolute(data.cache_dir)
+    own = {
+        "model_path": model.path,
+        "tokenizer_path": model.tokenizer_path,
+        "data_path": getattr(data, "path", None),
+        "validation_path": getattr(data, "validation_path", None),
+        "data_cache_dir": getattr(data, "cache_dir", None),
+    }
+    return InputPaths(**{k: v for k, v in found.items() if v is not None and v != own[k]})
+
+
+def _data_place(value: str | None, policy: PathPolicy, *, hub: bool) -> str | None:
+    ref = policy.data_ref(value, hub=hub) if value else None
+    return ref.for_engine() if ref is not None else value
+
+
 @dataclass(frozen=True)
 class PermittedConfig:
-    """A config the platform's policy accepted for one project: what ``check_config`` answers, so that a
-    caller holding one (a sweep's planned point) hands it on and nothing checks it again."""
+    """A config the platform's policy accepted for one project, and where its job reads its inputs: what
+    ``check_config`` answers, so that a caller holding one (a sweep's planned point) hands it on and
+    nothing checks or resolves it again (``run_create`` stores ``inputs`` with the run, the launcher's
+    placement reads them back)."""
 
     config: ExperimentConfig
     project_id: int
+    inputs: InputPaths
 
 
-def check_config(cfg: ExperimentConfig, *, project: Project) -> PermittedConfig:
+def check_config(
+    cfg: ExperimentConfig, *, project: Project, policy: PathPolicy | None = None
+) -> PermittedConfig:
     """``cfg`` as permitted in ``project``; ConfigError naming the refused fields otherwise."""
-    problems = config_violations(cfg, allow_remote_code=bool(project.allow_trust_remote_code))
+    policy = policy or PathPolicy.from_settings()
+    problems = config_violations(cfg, allow_remote_code=bool(project.allow_trust_remote_code), policy=policy)
     if problems:
         raise ConfigError(problems)
-    return PermittedConfig(config=cfg, project_id=project.pk)
+    return PermittedConfig(config=cfg, project_id=project.pk, inputs=resolved_inputs(cfg, project.pk, policy))
 
 
 def check_resume_checkpoint(checkpoint: Checkpoint, *, project: Project) -> None:

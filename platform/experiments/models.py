@@ -64,6 +64,11 @@ class Run(models.Model):
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="runs")
     number = models.PositiveIntegerField(help_text="1, 2, ... within the experiment.")
     config = models.JSONField(help_text="The experiment config frozen at launch (normalised).")
+    # rl_engine.jobspec.InputPaths as the policy resolved them when the run was created
+    # (experiments.config_policy.resolved_inputs); null on rows from before it was stored.
+    inputs = models.JSONField(
+        null=True, blank=True, help_text="Where the job reads the config's model and data paths."
+    )
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
     priority = models.IntegerField(default=0, help_text="Higher starts first.")
     provider = models.CharField(max_length=16, choices=Provider.choices, default=Provider.LOCAL)

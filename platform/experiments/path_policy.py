@@ -98,8 +98,13 @@ class PathPolicy:
     def under(self, value: str, roots: tuple[Path, ...]) -> bool:
         return any(is_inside(self.absolute(value), root) for root in roots)
 
-    def model_ok(self, value: str) -> bool:
-        return value in self.allowed_models or self.under(value, self.model_roots)
+    def model_place(self, value: str) -> str | None:
+        """Where the job reads a model field's ``value``: an allowed model's name as it is, a path under
+        MODEL_ROOTS made absolute; None where the policy refuses it. The one resolution of a model path
+        for both the check and the placement."""
+        if value in self.allowed_models:
+            return value
+        return self.absolute(value) if self.under(value, self.model_roots) else None
 
     def data_ref(self, value: str, *, hub: bool) -> DataRef | None:
         """A path under DATA_ROOTS, else (where ``hub``) a hub id ``namespace/name`` or its

@@ -166,18 +166,20 @@ def run_create(
     config: ExperimentConfig | PermittedConfig | None = None,
     provider: str = "",
 ) -> Run:
-    """Launch: freeze the config (``config``, else the experiment's) into a queued run, announced as
+    """Launch: freeze the config (``config``, else the experiment's) and where its job reads its inputs
+    (``PermittedConfig.inputs``) into a queued run, announced as
     :class:`RunQueued` (the launcher enqueues its start once the run is committed). The experiment's
     stored config is read back with the engine's schema (it may predate it) and the platform's policy
     is checked again (the experiment may predate it, or its project's rights changed): ConfigError when
     either refuses; CheckpointRefused when ``resumed_from_checkpoint`` is not this project's to resume.
     A ``PermittedConfig`` of the experiment's project was checked by the caller and is not again."""
     if isinstance(config, PermittedConfig) and config.project_id == experiment.project_id:
-        frozen = config.config
+        permitted = config
     else:
         raw = config.config if isinstance(config, PermittedConfig) else config
-        frozen = raw if raw is not None else stored_config(experiment)
-        check_config(frozen, project=experiment.project)
+        permitted = check_config(
+            raw if raw is not None else stored_config(experiment), project=experiment.project
+        )
     if resumed_from_checkpoint is not None:
         check_resume_checkpoint(resumed_from_checkpoint, project=experiment.project)
     with transaction.atomic():
@@ -187,7 +189,8 @@ def run_create(
             experiment=experiment,
             project_id=experiment.project_id,
             number=number,
-            config=stored(frozen),
+            config=stored(permitted.config),
+            inputs=permitted.inputs.model_dump(mode="json", exclude_none=True),
             state=RunState.QUEUED,
             priority=priority,
             created_by=user,

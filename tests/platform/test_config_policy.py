@@ -12,12 +12,17 @@ import pytest
 from django.conf import settings as django_settings
 
 from accounts.services import project_create
-from experiments.config_policy import CheckpointRefused, check_resume_checkpoint, preset_document
+from experiments.config_policy import (
+    CheckpointRefused,
+    check_resume_checkpoint,
+    preset_document,
+    resolved_inputs,
+)
 from experiments.models import Experiment, Run, RunState
 from experiments.path_policy import PathPolicy
 from experiments.run_files import checkpoint_folder, run_folder
 from experiments.services import run_create, run_transition
-from launcher.placement import input_paths, run_placement
+from launcher.placement import run_placement
 from launcher.services import job_spec
 from rl_engine.config import parse_config
 from rl_engine.config.moved import MOVED
@@ -389,12 +394,12 @@ def test_an_allow_list_entry_the_strict_parser_refuses_allows_nothing(team, sett
 
 def test_the_job_reads_the_checked_paths_and_its_trackers_write_into_its_folder(team, experiment, settings):
     settings.ENGINE_WORKDIR = str(DATA_ROOT.parent)
-    run = run_create(experiment=experiment, user=None)
-    folder = run_folder(run)
     raw = dataset(path=f"{DATA_ROOT.name}/x/../gsm", validation_path="var/runs", cache_dir=None)
     raw["logging"] = {"sinks": ["stdout", "mlflow", "wandb"], "mlflow": {"tracking_uri": "sqlite:///team.db"}}
     raw["model"]["path"] = f"{MODEL_ROOT.relative_to(DATA_ROOT.parent)}/tiny"
     cfg = parse_config(raw)
+    run = run_create(experiment=experiment, user=None, config=cfg)
+    folder = run_folder(run)
     placement = run_placement(run, cfg)
     spec = JobSpec(config=cfg, placement=placement).run_config()
     # model.tiny builds in the project's own folder (tests/platform/test_trust_boundary_paths.py)
@@ -414,9 +419,28 @@ def test_the_job_reads_the_checked_paths_and_its_trackers_write_into_its_folder(
     plain = parse_config({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}})
     settings.ALLOWED_MODELS = ["Qwen/Qwen2.5-0.5B-Instruct"]
     assert (
-        input_paths(plain, team["project"].pk, PathPolicy.from_settings()).model_dump(exclude_defaults=True)
+        resolved_inputs(plain, team["project"].pk, PathPolicy.from_settings()).model_dump(
+            exclude_defaults=True
+        )
         == {}
     )
+
+
+def test_a_run_is_placed_where_its_inputs_were_resolved_when_it_was_created(team, experiment, settings):
+    """The launcher reads the inputs run_create stored (one resolution per run): a queued run keeps them
+    when the engine's working directory changes before it starts. A row from before they were stored
+    (``inputs`` null) is resolved at launch by the same function."""
+    settings.ENGINE_WORKDIR = str(DATA_ROOT.parent)
+    raw = dataset(path=f"{DATA_ROOT.name}/gsm", validation_path=None, cache_dir=None)
+    cfg = parse_config(raw)
+    run = run_create(experiment=experiment, user=None, config=cfg)
+    stored = Run.objects.get(pk=run.pk)
+    assert stored.inputs["data_path"] == str(DATA_ROOT / "gsm")
+    settings.ENGINE_WORKDIR = str(DATA_ROOT)  # the relative path would now resolve elsewhere
+    assert run_placement(stored, cfg).inputs.data_path == str(DATA_ROOT / "gsm")
+    Run.objects.filter(pk=run.pk).update(inputs=None)
+    old_row = Run.objects.get(pk=run.pk)
+    assert run_placement(old_row, cfg).inputs.data_path == str(DATA_ROOT / DATA_ROOT.name / "gsm")
 
 
 def test_the_served_dataset_preset_generates_its_data_under_a_data_root(team):
