@@ -2,7 +2,7 @@
 
 A Qwen2.5-0.5B-shaped model (494M parameters, random weights; Qwen2 architecture, 151,936-token vocabulary)
 with float32 master weights and AdamW, trained by ``PolicyTrainer`` on 1, 2 or 3 ranks in local processes
-(``rl_engine.trainer.local_group``, the same trainer the Ray group runs). Per rank it reports:
+(``harness.trainer_group``, the same trainer the Ray group runs). Per rank it reports:
 
 - ``state_gib``: the bytes of this rank's parameters + gradients + AdamW state after a step (counted from
   the tensors it holds: a rank's shards when sharded); the goal is <= 1/N + 10% of the one-rank figure;
@@ -85,10 +85,10 @@ class _RssPeak:
 
 def measure(ranks: Any, payload: dict[str, Any]) -> dict[str, float]:
     """One rank's figures (the target ``spawn_group`` runs in each rank's process)."""
+    from harness.trainer_group import synthetic_samples
     from rl_engine.config import apply_overrides, parse_config
     from rl_engine.presets import get_preset
     from rl_engine.trainer import PolicyTrainer
-    from rl_engine.trainer.local_group import synthetic_samples
 
     data = get_preset("demo-cpu")
     data["model"] = {"path": payload["model_dir"], "dtype": "bfloat16"}
@@ -146,8 +146,8 @@ def main() -> None:
     if args.smoke:  # the code paths of the full run at tiny sizes (run_all.py --smoke): figures mean nothing
         args.quick, args.steps, args.worlds = True, 0, args.worlds or "2"
 
+    from harness.trainer_group import spawn_group
     from rl_engine.models.shaped import save_shaped_model
-    from rl_engine.trainer.local_group import spawn_group
 
     worlds = [int(w) for w in (args.worlds or ("1,2" if args.quick else "1,2,3")).split(",")]
     shape = (

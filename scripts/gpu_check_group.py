@@ -90,8 +90,8 @@ def main() -> int:
     import numpy as np
     import torch
 
+    from harness.trainer_group import spawn_group, synthetic_samples
     from rl_engine.models.shaped import save_shaped_model
-    from rl_engine.trainer.local_group import spawn_group, synthetic_samples
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"check": "trainer_group", "ok": False, "error": "no CUDA device"}))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.trainer_group import TrainJob
 from rl_engine.trainer import PolicyTrainer
 from rl_engine.trainer.distributed import Ranks
-from rl_engine.trainer.local_group import TrainJob
 
 
 def train_save_train(ranks: Ranks, payload: tuple[TrainJob, str, int]) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import re
 import numpy as np
 import pytest
 
+from harness.trainer_group import TrainJob, spawn_group, synthetic_samples
 from rl_engine.trainer import PolicyTrainer
 from rl_engine.trainer.distributed import row_blocks, split_by_tokens
-from rl_engine.trainer.local_group import TrainJob, spawn_group, synthetic_samples
 
 LR = 1e-3
 STEPS = 3
@@ -89,7 +89,7 @@ def make_cfg(tiny_model_dir):  # module scope for the module-scoped fixtures abo
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.extended)])  # 3: an uneven split
 def test_group_reaches_the_single_rank_parameters(world, jobs, single):
-    group = spawn_group(world, "rl_engine.trainer.local_group:train_on", jobs, timeout_s=900)
+    group = spawn_group(world, "harness.trainer_group:train_on", jobs, timeout_s=900)
     for case, ref, got in zip(CASES, single, group[0], strict=True):
         ref_w, got_w = ref["weights"], got["weights"]
         assert ref_w.keys() == got_w.keys()
