@@ -3,7 +3,7 @@ with the source tree under test first on its path, so an older commit brings its
 
 Each of ``len(tokens)`` threads drives one real ``HttpSink`` the way the demo run logs: a step every
 ``step_s`` (30 keys), four samples every second, heartbeats as configured. Every request the sink
-sends is timed (the sink's own method, wrapped): the first time a request carrying a step was sent is
+sends is timed (the sink's request observer; in an older tree, its own method wrapped): the first time a request carrying a step was sent is
 that step's POST time. Returns, per run: the steps logged, their POST times, requests and failed
 requests by endpoint, and the spool left undelivered after ``close``; under ``_cpu_s`` the CPU seconds
 this process used.
@@ -11,6 +11,7 @@ this process used.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import time
@@ -25,21 +26,30 @@ def _drive(sink_cls: type, url: str, token: str, run_id: int, spool: str, stop_a
     counts: dict[str, int] = {}
     failed: dict[str, int] = {}
 
-    class TimedSink(sink_cls):  # type: ignore[misc,valid-type]
-        def _post_once(self, *args: Any) -> Any:  # (endpoint, body, token), after it (pool, ...)
-            endpoint, body = args[-3], args[-2]
-            now = time.time()
-            for p in body.get("points", ()):
-                sent.setdefault(p["step"], now)
-            counts[endpoint] = counts.get(endpoint, 0) + 1
-            try:
-                return super()._post_once(*args)
-            except Exception as exc:
-                kind = f"{endpoint}: {type(exc).__name__} {str(exc)[:80]}"
-                failed[kind] = failed.get(kind, 0) + 1
-                raise
+    def observe(endpoint: str, body: dict[str, Any], sent_at: float, error: BaseException | None) -> None:
+        for p in body.get("points", ()):
+            sent.setdefault(p["step"], sent_at)
+        counts[endpoint] = counts.get(endpoint, 0) + 1
+        if error is not None:
+            kind = f"{endpoint}: {type(error).__name__} {str(error)[:80]}"
+            failed[kind] = failed.get(kind, 0) + 1
 
-    sink = TimedSink(url, token, run_id, spool_dir=spool)
+    if "observer" in inspect.signature(sink_cls).parameters:
+        sink = sink_cls(url, token, run_id, spool_dir=spool, observer=observe)
+    else:  # a tree from before the sink had an observer (a side-by-side with an older commit)
+
+        class TimedSink(sink_cls):  # type: ignore[misc,valid-type]
+            def _post_once(self, *args: Any) -> Any:  # (endpoint, body, token), after it (pool, ...)
+                endpoint, body, now = args[-3], args[-2], time.time()
+                try:
+                    answer = super()._post_once(*args)
+                except Exception as exc:
+                    observe(endpoint, body, now, exc)
+                    raise
+                observe(endpoint, body, now, None)
+                return answer
+
+        sink = TimedSink(url, token, run_id, spool_dir=spool)
     step, t0 = 0, time.monotonic()
     while time.monotonic() < stop_at:
         sink.log_metrics(step, {f"load/k{k:02d}": float((step * 31 + k) % 97) for k in range(KEYS)})
@@ -54,7 +64,7 @@ def _drive(sink_cls: type, url: str, token: str, run_id: int, spool: str, stop_a
         "sent": sent,
         "requests": counts,
         "failed": failed,
-        "undelivered_bytes": sink._spool_backlog(),
+        "undelivered_bytes": sink.backlog() if hasattr(sink, "backlog") else sink._spool_backlog(),
     }
 
 

@@ -7,19 +7,17 @@ reaches the platform within about 100 ms, and a fast engine still makes at most 
 endpoint per interval. Samples (prompts and responses, larger and only browsed) wait up to
 ``samples_interval_s`` (1 s) and go in one request, so they do not delay the metrics behind them.
 
-The sender keeps one keep-alive HTTP connection to the platform (urllib3; the heartbeat thread has its
-own) and has at most one request in flight: what is logged while a request is answered waits and goes
-in the next one (up to ``MAX_POINTS_PER_REQUEST`` items a request). So its request rate follows the
-platform's answer time instead of piling up requests on a busy server, and no request pays for a new
-TCP connection. A connection the server closed while idle is noticed before it is reused; one that
-fails mid-request is tried once more on a new connection (every POST is idempotent, see below).
+The sender has at most one request in flight (``ingest_client``: a keep-alive connection for the data,
+another for heartbeats): what is logged while a request is answered waits and goes in the next one (up to
+``MAX_POINTS_PER_REQUEST`` items a request). So its request rate follows the platform's answer time
+instead of piling up requests on a busy server, and no request pays for a new TCP connection.
 
-Every batch is first appended to a JSONL spool file on disk, and a cursor file records how many bytes
-of it were delivered, after each delivered batch: while the platform is unreachable the backlog grows
-there and is delivered, in order, once it answers again — so a web-server restart mid-run loses
-nothing, and a crash of the engine costs at most the one batch in flight being sent again. Re-sending
-is harmless: metric ingestion is idempotent on (run, key, step), and event and sample batches carry a
-``batch_id`` (given when spooled) that the platform stores once.
+Every batch is first appended to a JSONL spool file on disk (``spool``), and a cursor file records how
+many bytes of it were delivered, after each delivered batch: while the platform is unreachable the
+backlog grows there and is delivered, in order, once it answers again — so a web-server restart mid-run
+loses nothing, and a crash of the engine costs at most the one batch in flight being sent again.
+Re-sending is harmless: metric ingestion is idempotent on (run, key, step), and event and sample batches
+carry a ``batch_id`` (given when spooled) that the platform stores once.
 
 What the platform answers decides what happens to a batch (``http_replies``): an outage or a 5xx is
 retried with backoff, a 429 waits for ``Retry-After``, a batch refused as too large (413) is split in
@@ -42,18 +40,13 @@ launcher sets) or ``RL_ENGINE_INGEST_TOKEN`` (the token itself, for a user of th
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
-
-import urllib3
 
 from rl_engine import wire
 from rl_engine.jobspec import IngestSpec
@@ -63,43 +56,25 @@ from rl_engine.sinks.http_replies import (
     DeliveryRejected,
     Throttled,
     bad_item_indices,
-    classify,
     is_rejection_alert,
     rejection_alert,
     with_items,
 )
+from rl_engine.sinks.ingest_client import IngestClient, RequestObserver, read_token_file
+from rl_engine.sinks.spool import Spool, SpooledBatch
 
 MAX_POINTS_PER_REQUEST = 1000  # the server accepts up to 5000; smaller batches retry cheaply
 
 __all__ = ["AccessRefused", "DeliveryRejected", "HttpSink", "Throttled", "read_token_file"]
 
 
-def _connection_pool(url: str, timeout_s: float) -> urllib3.HTTPConnectionPool:
-    """One keep-alive connection to ``url``'s host: a second request waits for it, never opens another."""
-    timeout = urllib3.Timeout(total=timeout_s)
-    return urllib3.connection_from_url(url, maxsize=1, block=True, timeout=timeout, retries=False)
-
-
-def read_token_file(path: str | Path) -> str:
-    """The ingest token in ``path`` (ASCII ``rlp_…``, surrounding whitespace stripped); a clear
-    ValueError when it cannot be read or is empty."""
-    try:
-        with open(path, encoding="ascii") as fh:
-            token = fh.read().strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read the ingest token file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"the ingest token file {path} does not hold an ASCII token") from None
-    if not token:
-        raise ValueError(f"the ingest token file {path} is empty")
-    return token
-
-
 class HttpSink(MetricsSink):
-    """MetricsSink that posts to ``{url}/api/runs/{run_id}/{metrics|events|samples|heartbeat}``.
+    """MetricsSink that posts to ``{url}/api/runs/{run_id}/{metrics|events|samples|heartbeat}``
+    (``ingest_client``), through its spool (``spool``).
 
     ``token`` is the ingest token; with ``token_file`` (and no ``token``) it is read from that file, and
-    read again when the platform refuses it (401), in case the platform wrote a new one."""
+    read again when the platform refuses it (401), in case the platform wrote a new one. ``observer`` is
+    told of every request (``ingest_client.RequestObserver``)."""
 
     def __init__(
         self,
@@ -115,30 +90,25 @@ class HttpSink(MetricsSink):
         request_timeout_s: float = 10.0,
         close_timeout_s: float = 60.0,
         max_backoff_s: float = 5.0,
+        observer: RequestObserver | None = None,
     ) -> None:
-        self._token_file = Path(token_file) if token_file else None
-        if not token and self._token_file is not None:
-            token = read_token_file(self._token_file)
+        token_path = Path(token_file) if token_file else None
+        if not token and token_path is not None:
+            token = read_token_file(token_path)
         if not url or not token or not str(run_id):
             raise ValueError("HttpSink needs the platform URL, an ingest token and the run id")
-        self.base = f"{url.rstrip('/')}/api/runs/{run_id}"
-        self._path = f"{urllib3.util.parse_url(url).path or ''}".rstrip("/") + f"/api/runs/{run_id}"
-        # One keep-alive connection for the data (the flusher's one request in flight), one for heartbeats.
-        self._data_pool = _connection_pool(url, request_timeout_s)
-        self._heartbeat_pool = _connection_pool(url, request_timeout_s)
-        self._token = token
-        self._token_lock = threading.Lock()
+        self.client = IngestClient(
+            url, token, run_id, token_file=token_path, request_timeout_s=request_timeout_s, observer=observer
+        )
         self.flush_interval_s = flush_interval_s
         self.samples_interval_s = samples_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.request_timeout_s = request_timeout_s
         self.close_timeout_s = close_timeout_s
         self.max_backoff_s = max_backoff_s
-        spool_root = Path(spool_dir) if spool_dir else Path(tempfile.gettempdir()) / "rl_engine_spool"
-        spool_root.mkdir(parents=True, exist_ok=True)
-        self.spool_path = spool_root / f"run-{run_id}.jsonl"
-        self._cursor_path = spool_root / f"run-{run_id}.cursor"
-        self.rejected_path = spool_root / f"run-{run_id}.rejected.jsonl"  # what the platform refused
+        self.spool = Spool(
+            Path(spool_dir) if spool_dir else Path(tempfile.gettempdir()) / "rl_engine_spool", run_id
+        )
         self._pending: list[tuple[str, dict[str, Any]]] = []  # (endpoint, one point or event)
         self._first_pending_at = 0.0  # monotonic time the oldest pending item was queued
         self._samples: list[dict[str, Any]] = []  # each with its step
@@ -148,15 +118,14 @@ class HttpSink(MetricsSink):
         self._backoff_s = 0.0
         # When to try the spooled backlog again after a failed delivery (None: nothing to retry). A spool
         # left by an earlier process (a crash) is delivered right away.
-        self._retry_at: float | None = time.monotonic() if self._spool_backlog() > 0 else None
+        self._retry_at: float | None = time.monotonic() if self.spool.backlog() > 0 else None
         self._throttled = False  # the spool's last attempt was a 429
         self._last_heartbeat_ok = time.monotonic()
         # Set when the platform refuses the token for good: nothing more is sent, the spool is kept.
         self.refused: AccessRefused | None = None
         self._stop_heartbeat = threading.Event()
         self.delivered_requests = 0
-        self.throttled_responses = 0  # 429 answers seen (spool and heartbeats)
-        self._last_error = ""
+        self.last_error = ""  # the last retryable failure, for a report
         self._flusher = threading.Thread(target=self._flush_loop, name="http-sink-flush", daemon=True)
         self._flusher.start()
         self._heartbeat = threading.Thread(
@@ -216,13 +185,21 @@ class HttpSink(MetricsSink):
         self._flusher.join(timeout=self.close_timeout_s + self.request_timeout_s + 5)
         self._stop_heartbeat.set()
         self._heartbeat.join(timeout=self.request_timeout_s + 1)
-        self._data_pool.close()
-        self._heartbeat_pool.close()
-        if self._spool_backlog() > 0 and self.refused is None:  # a refusal was reported when it came
+        self.client.close()
+        if self.spool.backlog() > 0 and self.refused is None:  # a refusal was reported when it came
             print(
-                f"http sink: the platform was unreachable; undelivered data is in {self.spool_path}",
+                f"http sink: the platform was unreachable; undelivered data is in {self.spool.path}",
                 file=sys.stderr,
             )
+
+    def backlog(self) -> int:
+        """Bytes recorded and not yet delivered (the spool's)."""
+        return self.spool.backlog()
+
+    @property
+    def throttled_responses(self) -> int:
+        """429 answers seen (data and heartbeats)."""
+        return self.client.throttled_responses
 
     # --- internals ---------------------------------------------------------------------------------------
 
@@ -287,12 +264,12 @@ class HttpSink(MetricsSink):
             if closing and deadline is None:
                 deadline = time.monotonic() + self.close_timeout_s
             for endpoint, body in self._take_batches(closing):
-                self._spool_append(endpoint, body)  # kept even when nothing can be sent any more
+                self.spool.append(endpoint, body)  # kept even when nothing can be sent any more
             self._deliver_spool()
             if closing:
                 with self._cond:
                     drained = not self._pending and not self._samples
-                if drained and (self._spool_backlog() == 0 or self.refused is not None):
+                if drained and (self.spool.backlog() == 0 or self.refused is not None):
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
@@ -302,43 +279,30 @@ class HttpSink(MetricsSink):
     def _deliver_spool(self) -> None:
         """Send spooled requests in order from the cursor, recording the cursor after each one; stop at
         the first failure worth retrying (the rest waits for the retry) or when the token is refused."""
-        if self.refused is not None or self._spool_backlog() == 0:
+        if self.refused is not None or self.spool.backlog() == 0:
             return
-        offset = self._read_cursor()
         try:
             if self._throttled and time.monotonic() - self._last_heartbeat_ok >= self.heartbeat_interval_s:
                 self._send_due_heartbeat()  # the token lives on heartbeats: a due one goes before the backlog
-            with open(self.spool_path, "rb") as fh:
-                fh.seek(offset)
-                for raw in fh:
-                    try:
-                        record = json.loads(raw)
-                    except ValueError:  # a torn last line (crash mid-write): skip it
-                        record = None
-                    if record is not None:
-                        self._deliver(record["endpoint"], record["body"])
-                    offset += len(raw)
-                    self._write_cursor(offset)  # a crash from here on re-sends nothing already delivered
-                    self._backoff_s, self._retry_at, self._throttled = 0.0, None, False
+            for batch, offset in self.spool.undelivered():
+                if batch is not None:
+                    self._deliver(batch.endpoint, batch.body)
+                self.spool.delivered_to(offset)  # a crash from here on re-sends nothing already delivered
+                self._backoff_s, self._retry_at, self._throttled = 0.0, None, False
         except AccessRefused as exc:
             self._refuse(exc)
-            return
         except Throttled as exc:
             self._schedule_retry(exc, retry_after_s=exc.retry_after_s)
             self._throttled = True
-            return
         except OSError as exc:  # no answer, a 5xx: try again later
             self._schedule_retry(exc)
-            return
-        if offset >= self.spool_path.stat().st_size:
-            self._reset_spool()
 
     def _deliver(self, endpoint: str, body: dict[str, Any]) -> None:
         """Post one spooled batch. One refused as too large (413) is sent as two halves; the items one
         refused as malformed (400) names are dropped and the rest sent; what cannot be sent at all is
         recorded and reported (``_reject``), never retried. Retryable failures propagate."""
         try:
-            self._post(endpoint, body)
+            self.client.post(endpoint, body)
             self.delivered_requests += 1
             return
         except AccessRefused:
@@ -365,12 +329,10 @@ class HttpSink(MetricsSink):
 
     def _reject(self, endpoint: str, body: dict[str, Any], exc: DeliveryRejected) -> None:
         """A batch the platform will never accept: kept in the rejected log, reported by an alert event."""
-        entry = {"endpoint": endpoint, "status": exc.status, "response": exc.response, "body": body}
-        with open(self.rejected_path, "ab") as fh:
-            fh.write(json.dumps(entry).encode() + b"\n")
+        self.spool.reject(SpooledBatch(endpoint, body), exc.status, exc.response)
         print(
             f"http sink: the platform rejected a {endpoint} batch (HTTP {exc.status}); it is kept in "
-            f"{self.rejected_path}: {exc}",
+            f"{self.spool.rejected_path}: {exc}",
             file=sys.stderr,
         )
         if not is_rejection_alert(endpoint, body):  # an alert about a refused alert could be refused too
@@ -382,60 +344,7 @@ class HttpSink(MetricsSink):
         if retry_after_s is None:
             self._backoff_s = min(self.max_backoff_s, max(0.25, self._backoff_s * 2))
         self._retry_at = time.monotonic() + (self._backoff_s if retry_after_s is None else retry_after_s)
-        self._last_error = str(exc)
-
-    def _post(
-        self, endpoint: str, body: dict[str, Any], pool: urllib3.HTTPConnectionPool | None = None
-    ) -> bytes:
-        """POST on ``pool`` (default: the data connection) with the current token; a 401 re-reads the
-        token file once and tries again with a new token. Raises what ``http_replies.classify`` makes of
-        an error answer, and OSError when no answer came."""
-        pool = self._data_pool if pool is None else pool
-        token = self._token
-        try:
-            return self._post_once(pool, endpoint, body, token)
-        except AccessRefused as exc:
-            if exc.status != 401 or not self._token_renewed(token):
-                raise
-        return self._post_once(pool, endpoint, body, self._token)
-
-    def _post_once(
-        self, pool: urllib3.HTTPConnectionPool, endpoint: str, body: dict[str, Any], token: str
-    ) -> bytes:
-        headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
-        data = json.dumps(body).encode()
-        for attempt in (1, 2):
-            try:
-                resp = pool.urlopen("POST", f"{self._path}/{endpoint}", body=data, headers=headers)
-                break
-            except urllib3.exceptions.ProtocolError as exc:
-                # The connection broke under the request: most often a keep-alive connection the server
-                # closed just as it was reused. Once more on a new one (every POST here is idempotent).
-                if attempt == 2:
-                    raise OSError(f"{endpoint}: {exc}") from exc
-            except urllib3.exceptions.HTTPError as exc:  # no answer (refused, timed out)
-                raise OSError(f"{endpoint}: {exc}") from exc
-        if resp.status < 300:
-            return resp.data
-        if resp.status == 429:
-            self.throttled_responses += 1
-        raise classify(resp.status, resp.headers, resp.data)
-
-    def _token_renewed(self, refused_token: str) -> bool:
-        """After a 401: is there a newer token (in the file, or already re-read by the other thread)?"""
-        with self._token_lock:
-            if self._token != refused_token:
-                return True
-            if self._token_file is None:
-                return False
-            try:
-                token = read_token_file(self._token_file)
-            except ValueError:
-                return False
-            if token == refused_token:
-                return False
-            self._token = token
-            return True
+        self.last_error = str(exc)
 
     def _refuse(self, exc: AccessRefused) -> None:
         """The platform refuses this sink for good: stop sending (once, said once), keep the spool."""
@@ -448,13 +357,13 @@ class HttpSink(MetricsSink):
         self._stop_heartbeat.set()
         print(
             f"http sink: the platform refuses this run's ingest token ({exc}); nothing more is sent. "
-            f"Everything recorded is kept in {self.spool_path} (delivered up to the byte offset in "
-            f"{self._cursor_path.name}).",
+            f"Everything recorded is kept in {self.spool.path} (delivered up to the byte offset in "
+            f"{self.spool.cursor_path.name}).",
             file=sys.stderr,
         )
 
-    def _send_heartbeat(self, pool: urllib3.HTTPConnectionPool | None = None) -> None:
-        self._post(wire.HEARTBEAT, {}, pool)
+    def _send_heartbeat(self, *, own_connection: bool = False) -> None:
+        self.client.post(wire.HEARTBEAT, {}, heartbeat=own_connection)
         self._last_heartbeat_ok = time.monotonic()
 
     def _send_due_heartbeat(self) -> None:
@@ -472,7 +381,7 @@ class HttpSink(MetricsSink):
         while True:
             wait = self.heartbeat_interval_s
             try:
-                self._send_heartbeat(self._heartbeat_pool)
+                self._send_heartbeat(own_connection=True)
             except AccessRefused as exc:
                 self._refuse(exc)
                 return
@@ -482,34 +391,3 @@ class HttpSink(MetricsSink):
                 pass
             if self._stop_heartbeat.wait(wait):
                 return
-
-    # The spool: every batch is appended before it is sent, and the cursor records what was delivered,
-    # so a platform outage (or a crash between send and acknowledgement) costs a resend, never a loss.
-    def _spool_append(self, endpoint: str, body: dict[str, Any]) -> None:
-        if endpoint in (wire.EVENTS, wire.SAMPLES):  # stored once by the platform however often it is sent
-            body = {**body, "batch_id": uuid.uuid4().hex}
-        with open(self.spool_path, "ab") as fh:
-            fh.write(json.dumps({"endpoint": endpoint, "body": body}).encode() + b"\n")
-
-    def _spool_backlog(self) -> int:
-        try:
-            return self.spool_path.stat().st_size - self._read_cursor()
-        except FileNotFoundError:
-            return 0
-
-    def _read_cursor(self) -> int:
-        try:
-            return int(self._cursor_path.read_text() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
-
-    def _write_cursor(self, offset: int) -> None:
-        tmp = self._cursor_path.with_suffix(".tmp")
-        tmp.write_text(str(offset))
-        tmp.replace(self._cursor_path)
-
-    def _reset_spool(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.spool_path.unlink()
-        with contextlib.suppress(FileNotFoundError):
-            self._cursor_path.unlink()

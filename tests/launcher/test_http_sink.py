@@ -108,7 +108,7 @@ def test_points_events_and_samples_arrive_batched_and_once(server, tmp_path):
     samples = [b for p, b in server.requests if p.endswith("/samples")]
     assert samples == [{"samples": [{"prompt": "a", "response": "b", "reward": 1.0, "step": 48},
                                     {"prompt": "c", "response": "d", "reward": 0.0, "step": 49}]}]  # fmt: skip
-    assert not sink.spool_path.exists()  # everything delivered: no backlog left behind
+    assert not sink.spool.path.exists()  # everything delivered: no backlog left behind
 
 
 def test_an_outage_is_spooled_to_disk_and_delivered_when_the_platform_returns(server, tmp_path):
@@ -116,7 +116,7 @@ def test_an_outage_is_spooled_to_disk_and_delivered_when_the_platform_returns(se
     sink = make_sink(server, tmp_path)
     for step in range(20):
         sink.log_metrics(step, {"reward/mean": float(step)})
-    wait_for(lambda: sink.spool_path.exists() and sink.spool_path.stat().st_size > 0, timeout_s=10,
+    wait_for(lambda: sink.spool.path.exists() and sink.spool.path.stat().st_size > 0, timeout_s=10,
              message="the undeliverable batches to be spooled")  # fmt: skip
     time.sleep(0.5)  # several failed attempts while down
     assert server.points() == []
@@ -194,9 +194,9 @@ def test_the_cursor_records_each_delivered_batch_before_the_next_is_sent(tmp_pat
         sink.log_metrics(1, {"x": 1.0})
         sink.log_event("status", "one pass: metrics, then this event")
         assert entered.wait(10)
-        first_line = sink.spool_path.read_bytes().split(b"\n")[0]
+        first_line = sink.spool.path.read_bytes().split(b"\n")[0]
         assert b'"endpoint": "metrics"' in first_line
-        assert int(sink._cursor_path.read_text()) == len(first_line) + 1  # the metrics batch is recorded
+        assert int(sink.spool.cursor_path.read_text()) == len(first_line) + 1  # the metrics batch is recorded
     finally:
         gate.set()
         sink.close()

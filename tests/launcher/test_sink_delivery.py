@@ -111,7 +111,7 @@ def test_a_batch_whose_reply_was_lost_is_sent_again_and_stored_once(
     assert Checkpoint.objects.filter(run=run).count() == 1
     assert Sample.objects.filter(run=run).count() == 1
     assert list(run.metric_points.values_list("key", "step", "value")) == [("reward/mean", 3, 0.5)]
-    assert not sink.spool_path.exists()  # all delivered
+    assert not sink.spool.path.exists()  # all delivered
 
 
 def test_a_sink_killed_mid_delivery_is_resumed_from_its_spool_and_stores_nothing_twice(
@@ -147,4 +147,4 @@ time.sleep(600)
     sink.close()  # delivers the spool it found
     assert RunEvent.objects.filter(run=run, message="pipeline running from step 0").count() == 1
     assert Sample.objects.filter(run=run).count() == 1
-    assert not sink.spool_path.exists()
+    assert not sink.spool.path.exists()

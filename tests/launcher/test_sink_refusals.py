@@ -46,7 +46,7 @@ def sink_for(live_server, run, tmp_path, token=None, **kw) -> HttpSink:
 
 
 def rejected_entries(sink: HttpSink) -> list[dict]:
-    return [json.loads(line) for line in sink.rejected_path.read_text().splitlines()]
+    return [json.loads(line) for line in sink.spool.rejected_path.read_text().splitlines()]
 
 
 def test_the_token_comes_from_its_file_and_is_read_again_when_the_platform_rotates_it(
@@ -84,13 +84,10 @@ def test_a_refused_token_stops_delivery_once_and_keeps_everything_in_the_spool(
     sink.close()
     assert sink.refused.status == 401
     assert list(run.metric_points.values_list("step", flat=True)) == [1]
-    spooled = [json.loads(line) for line in sink.spool_path.read_text().splitlines()]
+    spooled = [json.loads(line) for line in sink.spool.path.read_text().splitlines()]
     assert [r["endpoint"] for r in spooled] == ["metrics", "events"]  # undelivered, kept in order
-    assert (
-        spooled[0]["body"]["points"][0]["step"] == 2
-        and sink._spool_backlog() == sink.spool_path.stat().st_size
-    )
-    assert not sink.rejected_path.exists()  # a refused token is not a malformed batch
+    assert spooled[0]["body"]["points"][0]["step"] == 2 and sink.backlog() == sink.spool.path.stat().st_size
+    assert not sink.spool.rejected_path.exists()  # a refused token is not a malformed batch
     assert capsys.readouterr().err.count("refuses this run's ingest token") == 1
 
 
@@ -103,7 +100,7 @@ def test_a_malformed_item_is_dropped_recorded_and_reported_and_the_rest_of_its_b
     sink.log_event("log", "after")
     sink.log_metrics(1, {"reward/mean": 1.0})  # delivery goes on behind the refused batch
     sink.close()
-    assert sink._spool_backlog() == 0, sink._last_error
+    assert sink.backlog() == 0, sink.last_error
     assert list(run.metric_points.values_list("step", flat=True)) == [1]
     events = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("kind", "message", "data"))
     assert events[:2] == [("log", "before", {}), ("log", "after", {})]
@@ -125,7 +122,7 @@ def test_an_oversize_batch_is_split_and_a_record_too_big_alone_is_rejected(
     sink.log_samples(1, [{"prompt": f"p{i}", "response": "r" * 4000} for i in range(8)])  # ~32 KB together
     sink.log_samples(2, [{"prompt": "huge", "response": "r" * 30_000}])
     sink.close()
-    assert sink._spool_backlog() == 0, sink._last_error
+    assert sink.backlog() == 0, sink.last_error
     assert sorted(Sample.objects.filter(run=run).values_list("prompt", flat=True)) == [
         f"p{i}" for i in range(8)
     ]
@@ -160,9 +157,9 @@ def test_a_rate_limited_sink_waits_for_retry_after_drops_nothing_and_keeps_its_t
         sink.log_metrics(step, {f"k{i}": float(i) for i in range(1000)})
     sink.close()
     assert sink.refused is None, "the token expired: heartbeats did not get through the rate limit"
-    assert sink._spool_backlog() == 0, sink._last_error
+    assert sink.backlog() == 0, sink.last_error
     assert run.metric_points.count() == 8000  # every throttled batch was sent again, none dropped
-    assert not sink.rejected_path.exists()
+    assert not sink.spool.rejected_path.exists()
     # Retry-After (1 s) was honoured: about one refusal per window; with its own 0.02 s backoff the
     # sink would have hit the limit about 50 times a second.
     assert 1 <= sink.throttled_responses <= 30

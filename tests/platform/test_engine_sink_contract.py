@@ -48,7 +48,7 @@ def test_the_engine_http_sink_reports_into_the_platform(live_server, tmp_path):
         ],
     )
     sink.close()
-    assert sink._spool_backlog() == 0, sink._last_error  # everything was delivered, nothing refused
+    assert sink.backlog() == 0, sink.last_error  # everything was delivered, nothing refused
     assert MetricPoint.objects.filter(run=run).count() == 6
     assert MetricPoint.objects.get(run=run, key="reward/mean", step=3).value == pytest.approx(0.3)
     assert list(RunEvent.objects.filter(run=run).values_list("kind", flat=True)) == [
