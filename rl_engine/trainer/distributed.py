@@ -96,15 +96,18 @@ def destroy_group() -> None:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks: the classes HF names in ``_no_split_modules`` (as verl and TRL wrap
-    them), else the children of the decoder's ``layers`` / ``h`` list."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    found = [m for m in model.modules() if type(m).__name__ in names]
-    if found:
-        return found
+    """The model's repeated blocks, which FSDP2 shards one by one: the entries of the outermost
+    ``nn.ModuleList`` of the decoder (transformers' public ``get_decoder()``, else the model) whose
+    entries all share one class — Llama's ``layers``, GPT-2's ``h``; a mixture-of-experts layer's
+    ``experts`` list lies deeper. Empty where there is none (the root is then the one unit)."""
     body = model.get_decoder() if hasattr(model, "get_decoder") else model
-    blocks = getattr(body, "layers", None) or getattr(body, "h", None) or []
-    return list(blocks)
+    best: tuple[int, torch.nn.ModuleList] | None = None
+    for name, module in body.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) and len({type(m) for m in module}) == 1:
+            depth = name.count(".") + 1 if name else 0
+            if best is None or depth < best[0]:
+                best = (depth, module)
+    return list(best[1]) if best is not None else []
 
 
 def shard(root: torch.nn.Module, model: torch.nn.Module, device: torch.device) -> None:

@@ -40,8 +40,6 @@ DOCUMENTED = {"_meta"}  # Django's Model _meta API (docs.djangoproject.com: ref/
 # The engine's GPU paths still reach three private names, each where no public API does the job; they
 # belong with the backends' seam (docs/architecture.md, "Known debts"), and no new one may join them.
 KNOWN_DEBTS = {
-    # the repeated blocks FSDP2 shards, as verl and TRL find them (a fallback walks ``layers`` / ``h``)
-    ("rl_engine/trainer/distributed.py", "_no_split_modules"),
     # a Gloo group bound to a routed address (the public constructor binds to the hostname's)
     ("rl_engine/weights/broadcast.py", "_Options"),
     # SGLang's tensor serialisation for update_weights_from_tensor, called per bucket
