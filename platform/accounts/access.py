@@ -12,6 +12,8 @@ Policy (documented in docs/api.md):
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from django.db.models import QuerySet
 from rest_framework import exceptions, permissions
 from rest_framework.request import Request
@@ -26,9 +28,14 @@ def _token_project_id(request: Request) -> int | None:
     return None
 
 
+# {project_id: role} per request, held while the request lives (keyed by the request object itself,
+# never an attribute added to DRF's object).
+_ROLES: WeakKeyDictionary[Request, dict[int, str]] = WeakKeyDictionary()
+
+
 def project_roles(request: Request) -> dict[int, str]:
-    """{project_id: role} for the requesting user (cached on the request)."""
-    cached = getattr(request, "_project_roles", None)
+    """{project_id: role} for the requesting user (once per request; :func:`forget_roles` after a change)."""
+    cached = _ROLES.get(request)
     if cached is not None:
         return cached
     roles: dict[int, str] = {}
@@ -39,8 +46,13 @@ def project_roles(request: Request) -> dict[int, str]:
         if limit is not None:
             qs = qs.filter(project_id=limit)
         roles = dict(qs.values_list("project_id", "role"))
-    request._project_roles = roles
+    _ROLES[request] = roles
     return roles
+
+
+def forget_roles(request: Request) -> None:
+    """The requesting user's memberships changed during the request (a project created)."""
+    _ROLES.pop(request, None)
 
 
 def visible_project_ids(request: Request) -> list[int]:

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import services
-from accounts.access import Conflict, project_roles, require_role, visible_projects
+from accounts.access import Conflict, forget_roles, project_roles, require_role, visible_projects
 from accounts.models import ApiToken, Invitation, Membership, Project, Role, TokenKind
 from accounts.parsers import JsonOnly
 from accounts.serializers import (
@@ -60,7 +60,7 @@ class ProjectListView(JsonOnly, generics.ListCreateAPIView):
         if self.request.auth is not None and getattr(self.request.auth, "project_id", None):
             raise exceptions.PermissionDenied("A token limited to one project cannot create projects.")
         project = services.project_create(user=self.request.user, **serializer.validated_data)
-        self.request._project_roles = None  # the creator is now an owner
+        forget_roles(self.request)  # the creator is now an owner
         serializer.instance = project
         serializer.context["roles"] = project_roles(self.request)
 

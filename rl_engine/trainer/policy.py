@@ -453,15 +453,15 @@ class PolicyTrainer:
         gets its own: the base learning rate is ``trainer.lr``, scaled by the config's schedule at the
         optimizer step the checkpoint reached; AdamW's moments and step counts are kept."""
         tc = self.cfg.trainer
-        groups = self.optimizer.param_groups
-        self.scheduler.base_lrs = [tc.lr for _ in groups]
-        k = self.scheduler.last_epoch
-        for group, fn in zip(groups, self.scheduler.lr_lambdas, strict=True):
+        reached = self.scheduler.last_epoch  # the optimizer step the checkpoint reached
+        for group in self.optimizer.param_groups:
             group["initial_lr"] = tc.lr
-            group["lr"] = tc.lr * fn(k)
             group["betas"] = tuple(tc.betas)
             group["weight_decay"] = tc.weight_decay
-        self.scheduler._last_lr = [group["lr"] for group in groups]
+        # A scheduler of this config at that step, through torch's public constructor: from
+        # ``last_epoch = reached - 1`` it steps once, setting each group's lr to initial_lr x multiplier.
+        multiplier, _ = build_lr_multiplier(tc)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, multiplier, last_epoch=reached - 1)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore everything ``save_checkpoint`` wrote; returns the caller's ``extra`` dict. A sharded

@@ -20,12 +20,15 @@ the receivers on the control plane (an actor call), the bytes by one broadcast o
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -34,6 +37,7 @@ from rl_engine.weights.buckets import BucketPlan, WeightBucket, WeightManifest, 
 
 WEIGHT_GROUP = "rl_engine_weights"
 BACKENDS = ("gloo", "nccl")
+GLOO_IFNAME = "GLOO_SOCKET_IFNAME"  # the interface gloo binds to (gloo and torch.distributed document it)
 
 
 @dataclass(frozen=True)
@@ -78,12 +82,35 @@ def join_group(init: GroupInit) -> dist.ProcessGroup:
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, init.rank, init.world_size, opts)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    # not create_default_device(): it binds to what the hostname resolves to, a loopback address on
-    # many hosts, which ranks on other nodes cannot reach
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=route_address(init.master_address))]
-    return dist.ProcessGroupGloo(prefixed, init.rank, init.world_size, opts)
+    with _gloo_interface(init.master_address):
+        return dist.ProcessGroupGloo(prefixed, init.rank, init.world_size, timeout)
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface holding ``address``; None when none does."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    return None
+
+
+@contextmanager
+def _gloo_interface(master_address: str) -> Iterator[None]:
+    """Gloo's own knob, ``GLOO_SOCKET_IFNAME``, set while a group is built to the interface on the route
+    to ``master_address``: by default gloo binds to what the hostname resolves to, a loopback address on
+    many hosts, which ranks on other nodes cannot reach. A value the user set is left as it is."""
+    if os.environ.get(GLOO_IFNAME):
+        yield
+        return
+    name = interface_of(route_address(master_address))
+    if name is None:
+        yield
+        return
+    os.environ[GLOO_IFNAME] = name
+    try:
+        yield
+    finally:
+        os.environ.pop(GLOO_IFNAME, None)
 
 
 def broadcast_bytes(group: dist.ProcessGroup, raw: torch.Tensor) -> None:

@@ -40,8 +40,9 @@ DOCUMENTED = {"_meta"}  # Django's Model _meta API (docs.djangoproject.com: ref/
 # The engine's GPU paths still reach three private names, each where no public API does the job; they
 # belong with the backends' seam (docs/architecture.md, "Known debts"), and no new one may join them.
 KNOWN_DEBTS = {
-    # a Gloo group bound to a routed address (the public constructor binds to the hostname's)
-    ("rl_engine/weights/broadcast.py", "_Options"),
+    # an NCCL group's timeout: torch's NCCL constructor takes only Options, whose timeout torch itself
+    # sets as ``_timeout`` (distributed_c10d.py); a Gloo group is built with the public constructor
+    ("rl_engine/weights/broadcast.py", "_timeout"),
     # SGLang's tensor serialisation for update_weights_from_tensor, called per bucket
     ("rl_engine/weights/sglang.py", "_serialize_tensors_per_rank"),
 }
@@ -63,7 +64,8 @@ def _own(module: str | None, level: int) -> bool:
 
 
 def defined_names(trees: list[ast.Module]) -> set[str]:
-    """Every underscore name the product defines: functions, classes, assigned names and attributes,
+    """Every underscore name the product defines: functions, classes, assigned names and attributes of
+    ``self`` / ``cls``,
     arguments, dataclass fields and keywords of calls (``Span(_x=…)`` would define one too)."""
     names: set[str] = set()
     for tree in trees:
@@ -72,7 +74,12 @@ def defined_names(trees: list[ast.Module]) -> set[str]:
                 names.add(node.name)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 names.add(node.id)
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del):
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store | ast.Del)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):  # an attribute of its own object (``opts._timeout = …`` writes another package's)
                 names.add(node.attr)
             elif isinstance(node, ast.arg):
                 names.add(node.arg)
