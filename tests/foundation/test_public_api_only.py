@@ -45,7 +45,7 @@ KNOWN_DEBTS = {
     # a Gloo group bound to a routed address (the public constructor binds to the hostname's)
     ("rl_engine/weights/broadcast.py", "_Options"),
     # SGLang's tensor serialisation for update_weights_from_tensor, called per bucket
-    ("rl_engine/weights/sglang.py", "_serialize_tensors_per_rank"),
+    ("rl_engine/backends/sglang/weights.py", "_serialize_tensors_per_rank"),
 }
 
 
