@@ -25,13 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rl_engine.backends.hf.worker import HFRolloutWorker
 from rl_engine.config import ExperimentConfig, TinyModelSpec, apply_overrides, parse_config
 from rl_engine.data import PromptStream
 from rl_engine.models.batching import left_pad
 from rl_engine.models.tiny import save_tiny_model
 from rl_engine.presets import get_preset
 from rl_engine.rewards import build_reward
-from rl_engine.rollout.hf import HFRolloutWorker
 from rl_engine.trainer import PolicyTrainer
 
 SIZES = {  # name -> tiny model spec fields

@@ -309,8 +309,8 @@ def inner_config(args: argparse.Namespace, backend: str, model_path: str, data_d
 
 def inner_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Tokens/s of the HF and vLLM workers on the same prompts (A B B A ..., medians)."""
+    from rl_engine.backends import build_rollout_worker
     from rl_engine.data import PromptStream
-    from rl_engine.rollout import build_rollout_worker
 
     data_dir = Path(args.out) / "data"
     workers, prompts = {}, None
@@ -342,8 +342,8 @@ def inner_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 def inner_export_eval(args: argparse.Namespace) -> dict[str, Any]:
     """Greedy held-out pass@1 of the base and the exported model with this interpreter's backend."""
+    from rl_engine.backends import build_rollout_worker
     from rl_engine.evaluation import Evaluator
-    from rl_engine.rollout import build_rollout_worker
 
     data_dir = Path(args.out) / "data"
     results = {}

@@ -181,7 +181,7 @@ def child_logprobs(
 def child_sync(model_dir: str, seqs: int, response_len: int, bucket_mb: int, repeats: int) -> dict[str, Any]:
     import torch
 
-    from rl_engine.rollout.hf import HFRolloutWorker
+    from rl_engine.backends.hf.worker import HFRolloutWorker
     from rl_engine.trainer import PolicyTrainer
 
     cfg = _cfg(

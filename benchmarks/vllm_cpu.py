@@ -33,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.config import ExperimentConfig, TinyModelSpec, apply_overrides, parse_config
 from rl_engine.data import PromptStream
 from rl_engine.models.tiny import save_tiny_model
 from rl_engine.presets import get_preset
-from rl_engine.rollout import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
 
 HF_ROLLOUT = (

@@ -58,9 +58,9 @@ class Clock:
 
 
 def build(model_dir: Path, device: str, size: dict[str, int]):
+    from rl_engine.backends.hf.worker import HFRolloutWorker
     from rl_engine.config import apply_overrides, parse_config
     from rl_engine.presets import get_preset
-    from rl_engine.rollout.hf import HFRolloutWorker
     from rl_engine.trainer import PolicyTrainer
 
     batch = size["prompts"] * size["n"]
@@ -134,9 +134,9 @@ def check_rollout(cfg, clock: Clock, size: dict[str, int], repeats: int = 2) -> 
     """A worker whose eos id lies outside the vocabulary, so it and ``generate`` both decode every step."""
     import torch
 
+    from rl_engine.backends.hf.worker import HFRolloutWorker
     from rl_engine.data import PromptStream
     from rl_engine.models.batching import left_pad
-    from rl_engine.rollout.hf import HFRolloutWorker
 
     vocab = json.loads((Path(cfg.model.path) / "config.json").read_text())["vocab_size"]
     model_cfg = cfg.model.model_copy(update={"generation_config": {"eos_token_id": vocab}})

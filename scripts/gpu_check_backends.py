@@ -71,9 +71,9 @@ def _config(engine: str, model_dir: Path, max_new: int):
 
 def check_engine(engine: str, max_new: int) -> dict:
 
+    from rl_engine.backends import build_rollout_worker
     from rl_engine.data import PromptStream
     from rl_engine.models import ensure_model
-    from rl_engine.rollout import build_rollout_worker
     from rl_engine.trainer import PolicyTrainer
 
     out: dict = {"engine": engine}
@@ -145,9 +145,9 @@ def check_broadcast(engine: str, worker, trainer, prompts, n: int) -> dict:
 
     import torch
 
+    from rl_engine.backends import rollout_backend
     from rl_engine.types import TransferGroup
     from rl_engine.weights.broadcast import GroupInit
-    from rl_engine.weights.registry import rollout_backend
 
     if torch.cuda.device_count() < 2:
         return {"skipped": "needs 2 GPUs (the trainer's NCCL rank and the engine's on different devices)"}

@@ -47,7 +47,7 @@ def real_prepare(cfg: ExperimentConfig) -> None:
 
 
 def real_worker(cfg: ExperimentConfig, index: int = 0) -> Any:
-    from rl_engine.rollout import build_rollout_worker
+    from rl_engine.backends import build_rollout_worker
 
     return build_rollout_worker(cfg, index=index)  # each rollouter samples with its own seed
 

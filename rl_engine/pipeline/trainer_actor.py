@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from rl_engine.backends import rollout_backend
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.followers import Followers, RankStatus
@@ -35,7 +36,6 @@ from rl_engine.types import ExampleSample, QueueBatch, Sample, SendStats, StepCa
 from rl_engine.weights.broadcast import BucketSender, GroupInit
 from rl_engine.weights.buckets import LocalWeightStream, WeightManifest
 from rl_engine.weights.object_store import publish_stream
-from rl_engine.weights.registry import rollout_backend
 from rl_engine.weights.sync import free_endpoint
 
 _PULL_TIMEOUT_S = 0.25  # bounded waits so a cancel or a pipeline failure is noticed quickly

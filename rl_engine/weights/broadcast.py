@@ -10,9 +10,9 @@ the receivers on the control plane (an actor call), the bytes by one broadcast o
   it never touches the default process group a trainer may use for FSDP. Every collective is bounded
   by ``GroupInit.timeout_s``.
 * ``GroupSender``: rank 0, sends a stream. The trainer's side for each rollout backend is the
-  backend's ``open_sender`` (``rl_engine.weights.registry``): this group for the HF worker (and vLLM
-  over gloo), each engine's own helper for vLLM over NCCL and SGLang (``weights/vllm.py``,
-  ``weights/sglang.py``).
+  backend's ``open_sender`` (``rl_engine.backends``, the registry's entry): this group for the HF worker
+  (and vLLM over gloo), each engine's own helper for vLLM over NCCL and SGLang
+  (``rl_engine/backends/vllm/weights.py``, ``rl_engine/backends/sglang/weights.py``).
 * ``BroadcastWeights``: a receiver's ``WeightStream``; each bucket arrives straight into the memory the
   receiver lends (the HF worker's flat parameter buffer) when it is on the group's device.
 """

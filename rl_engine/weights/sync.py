@@ -2,7 +2,7 @@
 
 Every transport carries the same bucket stream (``rl_engine.weights.buckets``): the trainer's
 parameters cast to the rollout dtype, one flat bucket of ``trainer.weight_sync_bucket_mb`` at a time
-(whole tensors per bucket for the GPU engines: ``whole_tensors`` in ``rl_engine.weights.registry``).
+(whole tensors per bucket for the GPU engines: ``whole_tensors`` in ``rl_engine.backends.registry``).
 Each rollouter loads a sync inside its worker-exclusive section and records the new version only when
 the load succeeded; a failed load fails the run (``weight sync failed: ... rollouter i: loading
 weights version v failed``).
@@ -13,9 +13,10 @@ weights version v failed``).
 * ``BroadcastSync`` (``gloo`` on CPU, ``nccl`` on GPUs): a torch.distributed group between the
   trainer (rank 0) and the rollout workers, joined once at start (``setup``); per sync the rollouters
   get the manifest and receive each bucket by broadcast while the trainer sends them
-  (``broadcast.py``; the GPU engines' own receive paths and trainer-side joins, ``vllm.py`` and
-  ``sglang.py``). ``gloo`` is tested here end to end; ``nccl`` is the same code with the NCCL backend
-  and is UNTESTED on this CPU machine.
+  (``broadcast.py``; the GPU engines' own receive paths and trainer-side joins, in
+  ``rl_engine/backends/vllm/weights.py`` and ``rl_engine/backends/sglang/weights.py``). ``gloo`` is
+  tested here end to end; ``nccl`` is the same code with the NCCL backend and is UNTESTED on this CPU
+  machine.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Every engine class, method and parameter the vLLM and SGLang workers (and the trainer's side of a
-broadcast weight sync, ``rl_engine/weights/vllm.py`` and ``sglang.py``) call, declared in one place.
+broadcast weight sync, ``rl_engine/backends/vllm/weights.py`` and ``sglang/weights.py``) call, declared
+in one place.
 
 Test data, beside its one user: ``test_engine_api.py`` checks each entry against the *installed*
 engine with ``inspect.signature`` (``make check-vllm`` / ``make check-sglang``, each in the engine's
@@ -32,7 +33,7 @@ def _model() -> ModelConfig:
 
 
 def vllm_api() -> list[ApiUse]:
-    from rl_engine.rollout.vllm import engine_kwargs, sampling_kwargs
+    from rl_engine.backends.vllm.worker import engine_kwargs, sampling_kwargs
 
     gpu, cpu = (engine_kwargs(VLLMRolloutConfig(device=d), _model(), "/m", 0) for d in ("cuda", "cpu"))
     engine = (*dict.fromkeys([*gpu, *cpu]), "weight_transfer_config")  # both devices' keywords
@@ -103,7 +104,7 @@ def vllm_api() -> list[ApiUse]:
         # the device check before the engine starts (rollout.device cpu needs the CPU build)
         ApiUse("vllm.platforms.interface:Platform.is_cpu", method=True),
         ApiUse("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_head_sizes"),
-        # the trainer's side of a broadcast sync (rl_engine/weights/vllm.py)
+        # the trainer's side of a broadcast sync (rl_engine/backends/vllm/weights.py)
         ApiUse("vllm.distributed.weight_transfer.nccl_common:trainer_init", positional=1, keywords=("rank",)),
         ApiUse(
             "vllm.distributed.device_communicators.pynccl:PyNcclCommunicator.broadcast",
@@ -115,7 +116,7 @@ def vllm_api() -> list[ApiUse]:
 
 
 def sglang_api() -> list[ApiUse]:
-    from rl_engine.rollout.sglang import engine_kwargs, sampling_params
+    from rl_engine.backends.sglang.worker import engine_kwargs, sampling_params
 
     io = "sglang.srt.managers.io_struct:"
     tm = "sglang.srt.managers.tokenizer_manager:TokenizerManager."
@@ -176,7 +177,7 @@ def sglang_api() -> list[ApiUse]:
             kind="class",
         ),
         ApiUse("sglang.srt.weight_sync.tensor_bucket:FlattenedTensorBucket.empty", positional=4),
-        # the trainer's side of a broadcast sync (rl_engine/weights/sglang.py)
+        # the trainer's side of a broadcast sync (rl_engine/backends/sglang/weights.py)
         ApiUse(
             "sglang.srt.utils.common:init_custom_process_group",
             keywords=("backend", "init_method", "timeout", "world_size", "rank", "group_name"),

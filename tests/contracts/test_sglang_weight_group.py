@@ -2,7 +2,7 @@
 
 Run in SGLang's own environment (``make check-sglang VENV=...`` runs ``tests/contracts``; skipped where
 sglang is not importable, as in ``make test``). Over gloo on CPU, rank 0 is
-``rl_engine.weights.sglang.open_sender`` sending the trainer's whole-tensor buckets (in a
+``rl_engine.backends.sglang.weights.open_sender`` sending the trainer's whole-tensor buckets (in a
 spawned process), rank 1 is SGLang's own receive code as its scheduler runs it for
 ``update_weights_from_distributed(load_format="flattened_bucket")``: ``init_custom_process_group`` over
 ``tcp://``, ``FlattenedTensorBucket.empty`` and one ``torch.distributed.broadcast`` per bucket. The
@@ -40,7 +40,7 @@ def _named() -> dict[str, torch.Tensor]:
 
 
 def _send(port: int) -> None:
-    from rl_engine.weights.sglang import open_sender
+    from rl_engine.backends.sglang.weights import open_sender
 
     sender = open_sender(GroupInit("127.0.0.1", port, 2, 0, "gloo", timeout_s=60))
     sender.send(LocalWeightStream.of(_named().items(), torch.bfloat16, 4096, split=False))

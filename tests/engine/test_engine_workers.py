@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.data import PromptStream
-from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError, EngineTimeout
 from rl_engine.types import TransferGroup
 from rl_engine.weights.buckets import plan_buckets

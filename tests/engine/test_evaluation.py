@@ -9,10 +9,10 @@ import statistics
 import pytest
 import torch
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.config import ConfigError, RewardConfig
 from rl_engine.evaluation import Evaluator, pass_at_k
 from rl_engine.rewards import SafeReward, build_reward
-from rl_engine.rollout import build_rollout_worker
 
 EVAL = ["data.num_validation_prompts=6", "eval.every=5", "rollout.max_new_tokens=4"]
 # A random tiny model rarely answers a task right; a response that starts with a letter is common

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from rl_engine.backends.sglang import worker as sg
+from rl_engine.backends.vllm import worker as vl
 from rl_engine.config import SGLangRolloutConfig, VLLMRolloutConfig
-from rl_engine.rollout import sglang as sg
-from rl_engine.rollout import vllm as vl
 from rl_engine.rollout.common import eos_floor, extend_sample, normalise_finish
 from rl_engine.types import Sample
 
@@ -180,7 +180,7 @@ def _vllm_like_llama(*, tied: bool):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_the_modules_a_sync_never_sends_to_are_buffer_only_and_tied_ones(tied):
-    from rl_engine.weights.vllm import layers_a_sync_never_loads
+    from rl_engine.backends.vllm.weights import layers_a_sync_never_loads
 
     model = _vllm_like_llama(tied=tied)
     # brute force: a module gets a tensor from a sync when one of its parameters is sent under its
@@ -199,7 +199,7 @@ def test_the_modules_a_sync_never_sends_to_are_buffer_only_and_tied_ones(tied):
 def test_a_class_with_a_module_that_takes_weights_keeps_its_warning():
     import torch
 
-    from rl_engine.weights.vllm import layers_a_sync_never_loads
+    from rl_engine.backends.vllm.weights import layers_a_sync_never_loads
 
     model = torch.nn.Module()
     model.a, model.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
@@ -212,7 +212,11 @@ def test_a_class_with_a_module_that_takes_weights_keeps_its_warning():
 def test_the_filter_drops_the_expected_warnings_only(caplog):
     import logging
 
-    from rl_engine.weights.vllm import RELOAD_LOGGER, RELOAD_NOTHING_LOADED, quiet_expected_reload_warnings
+    from rl_engine.backends.vllm.weights import (
+        RELOAD_LOGGER,
+        RELOAD_NOTHING_LOADED,
+        quiet_expected_reload_warnings,
+    )
 
     logger = logging.getLogger(RELOAD_LOGGER)
     try:

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.data import PromptStream
-from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.trainer import PolicyTrainer
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.config import ConfigError
 from rl_engine.models import resolve_device
 from rl_engine.models.batching import token_logprobs_and_entropy
 from rl_engine.models.logprobs import LinearHead, chunked_logprobs_and_entropy, linear_head_of
-from rl_engine.rollout import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
 from rl_engine.trainer.microbatch import plan_micro_batches, select
 from tests.engine.test_trainer import _params, _scored_batch

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.config import TrainerConfig
 from rl_engine.data import PromptStream
 from rl_engine.rewards import build_reward
-from rl_engine.rollout import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
 from rl_engine.trainer.schedule import build_lr_multiplier, optimizer_steps_per_trainer_step
 from rl_engine.types import Sample

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_engine.rollout import build_rollout_worker
+from rl_engine.backends import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
 from rl_engine.weights.buckets import LocalWeightStream, check_against, load_bucket, plan_buckets
 from tests.engine.test_trainer import _scored_batch

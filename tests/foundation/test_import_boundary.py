@@ -318,12 +318,64 @@ PENDING_CIRCLES: list[list[str]] = []
 def test_the_engine_has_no_import_circle():
     graph = module_graph(REPO_ROOT, "rl_engine")
     # the graph is the real one: a function-level import is an edge (components builds the worker lazily)
-    assert "rl_engine.rollout" in graph["rl_engine.pipeline.components"]
+    assert "rl_engine.backends" in graph["rl_engine.pipeline.components"]
     circles = import_circles(graph)
     new = [c for c in circles if c not in PENDING_CIRCLES]
     assert not new, "import circles in rl_engine/:\n" + "\n".join(" -> ".join(c) for c in new)
     gone = [c for c in PENDING_CIRCLES if c not in circles]
     assert not gone, f"no longer a circle, delete it from PENDING_CIRCLES: {gone}"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with every module folded into its package one level below the root
+    (``rl_engine.rollout.base`` -> ``rl_engine.rollout``; a top-level module stays itself); imports
+    inside one package are dropped."""
+
+    def fold(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(fold(module), set()).update(fold(t) for t in targets if fold(t) != fold(module))
+    return out
+
+
+# What the engine's shared rollout and weight packages may not import: both stand below the backends
+# (rl_engine.backends: each engine's worker and its weight halves, the registry), and beside each other.
+NEVER_IMPORTS = {
+    "rl_engine.rollout": {"rl_engine.backends", "rl_engine.weights"},
+    "rl_engine.weights": {"rl_engine.backends", "rl_engine.rollout"},
+}
+
+
+def test_the_engines_packages_have_no_import_circle_and_the_backends_sit_on_rollout_and_weights():
+    modules = module_graph(REPO_ROOT, "rl_engine")
+    packages = package_graph(modules)
+    assert {"rl_engine.rollout", "rl_engine.weights"} <= packages["rl_engine.backends"]
+    circles = import_circles(packages)
+    assert not circles, "import circles between rl_engine's packages:\n" + "\n".join(
+        " -> ".join(c) for c in circles
+    )
+    offenders = {  # type-only imports (under ``if TYPE_CHECKING:``) count too
+        module: sorted(t for t in targets if ".".join(t.split(".")[:2]) in NEVER_IMPORTS[package])
+        for module, targets in modules.items()
+        if (package := ".".join(module.split(".")[:2])) in NEVER_IMPORTS
+    }
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_the_package_circle_check_finds_a_circle_no_module_circle_shows(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("from pkg.high import f\n")  # the lower package reaches up
+    (pkg / "low" / "b.py").write_text("B = 1\n")
+    (pkg / "high.py").write_text("from pkg.low.b import B\n\ndef f():\n    return B\n")
+    modules = module_graph(tmp_path, "pkg")
+    assert import_circles(modules) == []  # pkg.low.a -> pkg.high -> pkg.low.b: no module circle
+    assert package_graph(modules) == {"pkg": set(), "pkg.low": {"pkg.high"}, "pkg.high": {"pkg.low"}}
+    assert import_circles(package_graph(modules)) == [["pkg.high", "pkg.low", "pkg.high"]]
 
 
 def test_the_circle_check_finds_a_planted_circle(tmp_path):

@@ -44,7 +44,7 @@ KNOWN_DEBTS = {
     # sets as ``_timeout`` (distributed_c10d.py); a Gloo group is built with the public constructor
     ("rl_engine/weights/broadcast.py", "_timeout"),
     # SGLang's tensor serialisation for update_weights_from_tensor, called per bucket
-    ("rl_engine/weights/sglang.py", "_serialize_tensors_per_rank"),
+    ("rl_engine/backends/sglang/weights.py", "_serialize_tensors_per_rank"),
 }
 
 

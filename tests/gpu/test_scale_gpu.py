@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.config import apply_overrides, parse_config
 from rl_engine.presets import get_preset
-from rl_engine.rollout import build_rollout_worker
 from rl_engine.trainer import PolicyTrainer
 
 pytestmark = pytest.mark.gpu

@@ -69,9 +69,9 @@ def test_gsm8k_style_preset_trains_exports_and_evaluates(tmp_path):
     assert export.returncode == 0, export.stderr[-2000:]
     assert json.loads(export.stdout)["step"] == 3
 
+    from rl_engine.backends import build_rollout_worker
     from rl_engine.config import load_yaml
     from rl_engine.evaluation import Evaluator
-    from rl_engine.rollout import build_rollout_worker
 
     cfg = load_yaml("preset:gsm8k-style-tiny-cpu", [s for s in sets if s.startswith(("data.", "rollout."))]
                     + [f"model.path={out}", "model.tiny=null", "eval.max_prompts=8"])  # fmt: skip

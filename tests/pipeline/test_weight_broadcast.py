@@ -85,7 +85,7 @@ def test_split_buckets_arrive_bit_identical_in_order(model_dir):
 
 
 def test_hf_worker_receives_into_its_parameter_buffer_and_bumps_the_version_only_on_success(model_dir):
-    from rl_engine.rollout import build_rollout_worker
+    from rl_engine.backends import build_rollout_worker
 
     worker = build_rollout_worker(_cfg(model_dir))
     named = _named(model_dir)
@@ -122,7 +122,7 @@ def test_engine_worker_receives_a_broadcast_as_one_checked_session(model_dir, mo
     """The GPU workers' broadcast path (``init_weight_transfer`` + ``receive_weights``) on the engine
     STAND-INS, whose receivers join this gloo group (the real engines use NCCL). The vLLM stand-in
     receives as vLLM's packed consumer does, so a bucket larger than its buffer would desynchronise."""
-    from rl_engine.rollout import build_rollout_worker
+    from rl_engine.backends import build_rollout_worker
     from tests.engine import standin_sglang, standin_vllm
 
     (standin_sglang if backend == "sglang" else standin_vllm).install(monkeypatch)
@@ -157,7 +157,7 @@ def test_engine_worker_receives_a_broadcast_as_one_checked_session(model_dir, mo
 
 
 def test_vllm_refuses_a_bucket_larger_than_its_packed_buffer(model_dir, monkeypatch):
-    from rl_engine.rollout import build_rollout_worker
+    from rl_engine.backends import build_rollout_worker
     from rl_engine.rollout.engine_loop import EngineError
     from tests.engine import standin_vllm
 

@@ -45,7 +45,7 @@ def recording_trainer(cfg: Any, log: str) -> Any:
 
 
 def recording_worker(cfg: Any, log: str, index: int = 0, fail_version: int | None = None) -> Any:
-    from rl_engine.rollout import build_rollout_worker
+    from rl_engine.backends import build_rollout_worker
 
     worker = build_rollout_worker(cfg, index=index)
     load = worker.update_weights  # receive_weights loads through it too

@@ -17,8 +17,8 @@ import time
 import pytest
 import torch
 
+from rl_engine.backends import build_rollout_worker
 from rl_engine.data import PromptStream
-from rl_engine.rollout import build_rollout_worker
 from rl_engine.rollout.engine_loop import EngineError
 from rl_engine.trainer import PolicyTrainer
 from rl_engine.types import TransferGroup

@@ -14,7 +14,7 @@ tokenizer manager's pause / continue / weight-update coroutines. Every wait is b
   engine-wide convention, so top_p < 1 is exact. ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (no temperature)
   is refused; ``sampling_defaults="openai"`` keeps generation_config.json from adding sampling knobs,
   and penalties/min_p/top_k are pinned neutral per request.
-* Weights: the worker's receiving half is ``rl_engine.weights.sglang`` (``SglangWeights``, its base
+* Weights: the worker's receiving half is ``rl_engine.backends.sglang.weights`` (``SglangWeights``, its base
   class), beside the trainer's sending half: one session per update, one checked call per bucket (from
   tensors for the object store, ``flattened_bucket`` for a broadcast), one cache flush; the version
   moves only when all succeeded.
@@ -26,11 +26,11 @@ import json
 import os
 from typing import Any
 
+from rl_engine.backends.sglang.weights import SglangWeights
 from rl_engine.config import ModelConfig, SGLangRolloutConfig
 from rl_engine.rollout.async_worker import EngineRequest, Result
 from rl_engine.rollout.common import normalise_finish
 from rl_engine.rollout.engine_loop import EngineError
-from rl_engine.weights.sglang import SglangWeights
 
 
 def sampling_params(

@@ -1,10 +1,10 @@
 """The rollout backends, keyed by ``rollout.backend``: the one place that tells them apart.
 
 Each entry says how the backend's worker is built, how the trainer opens its side of a broadcast sync
-to it, and whether its buckets must hold whole tensors. Code that needs one of these asks the entry;
-it never compares the backend's name (the config's validators check a ``Literal`` field, nothing
-more). Every callable imports its engine when called: reading the table loads neither vllm nor sglang
-nor torch.
+to it, and whether its buckets must hold whole tensors. Code that needs one of these asks the entry
+(``build_rollout_worker`` asks it for a worker); it never compares the backend's name (the config's
+validators check a ``Literal`` field, nothing more). Every callable imports its backend's modules when
+called: reading the table loads neither vllm nor sglang nor torch.
 """
 
 from __future__ import annotations
@@ -30,37 +30,37 @@ class RolloutBackend:
 
 
 def _hf_worker(cfg: ExperimentConfig, seed: int) -> RolloutWorker:
-    from rl_engine.rollout.hf import HFRolloutWorker
+    from rl_engine.backends.hf.worker import HFRolloutWorker
 
     return HFRolloutWorker(cfg.rollout, cfg.model, seed=seed, gpus=cfg.resources.rollout_gpus)
 
 
 def _hf_sender(init: GroupInit) -> BucketSender:
-    from rl_engine.weights.hf import open_sender
+    from rl_engine.backends.hf.weights import open_sender
 
     return open_sender(init)
 
 
 def _vllm_worker(cfg: ExperimentConfig, seed: int) -> RolloutWorker:
-    from rl_engine.rollout.vllm import VLLMRolloutWorker
+    from rl_engine.backends.vllm.worker import VLLMRolloutWorker
 
     return VLLMRolloutWorker(cfg.rollout, cfg.model, seed=seed)
 
 
 def _vllm_sender(init: GroupInit) -> BucketSender:
-    from rl_engine.weights.vllm import open_sender
+    from rl_engine.backends.vllm.weights import open_sender
 
     return open_sender(init)
 
 
 def _sglang_worker(cfg: ExperimentConfig, seed: int) -> RolloutWorker:
-    from rl_engine.rollout.sglang import SGLangRolloutWorker
+    from rl_engine.backends.sglang.worker import SGLangRolloutWorker
 
     return SGLangRolloutWorker(cfg.rollout, cfg.model, seed=seed)
 
 
 def _sglang_sender(init: GroupInit) -> BucketSender:
-    from rl_engine.weights.sglang import open_sender
+    from rl_engine.backends.sglang.weights import open_sender
 
     return open_sender(init)
 
@@ -81,3 +81,16 @@ def rollout_backend(name: str) -> RolloutBackend:
         return BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown rollout backend {name!r}") from None
+
+
+def rollout_seed(seed: int, index: int) -> int:
+    """Sampling seed of rollouter ``index``: ``seed`` itself for rollouter 0 (a one-rollouter run
+    samples as before), a distinct one for every other rollouter, so that several rollouters do not
+    draw the same random numbers. Kept below 2**31 (engines take a 32-bit seed)."""
+    return (seed + index * 1_000_003) % 2**31
+
+
+def build_rollout_worker(cfg: ExperimentConfig, index: int = 0) -> RolloutWorker:
+    """The worker for ``cfg.rollout.backend`` (its entry in ``BACKENDS``), built from (rollout config,
+    model config) alone; ``index`` (the rollouter's) only picks the sampling seed (``rollout_seed``)."""
+    return rollout_backend(cfg.rollout.backend).worker(cfg, rollout_seed(cfg.seed, index))

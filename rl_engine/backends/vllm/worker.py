@@ -13,7 +13,7 @@ is built on); every call is a coroutine submitted to that loop, every wait bound
 * Log-probs: ``logprobs_mode="processed_logprobs"`` = log-softmax of logits / temperature *after*
   top-p/top-k masking; equal to the engine-wide convention only with top_p = 1 and top_k off, which
   the config enforces (``VLLMRolloutConfig``). Penalties and min_p are pinned neutral per request.
-* Weights: the worker's receiving half is ``rl_engine.weights.vllm`` (``VllmWeights``, its base
+* Weights: the worker's receiving half is ``rl_engine.backends.vllm.weights`` (``VllmWeights``, its base
   class, and ``VLLMWorkerExtension``, mixed into vLLM's worker processes), beside the trainer's sending
   half: one session per update, a bucket by ``collective_rpc`` (object store), vLLM's NCCL transfer
   engine or a gloo broadcast; the version moves only when all of it succeeded.
@@ -28,11 +28,11 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
+from rl_engine.backends.vllm.weights import VllmWeights, VLLMWorkerExtension
 from rl_engine.config import ModelConfig, VLLMRolloutConfig
 from rl_engine.rollout.async_worker import EngineRequest, Result
 from rl_engine.rollout.common import normalise_finish
 from rl_engine.rollout.engine_loop import EngineError
-from rl_engine.weights.vllm import VllmWeights, VLLMWorkerExtension
 
 
 def sampling_kwargs(

@@ -15,7 +15,8 @@ vLLM's CPU build and against the stand-in engine here, the NCCL path is UNTESTED
   with NCCL init info: a ``StatelessProcessGroup`` plus a ``PyNcclCommunicator``) with
   ``vllm.distributed.weight_transfer.nccl_common.trainer_init``, as rank 0, at the same time as the
   workers; a bucket is one ``broadcast`` of its bytes on the current CUDA stream (the workers receive in
-  packed mode with a buffer at least one bucket large). Over gloo it is ``broadcast.GroupSender``.
+  packed mode with a buffer at least one bucket large). Over gloo it is
+  ``rl_engine.weights.broadcast.GroupSender``.
 
 Both senders take the same stream as ``broadcast.GroupSender``, so bucketing, naming and versioning are
 the code the gloo transport exercises on CPU.
@@ -84,7 +85,7 @@ class VllmSender:
 
 def open_sender(init: GroupInit) -> BucketSender:
     """The trainer's side of a broadcast to vLLM workers (joins; blocks until all did): vLLM's own NCCL
-    group, or over gloo the group of ``broadcast.py``, which each vLLM worker joins itself."""
+    group, or over gloo the group of ``rl_engine.weights.broadcast``, which each vLLM worker joins itself."""
     return VllmSender.join(init) if init.backend == "nccl" else GroupSender.join(init)
 
 

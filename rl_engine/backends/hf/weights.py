@@ -3,10 +3,10 @@
 * Receiving (``HFWeights``, the weight half of ``HFRolloutWorker``, in the rollouter's actor): a sync
   arrives as a ``WeightStream`` through ``update_weights`` (in process, object store) or by broadcast
   (``init_weight_transfer`` once, then ``receive_weights``); either way each bucket lands in its slice
-  of the worker's flat parameter buffer (``buckets.FlatParams``) when it has one. Any element range
-  loads, so the trainer's buckets keep their size bound even for a huge embedding.
-* Sending (``open_sender``): rank 0 of the group of ``broadcast.py`` (``gloo`` in host memory, ``nccl``
-  on the GPUs), which the worker joins too.
+  of the worker's flat parameter buffer (``rl_engine.weights.buckets.FlatParams``) when it has one. Any
+  element range loads, so the trainer's buckets keep their size bound even for a huge embedding.
+* Sending (``open_sender``): rank 0 of the group of ``rl_engine.weights.broadcast`` (``gloo`` in host
+  memory, ``nccl`` on the GPUs), which the worker joins too.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rl_engine.backends.hf.weights import HFWeights
 from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
@@ -25,7 +26,6 @@ from rl_engine.rollout.common import eos_floor, extend_sample, needs_continuatio
 from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.types import FinishReason, Prompt, Sample
 from rl_engine.weights.buckets import FlatParams
-from rl_engine.weights.hf import HFWeights
 
 
 @dataclass
@@ -62,8 +62,8 @@ class HFRolloutWorker(HFWeights):
     Behaviour log-probs are of logits / temperature (no top-p renormalisation: with ``top_p < 1`` they
     are the log-probs of the temperature-scaled distribution the nucleus was cut from, matching what the
     trainer recomputes). Weights are served in ``model.dtype``; a sync arrives through ``HFWeights``
-    (``rl_engine.weights.hf``): a ``WeightStream`` in ``update_weights`` (in process, object store) or
-    by broadcast (``init_weight_transfer`` once, then ``receive_weights``).
+    (``rl_engine.backends.hf.weights``): a ``WeightStream`` in ``update_weights`` (in process, object
+    store) or by broadcast (``init_weight_transfer`` once, then ``receive_weights``).
     """
 
     def __init__(

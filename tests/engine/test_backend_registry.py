@@ -1,19 +1,22 @@
-"""The rollout backends' one table (``rl_engine.weights.registry``): every backend the config accepts has
-an entry, the worker and the trainer's side of a broadcast come from it, and no engine code outside the
-config's validators compares a backend's name."""
+"""The rollout backends' one table (``rl_engine.backends``, defined in its ``registry``): every backend the
+config accepts has an entry, the worker and the trainer's side of a broadcast come from it, reading it
+loads no engine and no torch, and no engine code outside the config's validators compares a backend's
+name."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 import types
 from typing import get_args
 
 import pytest
 
+from rl_engine.backends import BACKENDS, rollout_backend
 from rl_engine.config import RolloutConfig
 from rl_engine.weights.broadcast import WEIGHT_GROUP, GroupInit, GroupSender
-from rl_engine.weights.registry import BACKENDS, rollout_backend
 from tests.conftest import REPO_ROOT
 from tests.engine import standins
 
@@ -29,12 +32,26 @@ def test_every_backend_the_config_accepts_has_an_entry():
         rollout_backend("tgi")
 
 
+def test_reading_the_table_imports_neither_torch_nor_an_engine():
+    # In a fresh interpreter: what importing the package and reading every entry loads, transitively.
+    code = (
+        "import json, sys\n"
+        "from rl_engine.backends import BACKENDS, rollout_backend\n"
+        "entries = [rollout_backend(name) for name in BACKENDS]\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'sglang'})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == []
+
+
 @pytest.mark.parametrize("backend", ["hf", *standins.BACKENDS])
 def test_the_entry_builds_the_backends_own_worker(backend, make_cfg, monkeypatch):
-    from rl_engine.rollout import build_rollout_worker
-    from rl_engine.rollout.hf import HFRolloutWorker
-    from rl_engine.rollout.sglang import SGLangRolloutWorker
-    from rl_engine.rollout.vllm import VLLMRolloutWorker
+    from rl_engine.backends import build_rollout_worker
+    from rl_engine.backends.hf.worker import HFRolloutWorker
+    from rl_engine.backends.sglang.worker import SGLangRolloutWorker
+    from rl_engine.backends.vllm.worker import VLLMRolloutWorker
 
     if backend != "hf":
         standins.install(backend, monkeypatch)
@@ -48,7 +65,7 @@ def test_the_entry_builds_the_backends_own_worker(backend, make_cfg, monkeypatch
 
 
 def test_the_trainer_opens_each_backends_own_side_of_a_broadcast(monkeypatch):
-    from rl_engine.weights import vllm
+    from rl_engine.backends.vllm import weights as vllm
 
     monkeypatch.setattr(GroupSender, "join", classmethod(lambda cls, init: ("group of broadcast.py", init)))
     monkeypatch.setattr(vllm.VllmSender, "join", classmethod(lambda cls, init: ("vLLM's NCCL group", init)))
@@ -88,7 +105,7 @@ def test_no_engine_code_but_the_config_compares_a_backend_name():
         if path.parent != REPO_ROOT / "rl_engine" / "config"  # its validators check a Literal field
         if (lines := backend_name_checks(path.read_text()))
     }
-    assert offenders == {}, "dispatch on rollout.backend goes through rl_engine.weights.registry"
+    assert offenders == {}, "dispatch on rollout.backend goes through rl_engine.backends"
     planted = (
         'if cfg.rollout.backend == "vllm":\n    pass\n'
         'whole = backend not in ("vllm", "sglang")\n'
