@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rl_engine.types import Prompt, Sample, TransferGroup
+
+if TYPE_CHECKING:  # the one arrow between the two rooms: rollout reads weights' bucket types, never back
+    from rl_engine.weights.buckets import WeightManifest, WeightStream
 
 
 class RolloutWorker(ABC):
@@ -77,12 +81,10 @@ class RolloutWorker(ABC):
     # --- weights (docs/pipeline.md, "Weight sync") ---------------------------------------------------
     # One contract for every backend. A sync is the trainer's bucket stream (``rl_engine.weights.buckets``)
     # in the serving dtype; the version moves only once the whole of it loaded, a failed load raises.
-    # The bucket types are named, not imported: this package stands beside ``rl_engine.weights``, never
-    # on it (the backends, in ``rl_engine.backends``, import both).
     weight_transfer_ranks = 1  # ranks the worker takes in a broadcast weight group (one per engine GPU)
 
     @abstractmethod
-    def update_weights(self, weights: Any, version: int) -> None:
+    def update_weights(self, weights: WeightStream | Mapping[str, Any], version: int) -> None:
         """Load new weights in place and record ``version``: a ``WeightStream`` (of
         ``rl_engine.weights.buckets``: loaded bucket by bucket, in process or from the Ray object store)
         or named numpy arrays / tensors."""
@@ -92,7 +94,7 @@ class RolloutWorker(ABC):
         0, joins at the same time). Workers without a broadcast path take the object store only."""
         raise NotImplementedError(f"{type(self).__name__} takes weights through the object store only")
 
-    def receive_weights(self, manifest: Any, version: int) -> None:
+    def receive_weights(self, manifest: WeightManifest, version: int) -> None:
         """Receive the buckets ``manifest`` (a ``WeightManifest``, ``rl_engine.weights.buckets``) lays out
         by broadcast (while the trainer sends them), load them and record ``version``."""
         raise NotImplementedError(f"{type(self).__name__} takes weights through the object store only")

@@ -342,8 +342,8 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 # What the engine's shared rollout and weight packages may not import: both stand below the backends
 # (rl_engine.backends: each engine's worker and its weight halves, the registry), and beside each other.
-NEVER_IMPORTS = {
-    "rl_engine.rollout": {"rl_engine.backends", "rl_engine.weights"},
+NEVER_IMPORTS = {  # the worker contract (rollout) may name the bucket types (weights); nothing points back
+    "rl_engine.rollout": {"rl_engine.backends"},
     "rl_engine.weights": {"rl_engine.backends", "rl_engine.rollout"},
 }
 
