@@ -4,7 +4,8 @@ workers' common half (``async_worker.AsyncEngineWorker`` on an ``engine_loop.Eng
 the rollouter's allocator setting (``heap``).
 
 The backends themselves (the HF, vLLM and SGLang workers) live in ``rl_engine.backends``, which builds a
-run's worker (``build_rollout_worker``); nothing here imports a backend or ``rl_engine.weights``.
+run's worker (``build_rollout_worker``); nothing here imports a backend, and of ``rl_engine.weights`` the
+worker contract names only the bucket types (a type-only import).
 """
 
 from rl_engine.rollout.base import RolloutWorker
