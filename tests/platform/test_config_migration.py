@@ -19,7 +19,7 @@ from launcher.services import job_spec, job_spec_file
 from rl_engine.cli import load_job
 from rl_engine.config import ConfigError
 from rl_engine.config.moved import MOVED
-from tests.factories import ExperimentFactory, RunFactory, checkpoint_path, stored_demo_config
+from tests.factories import ExperimentFactory, checkpoint_path, stored_demo_config
 from tracking.services import checkpoint_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,24 +55,36 @@ def _migrate(targets: list[tuple[str, str]]) -> None:
     executor.migrate(targets)
 
 
+def _historical_run_model():  # type: ignore[no-untyped-def]
+    """The run model as the database now holds it (the schema of the migrations applied): rows of an
+    older schema are written with it, never with today's model, which may have columns it lacks."""
+    loader = MigrationExecutor(connection).loader
+    applied = [key for key in loader.applied_migrations if key in loader.graph.nodes]
+    return loader.project_state(applied).apps.get_model("experiments", "Run")
+
+
 def test_a_run_created_before_the_split_resumes_after_it(team, tmp_path):
     _migrate(BEFORE)
     try:
         config = stored_demo_config()
         experiment = ExperimentFactory(project=team["project"], config=_legacy(config), run_counter=1)
-        run = RunFactory(experiment=experiment, number=1, state=RunState.CANCELLED)
+        old = _historical_run_model().objects.create(
+            experiment_id=experiment.pk, project_id=team["project"].pk, number=1, config=_legacy(config),
+            state=RunState.CANCELLED,
+        )  # fmt: skip
         # what the old resume stored: the platform's own fields set in the run's frozen config
-        run.config = _legacy(config, checkpoint_dir=str(checkpoint_folder(run)), resume_from="/old/ck",
+        old.config = _legacy(config, checkpoint_dir=str(checkpoint_folder(old)), resume_from="/old/ck",
                              jsonl_path="metrics.jsonl", progress_bar=False)  # fmt: skip
-        run.save(update_fields=["config"])
-        ckpt = checkpoint_record(run_id=run.pk, step=7, path=checkpoint_path(run, 7))
+        old.save(update_fields=["config"])
+        ckpt = checkpoint_record(run_id=old.pk, step=7, path=checkpoint_path(old, 7))
         with pytest.raises(ConfigError, match="moved out of the config"):  # unmigrated, it cannot resume
-            run_resume(run=run, user=team["member"])
+            run_resume(run=old, user=team["member"])
     finally:
         _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
 
     experiment.refresh_from_db()
-    run.refresh_from_db()
+    run = Run.objects.get(pk=old.pk)
+    assert run.inputs is None  # from before runs stored their inputs: resolved at launch
     assert experiment.config == config and run.config == config  # only the moved fields are gone
     resumed = run_resume(run=run, user=team["member"])
     assert resumed.resumed_from_checkpoint_id == ckpt.pk and resumed.config == config
