@@ -87,10 +87,13 @@ def spawn_group(
                 raise RuntimeError(died() or f"trainer rank {rank} failed: {value}")
             results[rank] = value
     finally:
+        # After a failure, a rank still running (one that hangs, or waits in a collective the failed rank
+        # never joins) is stopped at once; after success every rank is past its last collective and exits.
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=30 if len(results) == world else 0)
             if p.is_alive():
                 p.kill()
+                p.join()
     return [results[r] for r in range(world)]
 
 
