@@ -26,7 +26,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ import numpy as np
 
 from rl_engine.config import ExperimentConfig
 from rl_engine.rollout.base import RolloutWorker
-from rl_engine.types import Prompt, Sample
+from rl_engine.types import Prompt, Sample, StepAborted
 
 
 def response_length(seed: int, prompt_index: int, j: int, median: float, sigma: float, cap: int) -> int:
@@ -206,6 +206,9 @@ class SimRolloutWorker(RolloutWorker):
         self._version = version
 
 
+STOP_SLICE_S = 0.05  # the simulated trainer's stop points, as a real step's micro-batches
+
+
 class SimTrainer:
     """``PolicyTrainer`` stand-in: sleeps the modelled cost, updates a deterministic weight vector."""
 
@@ -228,13 +231,19 @@ class SimTrainer:
         # with the checkpoint, so tests can tell which samples a resumed run had already trained
         self.trained_uids: list[str] = []
 
-    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+    def train_step(self, samples: list[Sample], stop: Callable[[], bool] | None = None) -> dict[str, float]:
+        """The modelled cost, slept in ``STOP_SLICE_S`` slices: like ``PolicyTrainer``, a ``stop`` that
+        says yes between slices abandons the step with nothing applied (``StepAborted``)."""
         if len(samples) != self.cfg.trainer.batch_size:
             raise ValueError(f"train_step needs {self.cfg.trainer.batch_size} samples, got {len(samples)}")
         if self.fail_at_step is not None and self.version + 1 >= self.fail_at_step:
             raise RuntimeError(f"simulated trainer failure at step {self.version + 1}")
         tokens = sum(s.response_length for s in samples)
-        time.sleep(tokens * self.train_token_s / self.devices)
+        end = time.monotonic() + tokens * self.train_token_s / self.devices
+        while (left := end - time.monotonic()) > 0:
+            if stop is not None and stop():
+                raise StepAborted(f"step {self.version + 1} abandoned")
+            time.sleep(min(left, STOP_SLICE_S))
         mean_r = float(np.mean([s.reward for s in samples]))
         self.params["b"] += np.float32(mean_r)
         self.params["w"][self.version % self.params["w"].size] += 1.0
@@ -253,6 +262,9 @@ class SimTrainer:
 
     def weights_numpy(self) -> dict[str, np.ndarray]:
         return {k: np.ascontiguousarray(v) for k, v in self.params.items()}
+
+    def stop_timings(self) -> tuple[float, float]:
+        return STOP_SLICE_S, 0.0
 
     def mark_synced(self) -> None:
         self.synced_version = self.version

@@ -126,6 +126,10 @@ PRESETS: dict[str, dict[str, Any]] = {
             "mini_batch_size": 32,
             "lr": 2e-5,
             "lr_schedule": "constant",
+            # a checkpoint every 10 steps (1.6 GB each: weights and AdamW state in fp32), the last two
+            # kept: a cancel keeps at worst the steps since the last one, at best the one it stopped at
+            "checkpoint_every": 10,
+            "keep_checkpoints": 2,
         },
         "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "kl_coef": 0.0},
         "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "trigger_parameter_sync_step": 1},

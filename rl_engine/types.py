@@ -215,12 +215,20 @@ class ExampleSample:
         return asdict(self)
 
 
+class StepAborted(Exception):
+    """A trainer step stopped between micro-batches on a stop request, before its first optimizer
+    update: nothing of it was applied (gradients dropped, random state restored)."""
+
+
 @dataclass(frozen=True)
 class StepCancelled:
-    """``TrainerActor.train_step`` returned without training: a stop was requested while it waited
-    (samples it had taken went back to the queue front)."""
+    """``TrainerActor.train_step`` returned without training: a stop was requested while it waited, or
+    while it trained and before its first optimizer update (``abandoned``: the step was cut between
+    micro-batches). Either way the samples it had taken went back to the queue front."""
 
     wait_s: float
+    abandoned: bool = False
+    train_s: float = 0.0  # time spent on the abandoned step before it stopped
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from rl_engine.pipeline.metrics import step_metrics, sum_counters
 from rl_engine.pipeline.pauses import RolloutPauses
 from rl_engine.pipeline.queue import MessageQueue
 from rl_engine.pipeline.rollouter import Rollouter
+from rl_engine.pipeline.stop_grace import StopGrace
 from rl_engine.pipeline.trainer_group import build_trainer_group
 from rl_engine.pipeline.watch import StopWaitAbandoned, Waiter
 from rl_engine.types import (
@@ -258,6 +259,7 @@ class _Run:
         self.stopped = False
         self.actors: list[Any] = []
         self.final = _Final()
+        self.grace = StopGrace()
 
     # --- build ------------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -306,6 +308,8 @@ class _Run:
             f"pipeline running ({self.knobs.mode}) from step {self.start_step}",
             {"step": self.start_step, "mode": self.knobs.mode, "max_staleness": self.knobs.max_staleness},
         )
+        self.grace.state_bytes = self.waiter.wait_one(self.trainer.state_bytes.remote(), "build")
+        self._report_grace()
         self._quietly(lambda: self.evals.before_training(self.start_step), "an evaluation")
         ray.get([r.start.remote() for r in self.rollouters])
         total, every = self.cfg.trainer.total_steps, self.cfg.trainer.checkpoint_every
@@ -320,6 +324,13 @@ class _Run:
                 pending_log = None
             result: StepResult | StepCancelled = self.waiter.wait_one(ref, "train")
             if isinstance(result, StepCancelled):
+                if result.abandoned:
+                    self.sink.log_event(
+                        EventKind.LOG,
+                        f"step {self.step + 1} abandoned after {result.train_s:.1f} s of training: the stop "
+                        f"keeps step {self.step} (its samples went back to the queue)",
+                        {"step": self.step, "abandoned_s": round(result.train_s, 3)},
+                    )
                 break
             self.step = result.version
             sync_s = None
@@ -336,6 +347,7 @@ class _Run:
                 self.trained_uids.extend(result.uids)
                 break
             self.evals.after_step(self.step, self.synced_version)
+            self._measured_step(result, sync_s)
             now = time.monotonic()
             health = [r.health.remote() for r in self.rollouters]
             pending_log = _StepLog(self.step, result, now - t_last, self.queue.stats.remote(), health, sync_s)
@@ -358,6 +370,24 @@ class _Run:
             {"step": self.step, "stopped": self.stopped, "checkpoint": self.last_ckpt},
         )
         return self._summary()
+
+    def _measured_step(self, result: StepResult, sync_s: float | None) -> None:
+        """Fold a step's stop-relevant timings into the grace estimate (module ``stop_grace``)."""
+        m = result.trainer_metrics
+        self.grace.longest_gap_s = max(self.grace.longest_gap_s, float(m.get("timing/stop_gap_max_s", 0.0)))
+        self.grace.tail_s = max(self.grace.tail_s, float(m.get("timing/step_tail_s", 0.0)))
+        if sync_s is not None:
+            self.grace.sync_s = max(self.grace.sync_s, sync_s)
+        self._report_grace()
+
+    def _report_grace(self) -> None:
+        need = self.grace.update()
+        if need is not None:
+            self.sink.log_event(
+                EventKind.STATUS,
+                f"a graceful stop needs about {need:.0f} s (the rest of a step, a checkpoint, teardown)",
+                {"stop_grace_s": need},
+            )
 
     def _quietly(self, fn: Any, what: str) -> None:
         """Run ``fn``; a wait it abandons after a stop request becomes an alert, not an error."""
@@ -447,6 +477,7 @@ class _Run:
         directory = self.placement.checkpoint_dir
         if not directory:
             return
+        t0 = time.monotonic()
         try:
             self._finish_sync()
             with self.pauses.held("checkpoint pause") as states:
@@ -459,13 +490,17 @@ class _Run:
         except StopWaitAbandoned as exc:
             self.sink.log_event(EventKind.ALERT, f"checkpoint at step {step} skipped: {exc}", {"step": step})
             return
+        self.grace.checkpoint_s = time.monotonic() - t0
         self.last_ckpt, self.last_ckpt_step = str(path), step
-        ckpt.prune(directory, self.cfg.trainer.keep_checkpoints)
+        pruned = ckpt.prune(directory, self.cfg.trainer.keep_checkpoints)
         self.sink.log_event(
             EventKind.CHECKPOINT,
             f"checkpoint at step {step}",
-            {"step": step, "path": str(path), "size_bytes": int(size)},
+            # pruned: the checkpoints this one replaced (removed from disk: nothing to export or fork)
+            {"step": step, "path": str(path), "size_bytes": int(size), "pruned": [str(p) for p in pruned]},
         )
+        if not self.stop.is_set():
+            self._report_grace()
 
     def _maybe_resume(self) -> None:
         src = self.placement.resume_from

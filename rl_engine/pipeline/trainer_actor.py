@@ -32,7 +32,15 @@ from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.followers import Followers, RankStatus
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.types import ExampleSample, QueueBatch, Sample, SendStats, StepCancelled, StepResult
+from rl_engine.types import (
+    ExampleSample,
+    QueueBatch,
+    Sample,
+    SendStats,
+    StepAborted,
+    StepCancelled,
+    StepResult,
+)
 from rl_engine.weights.broadcast import BucketSender, GroupInit
 from rl_engine.weights.buckets import LocalWeightStream, WeightManifest
 from rl_engine.weights.object_store import publish_stream
@@ -112,10 +120,14 @@ class TrainerActor:
         """Every rank's status (the leader's first), for the watchdog's alert."""
         return [self.rank_status(), *self._followers.statuses()]
 
-    def train_on(self, batch: list[Sample]) -> dict[str, float]:
-        """A follower's part of a trainer step (the leader gathered ``batch``)."""
+    def train_on(self, batch: list[Sample]) -> dict[str, float] | None:
+        """A follower's part of a trainer step (the leader gathered ``batch``); None: the group abandoned
+        it on the leader's stop request (every rank leaves at the same micro-batch)."""
         with self._doing("train step"):
-            return dict(self.trainer.train_step(batch))
+            try:
+                return dict(self.trainer.train_step(batch))
+            except StepAborted:
+                return None
 
     def drain_weights(self, split: bool) -> None:
         """A follower's part of a weight sync: the same gathers as the leader's stream, nothing sent."""
@@ -132,8 +144,15 @@ class TrainerActor:
         return self.version
 
     def cancel(self) -> None:
-        """Make a waiting ``train_step`` return without training (graceful stop)."""
+        """Make ``train_step`` return without training (graceful stop): while it waits for samples, or
+        while it trains, at its next micro-batch before the first optimizer update (the trainer's
+        ``train_step(stop=...)``; a trainer without that parameter finishes its step)."""
         self._cancel.set()
+
+    def state_bytes(self) -> int:
+        """About what a checkpoint of this trainer holds (0: a trainer that does not say)."""
+        size = getattr(self.trainer, "state_bytes", None)
+        return int(size()) if size is not None else 0
 
     def train_step(self, num_examples: int = 0, publish: bool = False) -> StepResult | StepCancelled:
         """Gather one batch and train on it. Returns metrics, timings and example samples.
@@ -151,8 +170,12 @@ class TrainerActor:
         # before training: a batch the queue should not have let through is never trained on
         stal = self.knobs.batch_staleness(self.version, batch)
         t1 = time.monotonic()
-        with self._doing("train step"):
-            metrics = self._followers.run("train_on", (batch,), lambda: dict(self.trainer.train_step(batch)))
+        try:
+            with self._doing("train step"):
+                metrics = self._followers.run("train_on", (batch,), lambda: self._train_leader(batch))
+        except StepAborted:
+            ray.get(self.queue.unget.remote(batch))  # a checkpoint taken now must see them as queued
+            return StepCancelled(t_wait, abandoned=True, train_s=time.monotonic() - t1)
         t_train = time.monotonic() - t1
         box, publish_s = None, 0.0
         if publish:
@@ -176,6 +199,11 @@ class TrainerActor:
             weights_box=box,
             publish_s=publish_s,
         )
+
+    def _train_leader(self, batch: list[Sample]) -> dict[str, float]:
+        if getattr(self.trainer, "stop_timings", None) is None:  # a trainer that cannot stop mid-step
+            return dict(self.trainer.train_step(batch))
+        return dict(self.trainer.train_step(batch, stop=self._cancel.is_set))
 
     def _gather(self) -> QueueBatch | None:
         """``trainer.batch_size`` samples in pulls of whole groups; None when cancelled meanwhile."""

@@ -21,6 +21,15 @@ Old log-probs in the PPO ratio, by ``algorithm.off_policy``:
 
 Behaviour log-probs that are not finite (an engine returned NaN or -inf) reject their sample: it is
 left out of the loss and counted in ``error/nonfinite_behaviour_logprobs``.
+
+Stopping mid-step: ``train_step(samples, stop)`` asks ``stop()`` before every micro-batch (the old /
+reference log-prob forwards and the forward/backward passes) until the step's first optimizer update.
+When it says yes (on any rank: the answer is a max over the group, so every rank leaves at the same
+micro-batch), the step is abandoned with nothing applied and ``StepAborted`` is raised: gradients are
+dropped, the step's random state restored, the version and optimizer untouched, so a checkpoint taken
+next is the last completed step exactly. From the first update on the step runs to its end.
+``stop_timings()`` says how long the longest stretch between two such points and the step's
+uninterruptible tail (clip, AdamW, LR step) took: what a graceful stop needs from the trainer.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import contextlib
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +71,12 @@ from rl_engine.trainer.microbatch import (
     select,
 )
 from rl_engine.trainer.schedule import build_lr_multiplier
-from rl_engine.types import Sample
+from rl_engine.types import Sample, StepAborted
 from rl_engine.weights.buckets import LocalWeightStream, StagingBuffer, plan_buckets
+
+
+def _never() -> bool:
+    return False
 
 
 def resolve_precision(setting: str, model_dtype: str) -> str:
@@ -131,6 +145,11 @@ class PolicyTrainer:
         # a weight-sync staging buffer (one bucket), kept between syncs; allocated only when a receiver
         # does not lend its own memory (the object store does not; an in-process HF worker does)
         self._staging = StagingBuffer()
+        # stopping mid-step (module docstring): the step's stop question while it may still be abandoned
+        self._stop: Callable[[], bool] | None = None
+        self._last_point = 0.0
+        self._longest_gap_s = 0.0  # the longest stretch between two stop points seen in a step
+        self._tail_s = 0.0  # the last step's first optimizer update and what follows it
 
     def _wrap(self, model: torch.nn.Module) -> PolicyForward:
         fwd = PolicyForward(model, self.temperature, self.chunk_tokens)
@@ -228,6 +247,7 @@ class PolicyTrainer:
         """[B, R] float32 log-probs on the trainer's device (each rank computes its share, then a sum)."""
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
         for part in self._micro_batches(batch, torch.arange(batch.input_ids.shape[0], device=self.device)):
+            self._stop_point()
             if part is None:
                 with self.ranks.op("log-probs forward (FSDP all-gather)"):
                     self._forward(fwd, self._filler(batch), with_entropy=False)
@@ -283,28 +303,69 @@ class PolicyTrainer:
             rejected=int(rejected.sum()),
         )
 
-    def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """One trainer step on exactly ``trainer.batch_size`` samples; returns metrics (docs/engine.md)."""
+    def train_step(self, samples: list[Sample], stop: Callable[[], bool] | None = None) -> dict[str, float]:
+        """One trainer step on exactly ``trainer.batch_size`` samples; returns metrics (docs/engine.md).
+
+        ``stop``: asked between micro-batches until the first optimizer update; yes abandons the step
+        (``StepAborted``, nothing applied: module docstring). Every rank of a group must pass through
+        the same points, so followers call this too (their ``stop`` may be None: the leader's counts).
+        """
         tc = self.cfg.trainer
         if len(samples) != tc.batch_size:
             raise ValueError(
                 f"train_step needs trainer.batch_size={tc.batch_size} samples, got {len(samples)}"
             )
         t0 = time.perf_counter()
-        data = self._prepare(samples)
-        sums: dict[str, list[float]] = defaultdict(list)
-        for _ in range(tc.ppo_epochs):
-            order = torch.randperm(tc.batch_size, generator=self.generator)
-            for start in range(0, tc.batch_size, tc.mini_batch_size):
-                for k, v in self._optimizer_step(data, order[start : start + tc.mini_batch_size]).items():
-                    sums[k].append(v)
+        random_state = ckpt.rng_state(self.generator)
+        self._stop, self._last_point = stop or _never, t0
+        try:
+            data = self._prepare(samples)
+            sums: dict[str, list[float]] = defaultdict(list)
+            for _ in range(tc.ppo_epochs):
+                order = torch.randperm(tc.batch_size, generator=self.generator)
+                for start in range(0, tc.batch_size, tc.mini_batch_size):
+                    for k, v in self._optimizer_step(data, order[start : start + tc.mini_batch_size]).items():
+                        sums[k].append(v)
+        except StepAborted:
+            self.optimizer.zero_grad(set_to_none=True)
+            ckpt.set_rng_state(random_state, self.generator)
+            raise
+        finally:
+            self._stop = None
+        self._tail_s = time.perf_counter() - self._last_point
         self.version += 1
         metrics = {k: (max(v) if k.endswith("_max") else float(np.mean(v))) for k, v in sums.items()}
+        # what a graceful stop waits for in a step (rl_engine.pipeline.stop_grace)
+        metrics["timing/stop_gap_max_s"], metrics["timing/step_tail_s"] = self.stop_timings()
         metrics.update(self._off_policy_metrics(data))
         metrics["error/nonfinite_behaviour_logprobs"] = float(data.rejected)
         metrics["trainer/optimizer_steps"] = float(self.optimizer_steps)
         metrics["timing/train_s"] = time.perf_counter() - t0
         return metrics
+
+    def _stop_point(self) -> None:
+        """A point where the step may still be abandoned: ask ``stop`` (a max over the ranks)."""
+        if self._stop is None:
+            return
+        now = time.perf_counter()
+        self._longest_gap_s = max(self._longest_gap_s, now - self._last_point)
+        self._last_point = now
+        wanted = bool(self._stop())
+        if self.ranks.sharded:
+            flag = torch.tensor([1.0 if wanted else 0.0], device=self.device)
+            wanted = bool(self.ranks.all_reduce(flag, "max", "stop check").item())
+        if wanted:
+            raise StepAborted(f"step {self.version + 1} abandoned before its first optimizer update")
+
+    def stop_timings(self) -> tuple[float, float]:
+        """(longest stretch between two stop points, the last step's uninterruptible tail), seconds."""
+        return self._longest_gap_s, self._tail_s
+
+    def state_bytes(self) -> int:
+        """What a checkpoint of this rank holds, about: the weights and AdamW's two moments (float32)."""
+        return sum(
+            p.numel() * p.element_size() * (3 if p.requires_grad else 1) for p in self.model.parameters()
+        )
 
     def _off_policy_metrics(self, data: StepData) -> dict[str, float]:
         if data.is_w is None:
@@ -339,8 +400,11 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, torch.Tensor] = {}
         for part in self._micro_batches(data.batch, idx):
+            self._stop_point()
             with self.ranks.op("forward/backward (FSDP all-gather, reduce-scatter)"):
                 self._micro_loss(data, part, norm, acc)
+        self._stop_point()
+        self._stop = None  # the first update: from here the step runs to its end
         max_norm = tc.grad_clip if tc.grad_clip is not None else float("inf")
         with self.ranks.op("gradient norm"):  # sharded gradients: the norm is a collective
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))

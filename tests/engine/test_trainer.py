@@ -370,3 +370,72 @@ def test_a_resume_with_a_changed_config_trains_with_the_configs_optimizer_settin
     stale = reference(lr_a * multiplier(2))
     assert max((g - s).abs().max().item() for g, s in zip(after, stale, strict=True)) > 1e-6
     assert b.optimizer.state[b.optimizer.param_groups[0]["params"][0]]["step"].item() == 3
+
+
+def _optimizer_state(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    state = trainer.optimizer.state_dict()["state"]
+    return {f"{i}.{k}": v.clone() for i, s in state.items() for k, v in s.items() if torch.is_tensor(v)}
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, 5])
+def test_a_stop_between_micro_batches_abandons_the_step_with_nothing_applied(make_cfg, stop_after):
+    """A stop during the old log-probs (1), during the forward/backward passes (3, 5) of a step: the step
+    is abandoned (StepAborted), and the trainer is exactly where the last completed step left it: the
+    next step from there equals, bit for bit, that of a trainer that was never stopped (the reference)."""
+    from rl_engine.types import StepAborted
+
+    cfg = make_cfg(
+        "trainer.batch_size=16",
+        "trainer.mini_batch_size=16",
+        "trainer.micro_batch_size=4",  # 4 micro-batches: stop points before each, in both passes
+        "rollout.max_new_tokens=4",
+        "algorithm.off_policy=tis",  # old log-probs recomputed: the first pass of micro-batches
+    )
+    worker = build_rollout_worker(cfg)
+    stream = PromptStream(cfg, worker.tokenizer)
+    b1, b2 = _scored_batch(cfg, worker, stream), _scored_batch(cfg, worker, stream)
+    stopped, reference = PolicyTrainer(cfg), PolicyTrainer(cfg)
+    for t in (stopped, reference):
+        t.train_step(b1)
+    params, moments = _params(stopped), _optimizer_state(stopped)
+    lr = stopped.optimizer.param_groups[0]["lr"]
+
+    asked = itertools.count(1)
+    with pytest.raises(StepAborted):
+        stopped.train_step(b2, stop=lambda: next(asked) >= stop_after)
+    assert next(asked) == stop_after + 1  # it stopped at the first yes
+    assert stopped.version == 1 and stopped.optimizer_steps == 1
+    assert all(p.grad is None for p in stopped.model.parameters())
+    after, moments_after = _params(stopped), _optimizer_state(stopped)
+    assert all(torch.equal(params[k], after[k]) for k in params)
+    assert moments.keys() == moments_after.keys()
+    assert all(torch.equal(moments[k], moments_after[k]) for k in moments)
+    assert stopped.optimizer.param_groups[0]["lr"] == lr
+
+    torch.manual_seed(99)
+    m_stopped = stopped.train_step(b2)
+    torch.manual_seed(99)
+    m_reference = reference.train_step(b2)
+    for (k, a), b in zip(stopped.model.named_parameters(), reference.model.parameters(), strict=True):
+        assert torch.equal(a, b), k
+    assert m_stopped["actor/pg_loss"] == m_reference["actor/pg_loss"]
+    assert m_stopped["timing/stop_gap_max_s"] > 0 and m_stopped["timing/step_tail_s"] > 0
+
+
+def test_a_stop_after_the_first_optimizer_update_lets_the_step_finish(make_cfg):
+    """Two mini-batches: once the first update is applied, the step cannot be undone: a stop asked from
+    then on is not asked at all, and the step completes like an unstopped one."""
+    cfg = make_cfg("trainer.batch_size=16", "trainer.mini_batch_size=8", "rollout.max_new_tokens=4")
+    batch = _scored_batch(cfg)
+    a, b = PolicyTrainer(cfg), PolicyTrainer(cfg)
+    updates_before: list[int] = []
+
+    def stop() -> bool:
+        updates_before.append(a.optimizer_steps)
+        return a.optimizer_steps >= 1  # only once an update happened: never asked then
+
+    a.train_step(batch, stop=stop)
+    b.train_step(batch)
+    assert a.version == 1 and a.optimizer_steps == 2 and set(updates_before) == {0}
+    for (k, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb), k

@@ -48,6 +48,29 @@ def test_stop_event_checkpoints_announces_and_returns(ray_session, tmp_path):
     assert sink.kinds("status")[-1][1] == f"stopped at step {summary.steps_done}"
 
 
+def test_a_stop_during_a_long_step_abandons_it_and_keeps_the_last_completed_one(ray_session, tmp_path):
+    """A trainer step much longer than any grace (a stand-in trainer: ~10 s of modelled training a step,
+    stoppable between 0.05 s slices as the real one is between micro-batches): a stop while step 2
+    trains abandons it (its samples back to the queue) and checkpoints step 1, instead of waiting out the
+    step. The run also said, before, how long a graceful stop needs."""
+    stop = threading.Event()
+    sink = _StopAfter(stop, 1)  # step 1 is logged while step 2 trains
+    cfg = sim_config(**{**_BASE, "trainer.total_steps": 3})
+    summary = run_experiment(cfg, sink, placement=Placement(checkpoint_dir=str(tmp_path)), stop_event=stop,
+                             components=sim_components(worker=_SLOW_WORKER, trainer={"train_token_s": 0.02}))  # fmt: skip
+    assert summary.stopped and summary.steps_done == 1
+    assert [s for s, _ in sink.metrics] == [1]
+    (abandoned,) = [e for e in sink.kinds("log") if "abandoned" in e[1]]
+    assert abandoned[1].startswith("step 2 abandoned") and abandoned[2]["step"] == 1
+    ((_, _, data),) = sink.kinds("checkpoint")
+    assert data["step"] == 1 and [s for s, _ in list_checkpoints(tmp_path)] == [1]
+    restored, _, trained_before = _checkpoint_samples(Path(data["path"]))
+    assert len(trained_before) == 16  # one step's samples, not two
+    assert len(restored) >= 16  # step 2's batch went back to the queue: the resume trains it
+    graces = [e[2]["stop_grace_s"] for e in sink.kinds("status") if "stop_grace_s" in e[2]]
+    assert graces and all(g > 0 for g in graces)
+
+
 def _checkpoint_samples(path: Path) -> tuple[set[str], int, set[str]]:
     """uids of the queued and in-flight samples a (simulated trainer's) checkpoint holds, how many of
     them were unfinished (interrupted partial rollouts), and the uids trained before it was written."""
