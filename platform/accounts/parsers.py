@@ -6,6 +6,7 @@ from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 
+from core.ids import parse_ascii_int
 from rl_engine.safe_json import MAX_JSON_DEPTH, json_problem
 
 
@@ -46,10 +47,9 @@ def query_int(request: Request, name: str, *, minimum: int = 0, maximum: int = 2
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise exceptions.ValidationError({name: ["must be an integer"]}) from None
+    value = parse_ascii_int(raw)  # ASCII digits only (int() also reads " 7", "+7", "1_0", Arabic-Indic)
+    if value is None:
+        raise exceptions.ValidationError({name: ["must be an integer"]})
     if not minimum <= value <= maximum:
         raise exceptions.ValidationError({name: [f"must be between {minimum} and {maximum}"]})
     return value

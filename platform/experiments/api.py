@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from accounts.access import Conflict, require_role
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
+from core.ids import parse_db_id
 from experiments import services
 from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
 from experiments.form_schema import form_schema
@@ -369,10 +370,11 @@ def compare_ids(request: Request) -> list[int]:
         raise refuse(f"at most {COMPARE_MAX_IDS} runs can be compared, got {len(items)}")
     ids: list[int] = []
     for item in items:
-        if not (item.isascii() and item.isdigit() and len(item) <= 19) or not 1 <= int(item) <= 2**62:
+        run_id = parse_db_id(item)
+        if run_id is None:
             shown = item if len(item) <= 30 else item[:30] + "…"
             raise refuse(f"{shown!r} is not a run id (a positive integer)")
-        ids.append(int(item))
+        ids.append(run_id)
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise refuse(f"each run may be listed once; repeated: {', '.join(map(str, repeated))}")

@@ -17,6 +17,7 @@ from django.shortcuts import render
 from accounts.access import has_role, project_roles
 from accounts.models import Project, Role
 from alerts.models import AlertKind
+from core.ids import parse_db_id, parse_db_ids
 from experiments.config_policy import platform_presets
 from experiments.form_schema import form_schema
 from experiments.models import Experiment, Run
@@ -107,9 +108,9 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         if has_role(request, p.pk, Role.MEMBER)
     ]
     start: dict[str, Any] = {"preset": "demo-cpu" if "demo-cpu" in preset_names() else None}
-    source_id = request.GET.get("from", "")
-    if source_id.isdigit():
-        source = _visible_or_404(_experiments(request), int(source_id))
+    source_id = parse_db_id(request.GET.get("from"))
+    if source_id is not None:
+        source = _visible_or_404(_experiments(request), source_id)
         start = {
             "preset": None,
             "config": source.config,
@@ -120,9 +121,9 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         }
     elif request.GET.get("preset") in preset_names():
         start["preset"] = request.GET["preset"]
-    project_param = request.GET.get("project", "")
-    if project_param.isdigit():
-        start["project"] = int(project_param)
+    project_id = parse_db_id(request.GET.get("project"))
+    if project_id is not None:
+        start["project"] = project_id
     # The form of the project the page opens on (the first one unless asked); another project's form is
     # fetched when the user picks it (GET /api/schema/experiment?project=ID).
     shown = next((p for p in writable if p.pk == start.get("project")), writable[0] if writable else None)
@@ -181,9 +182,7 @@ def run_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def compare(request: HttpRequest) -> HttpResponse:
     """Overlay one metric across runs: ``?runs=1,2,3&key=reward/mean``."""
-    chosen = [int(x) for x in request.GET.get("runs", "").split(",") if x.strip().isdigit()][
-        :COMPARE_MAX_RUNS
-    ]
+    chosen = parse_db_ids(request.GET.get("runs", ""), limit=COMPARE_MAX_RUNS)
     candidates = _runs(request).order_by("-created_at")[:200]
     visible_chosen = {r.pk: r for r in _runs(request).filter(pk__in=chosen)}
     runs = [visible_chosen[pk] for pk in chosen if pk in visible_chosen]
