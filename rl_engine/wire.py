@@ -114,9 +114,23 @@ class CheckpointData(BaseModel):
     step: Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)]
     path: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
     size_bytes: Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)] | None = None
+    pruned: list[Annotated[str, StringConstraints(min_length=1, max_length=1000)]] | None = Field(
+        None, max_length=1000, description="Checkpoints of this run the engine removed for this one."
+    )
 
 
-CHECKPOINT_KEYS = frozenset({"step", "path", "size_bytes"})
+CHECKPOINT_KEYS = frozenset({"step", "path", "size_bytes", "pruned"})
+
+
+class StopGraceData(BaseModel):
+    """A ``status`` event whose data holds ``stop_grace_s``: how long the engine says a graceful stop of
+    the run needs (rl_engine.pipeline.stop_grace); the platform waits that long, within its maximum."""
+
+    model_config = ConfigDict(extra="allow")
+    stop_grace_s: Annotated[float, Field(strict=True, gt=0, le=86400, allow_inf_nan=False)]
+
+
+STOP_GRACE_KEY = "stop_grace_s"
 # Only the platform's own status events (a run's state changes) say which state a run entered; the
 # dashboard's state badge follows them. Reported status events are informational.
 RESERVED_STATUS_KEYS = ("from", "to")
@@ -233,6 +247,12 @@ def event_data_errors(events: list[EventIn]) -> dict[str, list[str]]:
                 f"{source!r} is reserved for the platform's own events (one of "
                 f"{', '.join(sorted(RESERVED_SOURCES))}): use another source"
             )
+        if ev.kind == EventKind.STATUS and STOP_GRACE_KEY in ev.data:
+            try:
+                StopGraceData.model_validate(ev.data)
+            except ValidationError as exc:
+                for path, msg in validation_errors(exc, StopGraceData):
+                    out.setdefault(f"events[{i}].data.{path}", []).append(msg)
         if ev.kind == EventKind.STATUS:
             for key in RESERVED_STATUS_KEYS:
                 if key in ev.data:

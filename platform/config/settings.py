@@ -264,7 +264,10 @@ ENGINE_WORKDIR = env_str("ENGINE_WORKDIR")  # the job's working dir on the clust
 # Extra variables of the worker's environment a local Ray head (so every job) may inherit, beyond the
 # allow-list of launcher.job_env (naming a secret here hands it to every job and its model code).
 ENGINE_ENV_PASSTHROUGH = env_list("ENGINE_ENV_PASSTHROUGH", [])
-RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)  # SIGTERM -> SIGKILL of a cancelled job (local head)
+# A cancel waits what the engine reports a graceful stop needs (Run.stop_grace_s), at least RUN_CANCEL_GRACE_S
+# and at most RUN_CANCEL_GRACE_MAX_S, the local head's SIGTERM -> SIGKILL delay (launcher.supervisor.cancel).
+RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)
+RUN_CANCEL_GRACE_MAX_S = env_int("RUN_CANCEL_GRACE_MAX_S", 300)
 LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 15)  # a supervisor silent this long is replaced
 LAUNCHER_SWEEP_INTERVAL_S = env_int("LAUNCHER_SWEEP_INTERVAL_S", 3)  # reaper / re-attach / queue period
 # Launcher tasks (some follow a job for its whole life) get their own queue so they never hold up others.

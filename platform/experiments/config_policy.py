@@ -346,12 +346,17 @@ def check_config(
 
 
 def check_resume_checkpoint(checkpoint: Checkpoint, *, project: Project) -> None:
-    """Raise CheckpointRefused unless ``checkpoint`` belongs to a run of ``project`` and lies in that
-    run's checkpoint folder (a member may post any path as a checkpoint event)."""
+    """Raise CheckpointRefused unless ``checkpoint`` belongs to a run of ``project``, lies in that run's
+    checkpoint folder (a member may post any path as a checkpoint event) and was not pruned."""
     source = checkpoint.run
     if source.project_id != project.pk or not is_inside(checkpoint.path, checkpoint_folder(source)):
         raise CheckpointRefused(
             f"checkpoint {checkpoint.path!r} is not in the checkpoint folder of run {source.pk} of this project"
+        )
+    if checkpoint.pruned_at is not None:
+        raise CheckpointRefused(
+            f"checkpoint at step {checkpoint.step} of run {source.pk} was removed by the engine "
+            f"(trainer.keep_checkpoints): resume or fork from one it kept"
         )
 
 

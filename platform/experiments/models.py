@@ -84,6 +84,8 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # What the engine says a graceful stop needs (rl_engine.pipeline.stop_grace), seconds; null: not said.
+    stop_grace_s = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     resumed_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="resumed_by"

@@ -55,9 +55,19 @@ def stored_config(row: Experiment | Run) -> ExperimentConfig:
 
 
 def run_checkpoints(run: Run) -> list[dict[str, Any]]:
-    """The run's checkpoints, latest step first, JSON-ready."""
-    rows = run.checkpoints.order_by("-step").values("id", "step", "path", "size_bytes", "created")
-    return [{**c, "created": c["created"].isoformat()} for c in rows]
+    """The run's checkpoints, latest step first, JSON-ready (``pruned``: the engine removed it)."""
+    rows = run.checkpoints.order_by("-step")
+    return [
+        {
+            "id": c.pk,
+            "step": c.step,
+            "path": c.path,
+            "size_bytes": c.size_bytes,
+            "created": c.created.isoformat(),
+            "pruned": c.pruned_at is not None,
+        }
+        for c in rows
+    ]
 
 
 # --- Config diff of runs (GET /api/runs/compare, the compare page) ------------------------------------

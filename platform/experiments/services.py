@@ -315,7 +315,7 @@ def run_resume(
         if ckpt is None:  # the same answer for another run's checkpoint and for none at all
             raise CheckpointRefused(f"checkpoint {checkpoint_id} is not one of run {run.pk}'s checkpoints")
     else:
-        ckpt = checkpoints.order_by("-step").first()
+        ckpt = checkpoints.filter(pruned_at=None).order_by("-step").first()
         if ckpt is None:
             raise NoCheckpoint(f"run {run.pk} has no checkpoint to resume from")
     return run_create(

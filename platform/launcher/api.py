@@ -55,7 +55,9 @@ class CheckpointExportView(JsonOnly, APIView):
         request=None,
         responses={
             202: ExportSerializer,
-            400: OpenApiResponse(description="The checkpoint's path leaves the run's own folder."),
+            400: OpenApiResponse(
+                description="The checkpoint's path leaves the run's own folder, or the engine removed it."
+            ),
             404: OpenApiResponse(description="No such run, or no checkpoint at that step."),
         },
     )

@@ -124,6 +124,11 @@ def export_request(*, run: Run, step: int, username: str) -> dict[str, Any]:
     ckpt = Checkpoint.objects.filter(run=run, step=step).first()
     if ckpt is None:
         raise ExportNotFound(f"run {run.pk} has no checkpoint at step {step}")
+    if ckpt.pruned_at is not None:
+        raise ExportRefused(
+            f"the checkpoint at step {step} was removed by the engine (trainer.keep_checkpoints): "
+            f"nothing to export"
+        )
     out = export_dir_for(run, step)
     if reason := _paths_refused(run, ckpt.path, out):
         raise ExportRefused(reason)

@@ -60,8 +60,14 @@ def head_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         {
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_AUTH_MODE": "disabled",
-            # A cancelled engine gets this long after SIGTERM to checkpoint before Ray kills it.
-            "RAY_JOB_STOP_WAIT_TIME_S": str(getattr(settings, "RUN_CANCEL_GRACE_S", 5)),
+            # Ray's hard stop: a cancelled engine is killed this long after SIGTERM. The platform waits what
+            # the engine says it needs (launcher.supervisor.cancel_grace_s), never longer than this.
+            "RAY_JOB_STOP_WAIT_TIME_S": str(
+                max(
+                    getattr(settings, "RUN_CANCEL_GRACE_MAX_S", 300),
+                    getattr(settings, "RUN_CANCEL_GRACE_S", 5),
+                )
+            ),
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "3",
         }
     )

@@ -31,6 +31,7 @@ from launcher.services import (
     setting,
 )
 from rl_engine.wire import EventKind
+from tracking.models import Checkpoint
 from tracking.services import NewEvent, events_append_many
 
 log = logging.getLogger(__name__)
@@ -192,9 +193,25 @@ def _follow(run_id: int, owner: str) -> str:
             tail.close()
 
 
+def cancel_grace_s(run: Run) -> float:
+    """How long a cancel waits for the job to stop after SIGTERM: what the engine said a graceful stop of
+    this run needs (``Run.stop_grace_s``), at least ``RUN_CANCEL_GRACE_S``, at most the operator's
+    ``RUN_CANCEL_GRACE_MAX_S`` (also the local head's RAY_JOB_STOP_WAIT_TIME_S, Ray's hard stop)."""
+    floor = float(setting("RUN_CANCEL_GRACE_S", 5))
+    cap = max(floor, float(setting("RUN_CANCEL_GRACE_MAX_S", 300)))
+    return min(cap, max(floor, run.stop_grace_s or 0.0))
+
+
+def cancel_kept(run_id: int) -> str:
+    """What a stopped run kept, in words for its page and events: its latest checkpoint on disk."""
+    ckpt = Checkpoint.objects.filter(run_id=run_id, pruned_at=None).order_by("-step").first()
+    return f"checkpoint at step {ckpt.step} kept" if ckpt else "no checkpoint kept"
+
+
 def cancel(*, run_id: int) -> str:
-    """Graceful stop (SIGTERM: the engine checkpoints and exits), hard stop after the grace period
-    (Ray kills the driver after RAY_JOB_STOP_WAIT_TIME_S); → cancelled. Idempotent."""
+    """Graceful stop (SIGTERM: the engine leaves its step at the next micro-batch, checkpoints the last
+    completed step and exits) within ``cancel_grace_s``; → cancelled, with an event saying what the run
+    kept. Ray kills the driver after RAY_JOB_STOP_WAIT_TIME_S. Idempotent."""
     run = Run.objects.get(pk=run_id)
     if run.state == RunState.QUEUED:
         _try(run_id, RunState.CANCELLED, {RunState.QUEUED}, error="cancelled before it started")
@@ -205,7 +222,7 @@ def cancel(*, run_id: int) -> str:
         return run.state
     error = ""
     if run.ray_job_id and run.cluster_address:
-        grace = float(setting("RUN_CANCEL_GRACE_S", 5))
+        grace = cancel_grace_s(run)
         try:
             jobs.stop(run.cluster_address, run.ray_job_id)
             if jobs.wait_terminal(run.cluster_address, run.ray_job_id, timeout=grace + 3.0) is None:
@@ -215,7 +232,14 @@ def cancel(*, run_id: int) -> str:
         except jobs.ClusterUnreachable as exc:
             error = f"could not reach the cluster to stop the job: {exc}"
     _try(run_id, RunState.CANCELLED, {RunState.CANCELLING}, error=error)
-    return Run.objects.get(pk=run_id).state
+    run = Run.objects.get(pk=run_id)
+    if run.state == RunState.CANCELLED and run.ray_job_id:
+        kept = cancel_kept(run_id)
+        events_append_many(
+            run_id=run_id,
+            events=[NewEvent(EventKind.LOG, f"cancelled: {kept}", {"source": "launcher", "kept": kept})],
+        )
+    return run.state
 
 
 def _try(run_id: int, to: str, from_states: set[str], error: str = "") -> None:

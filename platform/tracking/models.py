@@ -64,6 +64,9 @@ class Checkpoint(models.Model):
     path = models.CharField(max_length=1000)
     size_bytes = models.BigIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
+    # When the engine reported it removed (``trainer.keep_checkpoints``): listed, but nothing to export,
+    # resume or fork from.
+    pruned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run_id", "step"]

@@ -34,7 +34,14 @@ class MetricQuerySerializer(serializers.Serializer):
 class CheckpointSerializer(serializers.ModelSerializer):
     class Meta:
         model = Checkpoint
-        fields = ["id", "step", "path", "size_bytes", "created"]
+        fields = ["id", "step", "path", "size_bytes", "created", "pruned"]
+
+    pruned = serializers.SerializerMethodField(
+        help_text="Removed by the engine (trainer.keep_checkpoints): nothing to export, resume or fork from."
+    )
+
+    def get_pruned(self, obj: Checkpoint) -> bool:
+        return obj.pruned_at is not None
 
 
 class SampleSerializer(serializers.ModelSerializer):

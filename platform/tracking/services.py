@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from experiments.models import Run
 from rl_engine import wire
-from rl_engine.wire import EventKind
+from rl_engine.wire import STOP_GRACE_KEY, EventKind
 from tracking import live
 from tracking.announcements import EngineAlertStored, announce
 from tracking.coverage import Span
@@ -315,6 +315,12 @@ def events_ingest(*, run_id: int, events: Sequence[NewEvent], batch_id: str = ""
                 _checkpoint_upsert(
                     run_id, int(data["step"]), str(data["path"]), int(data.get("size_bytes") or 0)
                 )
+                if pruned := data.get("pruned"):
+                    Checkpoint.objects.filter(run_id=run_id, path__in=list(pruned), pruned_at=None).update(
+                        pruned_at=timezone.now()
+                    )
+            if e.kind == EventKind.STATUS and STOP_GRACE_KEY in data:
+                Run.objects.filter(pk=run_id).update(stop_grace_s=float(data[STOP_GRACE_KEY]))
     return rows
 
 

@@ -60,8 +60,18 @@ function renderButtons() {
   if (!cancel) return;
   cancel.hidden = !CANCELLABLE.has(state);
   resume.hidden = !TERMINAL.has(state);
-  resume.disabled = checkpoints.length === 0;
-  resume.title = checkpoints.length ? "" : "This run has no checkpoint to resume from.";
+  const kept = checkpoints.filter((c) => !c.pruned).length;
+  resume.disabled = kept === 0;
+  resume.title = kept ? "" : "This run has no checkpoint to resume from.";
+}
+
+/** A stopped run says what it kept: its latest checkpoint still on disk (what Resume continues from). */
+function renderKept() {
+  const box = $("run-kept");
+  if (!box) return;
+  box.hidden = !TERMINAL.has(state) || SUCCESSFUL.has(state);
+  const last = checkpoints.filter((c) => !c.pruned).sort((a, b) => b.step - a.step)[0];
+  box.textContent = last ? `checkpoint at step ${last.step} kept` : "no checkpoint kept";
 }
 
 function showActionError(err) {
@@ -131,7 +141,10 @@ function handleEvent(ev) {
     scheduleExportsReload();
   } else if (ev.kind === "checkpoint" && ev.data && ev.data.path !== undefined) {
     checkpoints = checkpoints.filter((c) => c.step !== ev.data.step);
-    checkpoints.push({ step: ev.data.step, path: ev.data.path, size_bytes: ev.data.size_bytes || 0, created: ev.created });
+    checkpoints.push({ step: ev.data.step, path: ev.data.path, size_bytes: ev.data.size_bytes || 0, created: ev.created, pruned: false });
+    // the checkpoints this one replaced are gone from disk (trainer.keep_checkpoints)
+    const pruned = new Set(Array.isArray(ev.data.pruned) ? ev.data.pruned : []);
+    for (const c of checkpoints) if (pruned.has(c.path)) c.pruned = true;
     renderCheckpoints();
   }
 }
@@ -160,6 +173,10 @@ async function requestExport(step, btn) {
 
 /** The export cell of a checkpoint row: its state and result, and the action when one is allowed. */
 function exportCell(c) {
+  if (c.pruned) {
+    return el("td", { class: "muted", "data-testid": `export-state-${c.step}`, "data-state": "pruned",
+      title: "The engine removed this checkpoint (trainer.keep_checkpoints)" }, "removed by the engine");
+  }
   const ex = exportsByStep[c.step];
   const parts = [];
   if (ex && (ex.state === "queued" || ex.state === "running")) {
@@ -186,6 +203,7 @@ function renderCheckpoints() {
     exportCell(c), ...(CAN_WRITE ? [forkCell(c)] : []))));
   $("checkpoints-empty").hidden = checkpoints.length > 0;
   renderButtons();
+  renderKept();
 }
 
 /** One re-read of the exports for a burst of notices (a replayed event tail holds many). */
@@ -208,8 +226,8 @@ let forkStep = null; // the step of the checkpoint the open editor forks from
 
 function forkCell(c) {
   const btn = el("button", { class: "btn small", type: "button", "data-testid": `fork-${c.step}` }, "Fork from here");
-  btn.disabled = !TERMINAL.has(state);
-  btn.title = btn.disabled ? "A run can be forked once it has finished." : "";
+  btn.disabled = !TERMINAL.has(state) || c.pruned;
+  btn.title = c.pruned ? "The engine removed this checkpoint." : btn.disabled ? "A run can be forked once it has finished." : "";
   btn.addEventListener("click", () => openFork(c.step));
   return el("td", {}, btn);
 }
