@@ -26,6 +26,7 @@ from django.utils import timezone
 from accounts.services import ingest_token_issue
 from experiments import run_files
 from experiments.models import Run, RunState
+from experiments.config_policy import check_config
 from experiments.selectors import stored_config
 from experiments.services import InvalidTransition, run_transition
 from launcher import job_env as job_env_module
@@ -193,8 +194,11 @@ def run_dir(run: Run) -> Path:
 def job_spec(run: Run, token_file: Path) -> JobSpec:
     """What the engine gets for ``run`` (rl_engine.jobspec), built here once: the run's frozen config as
     the user gave it (read back typed), where it runs (launcher.placement) and where its ``http`` sink
-    reports. ConfigError when the stored config is no longer valid."""
+    reports. ConfigError when the stored config is no longer valid, or no longer permitted: the policy is
+    checked again as it stands now (an administrator may have withdrawn ``allow_trust_remote_code`` or
+    narrowed ``ALLOWED_MODELS`` while the run was queued), naming the refused field."""
     config = stored_config(run)
+    check_config(config, project=run.project)
     folder = run_dir(run)
     timeout_s = int(setting("RUN_HEARTBEAT_TIMEOUT_S", 120))
     ingest = IngestSpec(
