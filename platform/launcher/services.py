@@ -25,8 +25,8 @@ from django.utils import timezone
 
 from accounts.services import ingest_token_issue
 from experiments import run_files
-from experiments.models import Run, RunState
 from experiments.config_policy import check_config
+from experiments.models import Run, RunState
 from experiments.selectors import stored_config
 from experiments.services import InvalidTransition, run_transition
 from launcher import job_env as job_env_module

@@ -16,7 +16,9 @@ from tests.factories import ExperimentFactory, demo_config
 @pytest.fixture
 def submitted(monkeypatch) -> list[dict]:
     calls: list[dict] = []
-    monkeypatch.setattr(services, "cluster_for", lambda run: services.Cluster("address", "http://ray.invalid"))
+    monkeypatch.setattr(
+        services, "cluster_for", lambda run: services.Cluster("address", "http://ray.invalid")
+    )
 
     def not_found(address: str, sid: str):
         raise jobs.JobNotFound(sid)
