@@ -23,13 +23,18 @@ roots are given (a platform job's ``RL_ENGINE_DATA_ROOTS``, the platform's ``DAT
 none and trusts its user. A URL (``scheme:...`` or a ``::`` chain) is never followed unless the caller
 allows it (the CLI with ``data.allow_download``; a platform job never). Without ``configs`` the folder
 has the conventional layout, which reads only files inside it (covered by the walk of
-``rl_engine.paths``). Standard library and PyYAML only: the platform imports this module.
+``rl_engine.paths``).
+
+The card (``README.md``, ``.huggingface.yaml``) and the manifests (``dataset_dict.json``,
+``state.json``) are themselves read through :mod:`rl_engine.safe_files`: only as regular files (a FIFO
+would block the request), whose real path lies inside the data roots when roots are given, at most
+CARD_MAX_BYTES, YAML without aliases, neither nested deeper than ``safe_files.MAX_DEPTH``; anything else
+is a FolderError. Standard library and PyYAML only: the platform imports this module.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -37,9 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from rl_engine import paths
+from rl_engine import paths, safe_files
 
 CARD = "README.md"
 STANDALONE_YAML = ".huggingface.yaml"
@@ -89,22 +92,32 @@ def _front_matter(text: str) -> str | None:
     return None
 
 
-def _read_head(path: Path) -> tuple[str, bool]:
-    """The first CARD_MAX_BYTES of a file as text, and whether there was more."""
+def _read_head(path: Path, roots: Sequence[str | Path]) -> tuple[str, bool]:
+    """The first CARD_MAX_BYTES of a regular file as text (inside the roots, where given), and whether
+    there was more."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(CARD_MAX_BYTES + 1)
+        raw, cut = safe_files.read_bytes(path, limit=CARD_MAX_BYTES, roots=roots or None)
+    except safe_files.OutsideRoots:
+        raise FolderError(
+            f"{path}: its real path (symlinks followed) leaves the data roots {_roots_text(roots)}"
+        ) from None
+    except safe_files.UnsafeFile as exc:
+        raise FolderError(f"{path}: {exc}") from None
     except OSError as exc:
-        raise FolderError(f"{path}: {exc.strerror}") from None
-    return raw[:CARD_MAX_BYTES].decode("utf-8", errors="replace"), len(raw) > CARD_MAX_BYTES
+        raise FolderError(f"{path}: {exc.strerror or type(exc).__name__}") from None
+    return raw.decode("utf-8", errors="replace"), cut
+
+
+def _present(path: Path) -> bool:
+    """Something is there (a link, a FIFO, a folder: read, and refused, rather than skipped)."""
+    return os.path.lexists(path)
 
 
 def _yaml(text: str, where: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise FolderError(f"{where}: its YAML does not parse ({first})") from None
+        data = safe_files.load_yaml(text)
+    except safe_files.UnsafeFile as exc:
+        raise FolderError(f"{where}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -112,21 +125,22 @@ def _yaml(text: str, where: Path) -> dict[str, Any]:
     return data
 
 
-def card_data(folder: str | Path) -> dict[str, Any]:
-    """The folder's card metadata: README.md's front matter, updated by .huggingface.yaml."""
+def card_data(folder: str | Path, roots: Sequence[str | Path] = ()) -> dict[str, Any]:
+    """The folder's card metadata: README.md's front matter, updated by .huggingface.yaml (each read
+    only where its real path lies inside ``roots``, when given)."""
     folder = Path(folder)
     data: dict[str, Any] = {}
     readme = folder / CARD
-    if readme.is_file():
-        text, cut = _read_head(readme)  # only the front matter matters: the card's body may be long
+    if _present(readme):
+        text, cut = _read_head(readme, roots)  # only the front matter matters: the body may be long
         block = _front_matter(text)
         if block is None and cut and text.startswith("---"):
             raise FolderError(f"{readme}: its YAML front matter is longer than {CARD_MAX_BYTES} bytes")
         if block is not None:
             data.update(_yaml(block, readme))
     standalone = folder / STANDALONE_YAML
-    if standalone.is_file():
-        text, cut = _read_head(standalone)
+    if _present(standalone):
+        text, cut = _read_head(standalone, roots)
         if cut:
             raise FolderError(f"{standalone}: longer than {CARD_MAX_BYTES} bytes")
         data.update(_yaml(text, standalone))
@@ -167,10 +181,10 @@ def _data_files(value: Any, where: str) -> dict[str, tuple[str, ...]]:
     return {split: tuple(patterns) for split, patterns in out.items()}
 
 
-def card_configs(folder: str | Path) -> dict[str, CardConfig]:
+def card_configs(folder: str | Path, roots: Sequence[str | Path] = ()) -> dict[str, CardConfig]:
     """The configs of the folder's card, by name (empty without a card or without ``configs``)."""
     folder = Path(folder)
-    raw = card_data(folder).get("configs")
+    raw = card_data(folder, roots).get("configs")
     if not raw:
         return {}
     where = folder / CARD
@@ -278,7 +292,7 @@ def resolve_files(
 ) -> FolderFiles:
     """The files one config of the folder's card reads, checked (see the module's docstring)."""
     real = os.path.realpath(folder)
-    config = pick_config(card_configs(folder), name, folder)
+    config = pick_config(card_configs(folder, roots), name, folder)
     if config is None:
         return FolderFiles(base=real, splits=None)
     at = f"{Path(folder) / CARD} config {config.name!r}"
@@ -322,19 +336,19 @@ def is_saved_dataset(folder: str | Path) -> bool:
     return (folder / "dataset_dict.json").exists() or (folder / "state.json").exists()
 
 
-def _json(path: Path) -> Any:
-    text, cut = _read_head(path)
+def _json(path: Path, roots: Sequence[str | Path]) -> Any:
+    text, cut = _read_head(path, roots)
     if cut:
         raise FolderError(f"{path}: longer than {CARD_MAX_BYTES} bytes")
     try:
-        return json.loads(text)
-    except ValueError:
-        raise FolderError(f"{path}: not JSON") from None
+        return safe_files.load_json(text)
+    except safe_files.UnsafeFile as exc:
+        raise FolderError(f"{path}: {exc}") from None
 
 
-def _saved_split_files(split_dir: str) -> list[str]:
+def _saved_split_files(split_dir: str, roots: Sequence[str | Path]) -> list[str]:
     state_path = Path(split_dir) / "state.json"
-    state = _json(state_path)
+    state = _json(state_path, roots)
     files = state.get("_data_files") if isinstance(state, dict) else None
     if not isinstance(files, list) or not all(
         isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files
@@ -343,13 +357,14 @@ def _saved_split_files(split_dir: str) -> list[str]:
     return [os.path.join(split_dir, f["filename"]) for f in files]
 
 
-def saved_files(folder: str | Path) -> list[str]:
+def saved_files(folder: str | Path, roots: Sequence[str | Path] = ()) -> list[str]:
     """What ``load_from_disk(folder)`` opens: each split's folder (``dataset_dict.json``'s ``splits``)
-    and the arrow files each ``state.json`` names, as joined there (not yet resolved)."""
+    and the arrow files each ``state.json`` names, as joined there (not yet resolved). A manifest is
+    read only where its real path lies inside ``roots``, when given."""
     folder = Path(folder)
-    if not (folder / "dataset_dict.json").exists():
-        return _saved_split_files(str(folder))
-    manifest = _json(folder / "dataset_dict.json")
+    if not _present(folder / "dataset_dict.json"):
+        return _saved_split_files(str(folder), roots)
+    manifest = _json(folder / "dataset_dict.json", roots)
     names = manifest.get("splits") if isinstance(manifest, dict) else None
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
         raise FolderError(f"{folder / 'dataset_dict.json'}: splits is not a list of names")
@@ -357,7 +372,9 @@ def saved_files(folder: str | Path) -> list[str]:
     for name in names:
         split_dir = os.path.join(folder, name)
         out.append(split_dir)
-        out.extend(_saved_split_files(split_dir))
+        if _leaves(split_dir, roots):  # refused by check_saved: its state.json is not read
+            continue
+        out.extend(_saved_split_files(split_dir, roots))
     return out
 
 
@@ -365,7 +382,7 @@ def check_saved(folder: str | Path, roots: Sequence[str | Path]) -> None:
     """Refuse a ``save_to_disk`` folder whose manifest names a split or a file outside the roots."""
     if not roots:
         return
-    for entry in saved_files(folder):
+    for entry in saved_files(folder, roots):
         if _leaves(entry, roots):
             raise FolderError(
                 f"{folder}: its manifest names {entry}, whose real path (symlinks followed) leaves the "

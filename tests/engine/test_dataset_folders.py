@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine import paths
+from rl_engine import dataset_folder, paths
 from rl_engine.config import DatasetDataConfig
 from rl_engine.data import DataError
 from rl_engine.data.hf_datasets import load_split
@@ -221,3 +221,133 @@ def test_a_link_planted_under_a_data_dir_outside_the_folder_is_refused(tmp_path,
     os.symlink(tmp_path / "outside" / "x.csv", root / "shared" / "test.csv")
     with pytest.raises(DataError, match=r"data_dir reads .*test\.csv, whose real path"):
         _load(root / "set", tmp_path)
+
+
+# --- files of the folder itself: links, FIFOs, parser bombs (rl_engine/safe_files.py) -----------------
+
+BOMB = (
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+    "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+    "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+    "e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
+    "configs:\n- config_name: default\n  data_files: a.csv\n"
+)
+DEEP = 100_000
+
+
+def _saved(folder: Path) -> Path:
+    import datasets
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(MINE)}).save_to_disk(str(folder))
+    return folder
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["README.md", ".huggingface.yaml"])
+def test_a_card_with_yaml_aliases_is_refused_not_expanded(tmp_path, name):
+    ds = tmp_path / "ds"
+    _csv(ds / "a.csv", MINE)
+    _card(ds, BOMB, name)
+    with pytest.raises(DataError, match=r"alias \(\*a\)") as err:
+        _load(ds, tmp_path)
+    assert "\n" not in str(err.value) and f"{ds / name}:" in str(err.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["README.md", ".huggingface.yaml", "dataset_dict.json", "state.json"])
+def test_a_card_or_manifest_nested_deep_is_a_one_line_error(tmp_path, monkeypatch, name):
+    """Not a RecursionError out of the parser (a 500 at POST /api/experiments)."""
+    root = tmp_path / "data"
+    if name.endswith(".json"):
+        ds = _saved(root / "saved")
+        target = ds / name if name == "dataset_dict.json" else ds / "train" / name
+        target.write_text("[" * DEEP + "]" * DEEP)
+    else:
+        ds = root / "ds"
+        _csv(ds / "a.csv", MINE)
+        _card(ds, "x: " + "[" * DEEP + "]" * DEEP, name)
+    monkeypatch.setenv(paths.ROOTS_ENV, str(root))
+    with pytest.raises(DataError, match=r"nested deeper than 64 levels") as err:
+        _load(ds, tmp_path)
+    assert "\n" not in str(err.value)
+    with pytest.raises(dataset_folder.FolderError, match=r"nested deeper"):
+        if name.endswith(".json"):
+            dataset_folder.check_saved(ds, [root])
+        else:
+            dataset_folder.resolve_files(ds, None, roots=[root], allow_urls=False)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("name", ["README.md", ".huggingface.yaml", "dataset_dict.json", "state.json"])
+def test_a_fifo_card_or_manifest_is_refused_without_blocking(tmp_path, name):
+    root = tmp_path / "data"
+    if name.endswith(".json"):
+        ds = _saved(root / "saved")
+        target = ds / name if name == "dataset_dict.json" else ds / "train" / name
+        target.unlink()
+    else:
+        ds = root / "ds"
+        _csv(ds / "a.csv", MINE)
+        target = ds / name
+    os.mkfifo(target)
+    with pytest.raises(dataset_folder.FolderError, match=r"not a regular file"):
+        if name.endswith(".json"):
+            dataset_folder.check_saved(ds, [root])
+        else:
+            dataset_folder.resolve_files(ds, None, roots=[root], allow_urls=False)
+
+
+@pytest.mark.parametrize("name", ["README.md", ".huggingface.yaml", "dataset_dict.json"])
+def test_a_card_or_manifest_linked_from_outside_the_roots_is_not_read(tmp_path, name):
+    """The card itself a link out of the roots: not read at all (the walk refuses it too, but the
+    resolver must not depend on being called after it)."""
+    root, outside = tmp_path / "data", tmp_path / "outside"
+    _csv(outside / "x.csv", SECRET)
+    if name == "dataset_dict.json":
+        ds = _saved(root / "saved")
+        (outside / name).write_text(json.dumps({"splits": ["train"]}))
+    else:
+        ds = root / "ds"
+        _csv(ds / "a.csv", MINE)
+        body = "configs:\n- config_name: default\n  data_files: a.csv\n"
+        (outside / name).write_text(f"---\n{body}---\n" if name == "README.md" else body)
+    (ds / name).unlink(missing_ok=True)
+    (ds / name).symlink_to(outside / name)
+    with pytest.raises(dataset_folder.FolderError, match=r"leaves the data roots"):
+        if name == "dataset_dict.json":
+            dataset_folder.check_saved(ds, [root])
+        else:
+            dataset_folder.resolve_files(ds, None, roots=[root], allow_urls=False)
+    if name != "dataset_dict.json":  # the CLI (no roots) trusts its user: the link is followed
+        layout = dataset_folder.resolve_files(ds, None, roots=[], allow_urls=False)
+        assert layout.splits == {"train": [str((ds / "a.csv").resolve())]}
+
+
+@pytest.mark.parametrize("kind", ["data_files", "data_dir", "manifest"])
+def test_a_sibling_folder_whose_name_extends_the_roots_is_outside(tmp_path, monkeypatch, kind):
+    """``data_evil`` beside the root ``data``: inside by string prefix, outside by path."""
+    root, evil = tmp_path / "data", tmp_path / "data_evil"
+    _csv(evil / "train.csv", SECRET)
+    assert str(evil).startswith(str(root))
+    if kind == "manifest":
+        import datasets
+
+        datasets.Dataset.from_list(SECRET).save_to_disk(str(evil / "saved"))
+        ds = _saved(root / "saved")
+        (ds / "dataset_dict.json").write_text(json.dumps({"splits": ["../../data_evil/saved"]}))
+    else:
+        ds = root / "set"
+        _csv(ds / "a.csv", MINE)
+        line = (
+            "data_files: ../../data_evil/train.csv" if kind == "data_files" else "data_dir: ../../data_evil"
+        )
+        _card(ds, f"configs:\n- config_name: default\n  {line}")
+    monkeypatch.setenv(paths.ROOTS_ENV, str(root))
+    with pytest.raises(DataError, match=r"leaves the data roots"):
+        _load(ds, tmp_path)
+    with pytest.raises(dataset_folder.FolderError, match=r"leaves the data roots"):
+        if kind == "manifest":
+            dataset_folder.check_saved(ds, [root])
+        else:
+            dataset_folder.resolve_files(ds, None, roots=[root], allow_urls=False)
