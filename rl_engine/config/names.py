@@ -25,7 +25,8 @@ class Names:
         """``value`` when it is one of the names (or not a string: the field's type refuses that);
         else a ValueError that lists the names."""
         if isinstance(value, str) and value not in self.names:
-            raise ValueError(f"unknown {self.what} {value!r}; choose one of {', '.join(sorted(self.names))}")
+            shown = value if len(value) <= 80 else f"{value[:80]}..."  # never echo a megabyte back
+            raise ValueError(f"unknown {self.what} {shown!r}; choose one of {', '.join(sorted(self.names))}")
         return value
 
 

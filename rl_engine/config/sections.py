@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rl_engine.config import names
 from rl_engine.strict_url import url_problem
@@ -496,7 +504,21 @@ class RewardConfig(StrictModel):
     name: registered(names.REWARDS) = Field(
         "exact_match", description="A reward function from the registry.", json_schema_extra=ESSENTIAL
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The reward's arguments: checked when the config is (names, types, ranges, patterns).",
+    )
+
+    @field_validator("kwargs")
+    @classmethod
+    def _reward_takes_them(cls, kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        if name is None:  # the name itself was refused: that is the error to show
+            return kwargs
+        from rl_engine.rewards.registry import bound_reward  # the registry imports this module
+
+        bound_reward(name, kwargs)
+        return kwargs
 
 
 # Ray's own resources, which the fields above ask for: never a custom resource of a role.

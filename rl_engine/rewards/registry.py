@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any, Protocol
 
-from rl_engine.config import RewardConfig
 from rl_engine.rewards.base import RewardFn, SafeReward
 from rl_engine.rewards.math_answers import math_verify_reward
 from rl_engine.rewards.text_answers import contains, exact_match, format_match, numeric_answer
@@ -28,18 +28,38 @@ def reward_names() -> list[str]:
     return sorted(REWARDS)
 
 
-def build_reward(reward_cfg: RewardConfig) -> SafeReward:
-    """Look up ``reward_cfg.name`` and bind ``reward_cfg.kwargs`` (errors say which names/arguments
-    exist); the function comes back wrapped in ``SafeReward``."""
-    factory = REWARDS.get(reward_cfg.name)
+def bound_reward(name: str, kwargs: dict[str, Any]) -> RewardFn:
+    """The reward ``name`` built with ``kwargs``: ValueError (one line) for an unknown name, an argument
+    it does not take, or a value it refuses (a range, a type, a pattern RE2 does not accept). The config
+    calls this when it is checked (``RewardConfig``), so the platform answers a 400 at create instead of
+    the job failing later."""
+    factory = REWARDS.get(name)
     if factory is None:
-        raise ValueError(f"unknown reward {reward_cfg.name!r}; choose one of {', '.join(reward_names())}")
+        raise ValueError(f"unknown reward {name[:80]!r}; choose one of {', '.join(reward_names())}")
     sig = inspect.signature(factory)
     try:
-        sig.bind(**reward_cfg.kwargs)
-    except TypeError:
+        sig.bind(**kwargs)
+    except TypeError as exc:
         params = ", ".join(sig.parameters) or "none"
+        got = ", ".join(repr(k[:80]) for k in sorted(kwargs)[:20])
         raise ValueError(
-            f"reward {reward_cfg.name!r} got arguments {sorted(reward_cfg.kwargs)}; it takes: {params}"
+            f"reward {name!r} got arguments [{got}] ({str(exc)[:200]}); it takes: {params}"
         ) from None
-    return SafeReward(factory(**reward_cfg.kwargs), reward_cfg.name)
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:  # a value of the wrong type met an operator or a comparison
+        raise ValueError(f"reward {name!r}: an argument has the wrong type ({exc})") from None
+
+
+class RewardSpec(Protocol):
+    """What names a reward: ``rl_engine.config.RewardConfig`` (the config checks its arguments with
+    ``bound_reward``, so this package imports nothing of the config's)."""
+
+    name: str
+    kwargs: dict[str, Any]
+
+
+def build_reward(reward_cfg: RewardSpec) -> SafeReward:
+    """Look up ``reward_cfg.name`` and bind ``reward_cfg.kwargs`` (``bound_reward``); the function comes
+    back wrapped in ``SafeReward``."""
+    return SafeReward(bound_reward(reward_cfg.name, reward_cfg.kwargs), reward_cfg.name)

@@ -75,12 +75,31 @@ def numeric_answer(tolerance: float = 1e-6, marker: str | None = "####") -> Rewa
     return fn
 
 
+MAX_PATTERN_CHARS = 1000
+
+
 def format_match(pattern: str, full: bool = True, reward: float = 1.0) -> RewardFn:
-    """``reward`` if the response matches the regular expression (whole response when ``full``), else 0."""
+    """``reward`` if the response matches the regular expression (whole response when ``full``), else 0.
+
+    The pattern runs on RE2, whose matching time is linear in the response's length whatever the pattern
+    (``(a+)+$`` included): a pattern a member typed cannot stall the rollouter. RE2 has no
+    backreferences or lookarounds; a pattern that uses them is refused when the config is checked."""
+    import re2
+
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError("pattern must be a non-empty regular expression")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"pattern is longer than {MAX_PATTERN_CHARS} characters")
+    options = re2.Options()
+    options.log_errors = False
     try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"pattern is not a valid regular expression: {exc}") from None
+        regex = re2.compile(pattern, options)
+    except re2.error as exc:
+        detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise ValueError(
+            f"pattern is not a regular expression RE2 accepts (linear-time matching: no backreferences "
+            f"or lookarounds): {detail}"
+        ) from None
     match = regex.fullmatch if full else regex.search
 
     def fn(sample: Sample) -> float:

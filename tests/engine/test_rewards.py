@@ -66,8 +66,59 @@ def test_registry_errors_name_the_choices():
         build_reward(RewardConfig.model_construct(name="python", kwargs={"code": "import os"}))
     with pytest.raises(ValueError, match="it takes: strip, case_sensitive, prefix_credit"):
         build_reward(RewardConfig(name="exact_match", kwargs={"bogus": 1}))
-    with pytest.raises(ValueError, match="not a valid regular expression"):
-        build_reward(RewardConfig(name="format", kwargs={"pattern": "("}))
+    with pytest.raises(ValueError, match="not a regular expression RE2 accepts"):
+        build_reward(RewardConfig.model_construct(name="format", kwargs={"pattern": "("}))
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "says"),
+    [
+        ("exact_match", {"strp": True}, "it takes: strip, case_sensitive, prefix_credit"),  # misspelt
+        ("format", {}, "missing a required argument: 'pattern'"),
+        ("format", {"pattern": "(unclosed"}, "missing )"),
+        ("format", {"pattern": r"(a)\1"}, "no backreferences or lookarounds"),
+        ("format", {"pattern": r"(?=x)x"}, "no backreferences or lookarounds"),
+        ("numeric_answer", {"tolerance": "abc"}, "wrong type"),
+        ("numeric_answer", {"tolerance": -1}, "tolerance must be >= 0"),
+        ("exact_match", {"prefix_credit": 2}, "prefix_credit must be between 0 and 1"),
+        ("math_verify", {"answer_format": "latex"}, "answer_format must be auto, gsm8k or boxed"),
+    ],
+)
+def test_reward_arguments_are_checked_with_the_config_naming_the_field(name, kwargs, says):
+    """The platform parses the config when an experiment is created: a wrong argument is a 400 there, not
+    a job that fails (or backtracks) later."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        RewardConfig(name=name, kwargs=kwargs)
+    (error,) = info.value.errors()
+    assert error["loc"] == ("kwargs",) and says in error["msg"], error
+
+
+@pytest.mark.timeout(30)
+def test_a_catastrophic_pattern_matches_in_linear_time_with_the_same_answers_as_python():
+    """``(a+)+$`` backtracks exponentially in Python's re on "aaa...ab" (30 a's: minutes); on RE2 the
+    match is linear. On ordinary patterns the answers equal Python's (the reference)."""
+    import re
+
+    evil = build_reward(RewardConfig(name="format", kwargs={"pattern": "(a+)+$", "full": False}))
+    assert evil(_s("a" * 100_000 + "b", "")) == 0.0
+    assert evil(_s("b" + "a" * 100_000, "")) == 1.0
+    texts = ["<answer>42</answer>", "x <answer>4</answer> y", "Answer: 12.5", "no", "", "#### 7\n"]
+    for pattern in [r"<answer>\d+</answer>", r"Answer: [0-9.]+", r"#### \d+", r"\w+", r"(yes|no)"]:
+        for full in (True, False):
+            ours = build_reward(RewardConfig(name="format", kwargs={"pattern": pattern, "full": full}))
+            match = re.compile(pattern).fullmatch if full else re.compile(pattern).search
+            for text in texts:
+                assert ours(_s(text, "")) == float(bool(match(text.strip()))), (pattern, full, text)
+
+
+def test_an_unknown_reward_name_is_not_echoed_whole():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        RewardConfig(name="x" * 1_000_000)
+    assert len(str(info.value)) < 1000
 
 
 # --- math-verify --------------------------------------------------------------------------------------
