@@ -29,7 +29,13 @@ Protocol (docs/dashboard.md has the full picture):
   every ``MEMBERSHIP_RECHECK_S`` and on every client message (``tracking/stream_access.py``: one
   statement while the rows Django's check read are unchanged): a user removed from the project (or
   deactivated), logged out, or whose password changed since the stream opened is disconnected with
-  code 4403.
+  code 4403. A run id that is not one (not ASCII digits, or past a bigint) is refused like an unknown run.
+- Bounds on what one viewer can make the process do: at most ``LIVE_MAX_SOCKETS_PER_USER_RUN`` open
+  streams of a run per user and process (one more is refused at the handshake with code 4429); client
+  messages are rate-limited per socket (``LIVE_CLIENT_MESSAGE_BURST`` at once, then one every
+  ``LIVE_CLIENT_MESSAGE_REFILL_S``; beyond, an error message and nothing else); and a socket has at
+  most one resume's catch-up in flight: a resume that arrives meanwhile joins it (or, asking for older
+  events, is read once after it). Twenty resumes from 0 once cost twenty full catch-ups.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import contextlib
 import json
 import logging
 import time
+import weakref
+from collections import Counter
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -46,6 +54,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import connection
 
+from core.ids import MAX_DB_ID, parse_ascii_int, parse_db_id
 from experiments.models import Run
 from experiments.summary import run_summary
 from rl_engine import wire
@@ -61,6 +70,10 @@ log = logging.getLogger(__name__)
 CATCH_UP_BATCH = 500  # events per database read while catching up
 POLL_METRIC_ROWS = 5000  # metric points per database read of a poll
 CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_MANY = 4429  # this user has LIVE_MAX_SOCKETS_PER_USER_RUN streams of the run open already
+MAX_SOCKETS_PER_USER_RUN = 8  # defaults of the settings read below
+CLIENT_MESSAGE_BURST = 4
+CLIENT_MESSAGE_REFILL_S = 2.0
 MEMBERSHIP_RECHECK_S = 5.0  # longest time between two membership checks of an open stream
 FALLBACK_POLL_S = 1.5  # database poll period while the live bus is unreachable
 
@@ -68,6 +81,26 @@ FALLBACK_POLL_S = 1.5  # database poll period while the live bus is unreachable
 def poll_interval_s() -> float:
     """The configured poll period (0: no poll while the bus works)."""
     return float(getattr(settings, "LIVE_POLL_INTERVAL_S", 1.5))
+
+
+def max_sockets_per_user_run() -> int:
+    return int(getattr(settings, "LIVE_MAX_SOCKETS_PER_USER_RUN", MAX_SOCKETS_PER_USER_RUN))
+
+
+def client_message_rate() -> tuple[float, float]:
+    """(burst, refill period in s) of a socket's client messages."""
+    burst = float(getattr(settings, "LIVE_CLIENT_MESSAGE_BURST", CLIENT_MESSAGE_BURST))
+    return burst, float(getattr(settings, "LIVE_CLIENT_MESSAGE_REFILL_S", CLIENT_MESSAGE_REFILL_S))
+
+
+# Open streams per (user, run) on each event loop (a process serves its sockets on one loop).
+_open_streams: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Counter[tuple[int, int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _streams_here() -> Counter[tuple[int, int]]:
+    return _open_streams.setdefault(asyncio.get_running_loop(), Counter())
 
 
 # --- database reads (sync; wrapped below) -------------------------------------------------------------
@@ -156,9 +189,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.grant: stream_access.Grant | None = None  # what the last passed check read
         self.poller: asyncio.Task[None] | None = None
         self.reader: asyncio.Task[None] | None = None  # takes the inbox's messages, once accepted
+        self.resumer: asyncio.Task[None] | None = None  # the client's resume being caught up, if any
+        self.resuming_from = 0  # ... from this seq
+        self.resume_pending: int | None = None  # a resume for older events that came meanwhile
+        self.slot: tuple[int, int] | None = None  # (user, run) counted in _open_streams
+        self.message_tokens, self.tokens_at = client_message_rate()[0], time.monotonic()
 
     async def connect(self) -> None:
-        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        run_id = parse_db_id(self.scope["url_route"]["kwargs"].get("run_id"))
+        if run_id is None:  # not an id: refused as an unknown run is
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self.run_id = run_id
         self.last_seq = 0
         # The run's stored batches this socket was sent (from connect on); set once accepted.
         self.coverage = Coverage(Stored(count=0, last_id=0))
@@ -168,6 +210,12 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.metrics_read_lock = asyncio.Lock()
         self.hub = hub_for(live_bus())
         if not await self.still_member():  # before accept: the handshake is refused
+            return
+        if not self._claim_slot():
+            log.info(
+                "refusing a live stream of run %s: the user has %d open", run_id, max_sockets_per_user_run()
+            )
+            await self.close(code=CLOSE_TOO_MANY)
             return
         self.subscribed = True
         if not await self.hub.subscribe(self.run_id, self.inbox):  # the poll carries the stream meanwhile
@@ -182,14 +230,30 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.poller = asyncio.create_task(self.poll_forever(), name=f"live-poll-{self.run_id}")
 
     async def disconnect(self, code: int) -> None:
-        for task in (self.poller, self.reader):
+        for task in (self.poller, self.reader, self.resumer):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        slot, self.slot = self.slot, None
+        if slot is not None:
+            streams = _streams_here()
+            streams[slot] -= 1
+            if streams[slot] <= 0:
+                del streams[slot]
         if self.subscribed:
             self.subscribed = False
             await self.hub.unsubscribe(self.run_id, self.inbox)
+
+    def _claim_slot(self) -> bool:
+        """Count this stream against its user's LIVE_MAX_SOCKETS_PER_USER_RUN; False when none is left."""
+        slot = (int(self.scope["user"].pk), self.run_id)
+        streams = _streams_here()
+        if streams[slot] >= max_sockets_per_user_run():
+            return False
+        streams[slot] += 1
+        self.slot = slot
+        return True
 
     async def read_inbox(self) -> None:
         """Send what the hub delivers, in order. Not through Channels' dispatch, which would run
@@ -223,17 +287,62 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """``{"type": "resume", "last_seq": N}``: send again every event after N (e.g. after a gap)."""
+        """``{"type": "resume", "last_seq": N}``: send again every event after N (e.g. after a gap).
+        Rate-limited (each message costs a membership check), and one catch-up in flight (``resume``)."""
+        if not self._take_message_token():
+            burst, refill_s = client_message_rate()
+            await self.send_json(
+                wire.live_error(
+                    f"too many messages: at most {burst:g} at once, then one every {refill_s:g} s; "
+                    "this one was ignored"
+                )
+            )
+            return
         if not await self.still_member():
             return
         if not isinstance(content, dict) or content.get("type") != "resume":
             await self.send_json(wire.live_error('expected {"type": "resume", "last_seq": <int>}'))
             return
         seq = content.get("last_seq")
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_DB_ID:
             await self.send_json(wire.live_error("last_seq must be a non-negative integer"))
             return
-        await self.catch_up(seq)
+        self.resume(seq)
+
+    def _take_message_token(self) -> bool:
+        """A token bucket: CLIENT_MESSAGE_BURST tokens, one more every CLIENT_MESSAGE_REFILL_S."""
+        burst, refill_s = client_message_rate()
+        now = time.monotonic()
+        self.message_tokens = min(burst, self.message_tokens + (now - self.tokens_at) / max(refill_s, 1e-9))
+        self.tokens_at = now
+        if self.message_tokens < 1:
+            return False
+        self.message_tokens -= 1
+        return True
+
+    def resume(self, seq: int) -> None:
+        """Catch up from ``seq`` in a task of its own, one at a time. A resume that arrives while one is
+        in flight joins it when that one started at or before ``seq`` (it sends every event after its
+        start, in order: the client gets them); one asking for older events is read once more after it
+        (several coalesce into the oldest)."""
+        task = self.resumer
+        if task is not None and not task.done():
+            if seq < self.resuming_from:
+                self.resume_pending = seq if self.resume_pending is None else min(self.resume_pending, seq)
+            return
+        self.resumer = asyncio.create_task(self._resume_from(seq), name=f"live-resume-{self.run_id}")
+
+    async def _resume_from(self, seq: int) -> None:
+        start: int | None = seq
+        while start is not None:
+            self.resuming_from = start
+            try:
+                await self.catch_up(start)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # (a DB hiccup: the client may ask again; the poll covers live events)
+                log.warning("resume of run %s failed", self.run_id, exc_info=True)
+            start, self.resume_pending = self.resume_pending, None
 
     # --- live messages (tracking.live.publish) ----------------------------------------------------------
 
@@ -365,11 +474,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
 
 def _query_int(scope: dict[str, Any], name: str) -> int:
-    """An integer query-string parameter, 0 when absent or malformed."""
+    """A non-negative integer query-string parameter (ASCII digits, at most MAX_DB_ID), 0 when absent or
+    malformed."""
     from urllib.parse import parse_qs
 
     raw = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get(name, ["0"])[0]
-    try:
-        return max(int(raw), 0)
-    except ValueError:
-        return 0
+    value = parse_ascii_int(raw)
+    return value if value is not None and 0 <= value <= MAX_DB_ID else 0

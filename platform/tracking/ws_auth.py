@@ -25,6 +25,7 @@ from django.contrib.auth.models import AnonymousUser
 from accounts.authentication import KEYWORDS
 from accounts.models import ApiToken, TokenKind
 from accounts.services import hash_secret
+from core.ids import parse_db_id
 from experiments.models import Run
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -108,8 +109,8 @@ class TokenAuthMiddleware:
         secret = authorization_secret(scope)
         if scope.get("type") != "websocket" or secret is None:
             return await self.inner(scope, receive, send)
-        run_id = (scope.get("url_route") or {}).get("kwargs", {}).get("run_id")
-        token, code = await admit(secret, run_id)
+        run_id = parse_db_id((scope.get("url_route") or {}).get("kwargs", {}).get("run_id"))
+        token, code = await admit(secret, run_id)  # (no run: a project's token is refused, 4403)
         if token is None:
             return await refuse(receive, send, code or CLOSE_UNAUTHENTICATED)
         scope = dict(scope, user=token.user or AnonymousUser(), auth=token)
