@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -258,17 +259,35 @@ def allowed_models_from_env() -> list[str]:
     return [p.strip() for p in os.environ.get("ALLOWED_MODELS", "").split(",") if p.strip()]
 
 
+HUB_SOURCE_FILE = ".rlp-source.json"  # which hub repository a fetched folder came from
+
+
+def _hub_source(folder: Path) -> str | None:
+    """The hub id ``fetch_hub_model`` recorded in ``folder`` (None: none recorded, or unreadable)."""
+    try:
+        found = json.loads((folder / HUB_SOURCE_FILE).read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
 def fetch_hub_model(
     repo_id: str, root: Path, *, revision: str | None = None, force: bool = False, log: Log = print
 ) -> FetchResult:
-    if not HUB_ID.match(repo_id):
+    if not HUB_ID.fullmatch(repo_id):  # fullmatch: "$" alone would let a trailing newline through
         raise FetchError(f"{repo_id!r} is neither a catalogue name nor a hub id namespace/name")
     allowed = allowed_models_from_env()
     if not hub_id_allowed(repo_id, allowed):
         raise FetchError(f"{repo_id} is not in ALLOWED_MODELS ({', '.join(allowed)})")
     dest = root / repo_id.split("/")[1]
     if not force and (dest / "config.json").is_file():
-        log(f"{dest} is already there")
+        held = _hub_source(dest)
+        if held != repo_id:  # the same folder name from another organisation, or a model put there by hand
+            raise FetchError(
+                f"{dest} already holds another model ({held or 'of unknown source'}), not {repo_id}: "
+                f"--force replaces it"
+            )
+        log(f"{dest} is already there (source {repo_id})")
         return FetchResult(dest, fetched=False)
     try:
         from huggingface_hub import snapshot_download
@@ -283,6 +302,7 @@ def fetch_hub_model(
         shutil.rmtree(tmp / ".cache", ignore_errors=True)
         if not (tmp / "config.json").is_file():
             raise FetchError(f"{repo_id} has no config.json: not a transformers model")
+        (tmp / HUB_SOURCE_FILE).write_text(json.dumps({"source": repo_id, "revision": revision}) + "\n")
         _into_place(tmp, dest, force)
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
         raise FetchError(f"cannot download {repo_id} from the hub: {str(exc).splitlines()[0]}") from None

@@ -22,7 +22,14 @@ import torch
 from rl_engine import catalogue
 from rl_engine.catalogue import CatalogueEntry, PypiGguf, describe, read_card
 from rl_engine.cli import main
-from rl_engine.models.fetch import convert_gguf, download_cache, fetch_catalogue_model
+from rl_engine.models.fetch import (
+    HUB_SOURCE_FILE,
+    FetchError,
+    convert_gguf,
+    download_cache,
+    fetch_catalogue_model,
+    fetch_hub_model,
+)
 
 gguf = pytest.importorskip("gguf")
 
@@ -289,6 +296,28 @@ def test_unknown_names_and_hub_ids_outside_allowed_models_are_one_line(tmp_path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "not in ALLOWED_MODELS" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_hub_id_with_a_trailing_newline_is_not_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALLOWED_MODELS", "Qwen/*")
+    with pytest.raises(FetchError, match="neither a catalogue name nor a hub id"):
+        fetch_hub_model("Qwen/Qwen2.5-0.5B\n", tmp_path)
+
+
+def test_a_folder_holding_another_organisations_model_is_not_already_there(tmp_path, monkeypatch):
+    """``models fetch OrgB/name`` where ``name`` holds OrgA's model (or a model put there by hand): an
+    error naming what the folder holds, never "already there"; the same id is. (No hub here: the folder
+    is written as ``fetch_hub_model`` leaves it.)"""
+    monkeypatch.setenv("ALLOWED_MODELS", "OrgA/*,OrgB/*")
+    folder = tmp_path / "shared-name"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(FetchError, match="of unknown source"):
+        fetch_hub_model("OrgB/shared-name", tmp_path)
+    (folder / HUB_SOURCE_FILE).write_text(json.dumps({"source": "OrgA/shared-name", "revision": None}))
+    with pytest.raises(FetchError, match="already holds another model \\(OrgA/shared-name\\)"):
+        fetch_hub_model("OrgB/shared-name", tmp_path)
+    assert fetch_hub_model("OrgA/shared-name", tmp_path).fetched is False
 
 
 def _smollm2_wheel() -> Path | None:
