@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.access import Conflict, require_role
+from accounts.access import Conflict, require_role, visible_project_ids
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
 from core.ids import parse_db_id
@@ -234,10 +234,11 @@ class ModelListView(JsonOnly, APIView):
         description="The models a config may name here (``model.path``): every model directory under "
         "MODEL_ROOTS and each local one of ALLOWED_MODELS, with parameters, vocabulary, head size, chat "
         "template, the rollout backends that can serve it and its card; and the engine's catalogue models "
-        "not fetched yet (``not_fetched``: the command an operator runs).",
+        "not fetched yet (``not_fetched``: the command an operator runs). Absolute paths only to a "
+        "member of some project (others: the root's folder name, then the model's folder under it).",
     )
     def get(self, request: Request) -> Response:
-        return Response(catalogue_document())
+        return Response(catalogue_document(full_paths=bool(visible_project_ids(request))))
 
 
 STATE_Q = OpenApiParameter(
