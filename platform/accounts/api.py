@@ -288,7 +288,9 @@ class TokenLoginView(JsonOnly, APIView):
         responses={201: TokenCreatedSerializer},
         auth=[],
         description=(
-            "Creates a user token (all the user's projects) for `username` and `password`: 401 with the "
+            "Creates a user token (all the user's projects) for `username` and `password`, which expires "
+            "(LOGIN_TOKEN_LIFETIME_DAYS, 30 by default, or sooner when `expires_at` asks), cannot create "
+            "tokens, and is revoked when the password changes: 401 with the "
             "same message for an unknown, inactive or wrong account; rate-limited like the login page "
             "(429 with Retry-After), and by the user's token-creation rate; 503 with Retry-After while "
             "the rate-limit store does not answer. No session is created."
@@ -305,7 +307,7 @@ class TokenLoginView(JsonOnly, APIView):
             raise exceptions.AuthenticationFailed(LOGIN_REFUSED)
         request.user = user
         self._token_create_allowed(request)
-        issued = services.token_create(user=user, name=data["name"], expires_at=data.get("expires_at"))
+        issued = services.login_token_create(user=user, name=data["name"], expires_at=data.get("expires_at"))
         out = TokenSerializer(issued.token).data | {"secret": issued.secret}
         return Response(out, status=status.HTTP_201_CREATED)
 

@@ -7,4 +7,4 @@ class AccountsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the token scheme with drf-spectacular (the OpenAPI document lists it).
-        from accounts import authentication  # noqa: F401
+        from accounts import authentication, receivers  # noqa: F401

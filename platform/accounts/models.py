@@ -113,6 +113,9 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # False for a token a password login issued (``rlp login``): it acts for its user but creates no
+    # tokens; its children (none) could not be broader. Tokens made in a browser session may.
+    can_create_tokens = models.BooleanField(default=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

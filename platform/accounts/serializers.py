@@ -74,6 +74,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "revoked_at",
             "last_used_at",
             "is_active",
+            "can_create_tokens",
         ]
         read_only_fields = fields
 

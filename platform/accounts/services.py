@@ -147,6 +147,12 @@ def token_create(
     if parent is not None:
         if parent.kind != TokenKind.USER or parent.user_id != user.pk:
             raise TokenRuleError("token", "only a user token can create tokens, for its own user")
+        if not parent.can_create_tokens:
+            raise TokenRuleError(
+                "token",
+                "a token issued by a password login (rlp login) cannot create tokens: create one under "
+                "/tokens/ in a browser session",
+            )
         project, expires_at = _bounded_by_parent(parent, project, expires_at)
     secret, prefix = _new_secret()
     token = ApiToken.objects.create(
@@ -160,6 +166,29 @@ def token_create(
         expires_at=expires_at,
     )
     return IssuedToken(token=token, secret=secret)
+
+
+def login_token_lifetime() -> timedelta:
+    """How long a token issued for a username and password lives at most (``LOGIN_TOKEN_LIFETIME_DAYS``)."""
+    return timedelta(days=int(getattr(settings, "LOGIN_TOKEN_LIFETIME_DAYS", 30)))
+
+
+def login_token_create(*, user: AbstractBaseUser, name: str, expires_at: datetime | None) -> IssuedToken:
+    """The token of a password login (``POST /api/tokens/login``): it expires (at the latest after
+    ``login_token_lifetime``, sooner when asked) and creates no tokens."""
+    latest = timezone.now() + login_token_lifetime()
+    issued = token_create(user=user, name=name, expires_at=min(expires_at or latest, latest))
+    ApiToken.objects.filter(pk=issued.token.pk).update(can_create_tokens=False)
+    issued.token.can_create_tokens = False
+    return issued
+
+
+def tokens_revoke_for_password_change(*, user_id: int) -> int:
+    """A changed password revokes the user's tokens, as it ends their live streams: whoever held the old
+    password may have made them. Returns how many were revoked."""
+    return ApiToken.objects.filter(user_id=user_id, kind=TokenKind.USER, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
 
 
 def ingest_token_lifetime() -> timedelta:

@@ -268,6 +268,8 @@ ENGINE_ENV_PASSTHROUGH = env_list("ENGINE_ENV_PASSTHROUGH", [])
 # and at most RUN_CANCEL_GRACE_MAX_S, the local head's SIGTERM -> SIGKILL delay (launcher.supervisor.cancel).
 RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 5)
 RUN_CANCEL_GRACE_MAX_S = env_int("RUN_CANCEL_GRACE_MAX_S", 300)
+# A token issued for a username and password (POST /api/tokens/login, rlp login) lives at most this long.
+LOGIN_TOKEN_LIFETIME_DAYS = env_int("LOGIN_TOKEN_LIFETIME_DAYS", 30)
 LAUNCHER_LEASE_S = env_int("LAUNCHER_LEASE_S", 15)  # a supervisor silent this long is replaced
 LAUNCHER_SWEEP_INTERVAL_S = env_int("LAUNCHER_SWEEP_INTERVAL_S", 3)  # reaper / re-attach / queue period
 # Launcher tasks (some follow a job for its whole life) get their own queue so they never hold up others.

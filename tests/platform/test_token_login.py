@@ -147,3 +147,45 @@ def test_while_the_throttle_store_is_away_a_login_is_503_with_retry_after(team, 
         assert token_login("member").status_code == 201
     finally:
         redis.stop()
+
+
+def test_a_login_token_expires_by_default_within_the_lifetime_and_never_later(team, settings):
+    settings.LOGIN_TOKEN_LIFETIME_DAYS = 7
+    before = timezone.now()
+    token = ApiToken.objects.get(pk=token_login("member").json()["id"])
+    assert before + timedelta(days=7) <= token.expires_at <= timezone.now() + timedelta(days=7)
+    asked = timezone.now() + timedelta(days=365)  # asking for longer gets the lifetime
+    capped = ApiToken.objects.get(pk=token_login("member", expires_at=asked.isoformat()).json()["id"])
+    assert capped.expires_at <= timezone.now() + timedelta(days=7)
+
+
+def test_a_login_token_creates_no_tokens_but_a_browser_sessions_token_may(team):
+    body = token_login("member").json()
+    assert body["can_create_tokens"] is False
+    child = client_for(token=body["secret"]).post("/api/tokens", {"name": "child"}, format="json")
+    assert child.status_code == 400 and "password login" in str(child.json()), child.json()
+    assert not ApiToken.objects.filter(name="child").exists()
+    made = client_for(team["member"]).post("/api/tokens", {"name": "from the browser"}, format="json")
+    assert made.status_code == 201 and made.json()["can_create_tokens"] is True
+
+
+def test_a_password_change_revokes_the_users_tokens(team):
+    """As a password change ends the user's live streams: whoever held the old password may have made
+    them. Another user's tokens stay."""
+    mine = [token_login("member").json()["secret"] for _ in range(2)]
+    browser = client_for(team["member"]).post("/api/tokens", {"name": "b"}, format="json").json()["secret"]
+    other = token_login("viewer").json()["secret"]
+    for secret in [*mine, browser, other]:
+        assert client_for(token=secret).get("/api/me").status_code == 200
+    user = team["member"]
+    user.set_password("a-new-password-2026")
+    user.save()
+    for secret in [*mine, browser]:
+        assert client_for(token=secret).get("/api/me").status_code == 401
+    assert client_for(token=other).get("/api/me").status_code == 200
+    user.first_name = "M"  # a save that leaves the password alone revokes nothing new
+    user.save()
+    assert token_login("member", "a-new-password-2026").status_code == 201
+    fresh = ApiToken.objects.filter(user=user, revoked_at__isnull=True)
+    user.save()
+    assert ApiToken.objects.filter(user=user, revoked_at__isnull=True).count() == fresh.count() == 1
