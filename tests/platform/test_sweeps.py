@@ -557,3 +557,37 @@ def test_a_sweep_checks_each_points_config_against_the_policy_once(member, exper
     calls.clear()
     assert member.post("/api/runs", {"experiment": experiment.pk}, format="json").status_code == 201
     assert len(calls) == 1  # a plain launch: the experiment's stored config, checked again, once
+
+
+def test_a_sweep_over_data_paths_gives_each_run_its_own_resolved_inputs(team, member, tmp_path):
+    """Each point's run reads the file its point names: ``Run.inputs`` (where the job reads its data) is
+    resolved per point, never the first point's for all. The reference: each file's own path, named
+    relative to the working directory as a member types it, resolved by hand here."""
+    import os
+    from pathlib import Path
+
+    from django.conf import settings as django_settings
+
+    from experiments.models import Experiment
+    from tests.factories import demo_config
+
+    root = Path(django_settings.DATA_ROOTS[0])
+    root.mkdir(parents=True, exist_ok=True)
+    names = [f"sweep-{tmp_path.name}-{i}.jsonl" for i in range(3)]
+    for name in names:
+        (root / name).write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    cfg = demo_config()
+    cfg["data"] = {"source": "jsonl", "path": str(root / names[0])}
+    experiment = Experiment.objects.create(project=team["project"], name="data sweep", config=cfg)
+    workdir = Path(getattr(django_settings, "ENGINE_WORKDIR", "") or django_settings.BASE_DIR)
+    typed = [os.path.relpath(root / n, workdir) for n in names]  # relative: the inputs hold the resolved
+    resp = _create(member, experiment, method="grid", search_space={"data.path": typed})
+    assert resp.status_code == 201, resp.json()
+    members = SweepRun.objects.filter(sweep_id=resp.json()["id"]).select_related("run").order_by("index")
+    assert len(members) == 3
+    for m in members:
+        named = m.params["data.path"]
+        reads = m.run.inputs["data_path"]
+        assert m.run.config["data"]["path"] == named and named in typed
+        assert Path(reads) == (workdir / named).resolve(), (named, reads)
+    assert len({m.run.inputs["data_path"] for m in members}) == 3
