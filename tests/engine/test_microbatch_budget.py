@@ -88,3 +88,30 @@ def test_the_budget_is_the_smaller_bound_clamped():
     # a config without the sizes keeps the vocabulary rule; a tiny vocabulary hits the ceiling
     assert default_token_budget(ModelShape(49152)) == LOGITS_BUDGET_BYTES // (4 * 49152)
     assert default_token_budget(ModelShape(64)) == MAX_TOKENS
+
+
+def test_the_trainer_budgets_with_the_models_own_depth_and_widths(tmp_path):
+    """The trainer's budget comes from its model's shape, not only its vocabulary: a model deep and wide
+    enough that its activations, not its logits, bound the micro-batch gets the activation bound,
+    computed here by hand from the config (the reference), and a shallower one a larger budget."""
+    from rl_engine.config import TinyModelSpec, parse_config
+    from rl_engine.models.tiny import save_tiny_model
+    from rl_engine.presets import get_preset
+    from rl_engine.trainer import PolicyTrainer
+
+    budgets = {}
+    for layers in (8, 4):
+        spec = TinyModelSpec(seed=0, hidden_size=256, intermediate_size=512, num_layers=layers, num_heads=4)
+        data = get_preset("demo-cpu")
+        data["model"] = {"path": str(save_tiny_model(spec, tmp_path / f"m{layers}"))}
+        cfg = parse_config(data)
+        trainer = PolicyTrainer(cfg)
+        vocab = trainer.model.get_output_embeddings().weight.shape[0]
+        per_token = 4 * layers * (12 * 256 + 4 * 512) + 64
+        expected = max(
+            MIN_TOKENS,
+            min(MAX_TOKENS, LOGITS_BUDGET_BYTES // (4 * vocab), ACTIVATION_BUDGET_BYTES // per_token),
+        )
+        assert trainer.max_tokens == expected  # fmt: skip
+        budgets[layers] = trainer.max_tokens
+    assert budgets[8] < budgets[4] <= MAX_TOKENS  # the depth counts
