@@ -6,7 +6,7 @@ from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 
-from core.ids import parse_ascii_int
+from accounts.ids import parse_ascii_int
 from rl_engine.safe_json import MAX_JSON_DEPTH, json_problem
 
 

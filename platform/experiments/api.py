@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.access import Conflict, require_role, visible_project_ids
+from accounts.ids import parse_db_id
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
-from core.ids import parse_db_id
 from experiments import services
 from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
 from experiments.form_schema import form_schema

@@ -15,9 +15,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from accounts.access import has_role, project_roles
+from accounts.ids import parse_db_id, parse_db_ids
 from accounts.models import Project, Role
 from alerts.models import AlertKind
-from core.ids import parse_db_id, parse_db_ids
 from experiments.config_policy import platform_presets
 from experiments.form_schema import form_schema
 from experiments.models import Experiment, Run

@@ -54,7 +54,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import connection
 
-from core.ids import MAX_DB_ID, parse_ascii_int, parse_db_id
+from accounts.ids import MAX_DB_ID, parse_ascii_int, parse_db_id
 from experiments.models import Run
 from experiments.summary import run_summary
 from rl_engine import wire

@@ -23,9 +23,9 @@ from channels.db import database_sync_to_async
 from django.contrib.auth.models import AnonymousUser
 
 from accounts.authentication import KEYWORDS
+from accounts.ids import parse_db_id
 from accounts.models import ApiToken, TokenKind
 from accounts.services import hash_secret
-from core.ids import parse_db_id
 from experiments.models import Run
 
 CLOSE_UNAUTHENTICATED = 4401

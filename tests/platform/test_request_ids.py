@@ -1,4 +1,4 @@
-"""Ids in a request's path or query string never make a 500 (core/ids.py): ``str.isdigit()`` accepts
+"""Ids in a request's path or query string never make a 500 (accounts/ids.py): ``str.isdigit()`` accepts
 "²" (``int()`` refuses it) and other non-ASCII digits, and an id beyond a bigint overflows in the database.
 Every web page and API route taking an id (in its path: found in the URL configuration; in its query
 string: listed here) is requested with such values, logged in as a member of a project that has data, and
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from core.ids import MAX_DB_ID, parse_db_id, parse_db_ids
+from accounts.ids import MAX_DB_ID, parse_db_id, parse_db_ids
 from sweeps.services import SweepSpec, sweep_create
 from tests.factories import ExperimentFactory
 
