@@ -21,6 +21,7 @@ from typing import Any
 from rl_engine.config import (
     ConfigError,
     ExperimentConfig,
+    ReasoningGymDataConfig,
     TaskDataConfig,
     TinyModelSpec,
     apply_overrides,
@@ -56,6 +57,11 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
             make_task(cfg.data.task, cfg.data.task_kwargs)
         except (ValueError, TypeError) as exc:
             problems.append(("data.task_kwargs", str(exc)))
+    elif isinstance(cfg.data, ReasoningGymDataConfig):
+        try:
+            train_rows(cfg)  # builds each dataset with its options (the held-out split: at evaluation)
+        except DataError as exc:
+            problems.append(("data.datasets", str(exc)))
     elif check_files:
         val_field = (
             "data.validation_path" if getattr(cfg.data, "validation_path", None) else "data.validation_split"

@@ -251,6 +251,8 @@ class StepResult:
     # weights, boxed in a list so Ray passes the ref instead of fetching it; and the put's seconds
     weights_box: list[Any] | None = None
     publish_s: float = 0.0
+    # the mean of each component of a weighted-sum reward over the batch: {"reward/<key>/mean": mean}
+    reward_parts: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

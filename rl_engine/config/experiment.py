@@ -109,9 +109,24 @@ class ExperimentConfig(StrictModel):
         if self.eval.enabled and not has_validation_data(self.data):
             raise ValueError(
                 "eval is enabled but data has no validation prompts: set data.validation_split or "
-                "data.validation_path (dataset / jsonl) or data.num_validation_prompts (task)"
+                "data.validation_path (dataset / jsonl), data.num_validation_prompts (task) or "
+                "data.test_size (reasoning_gym)"
             )
+        self._reward_fits_data()
         return self
+
+    def _reward_fits_data(self) -> None:
+        """The ``reasoning_gym`` reward scores with the entry each prompt of ``data.source: reasoning_gym``
+        carries: with other data every sample would score 0."""
+        if self.data.source == "reasoning_gym":
+            return
+        for where, name in self.reward.named():
+            if name == "reasoning_gym":
+                raise FieldError(
+                    f"reward.{where}",
+                    "reward 'reasoning_gym' scores prompts of data.source 'reasoning_gym' (their entries "
+                    f"carry what it checks); data.source is {self.data.source!r}",
+                )
 
     def _devices_have_gpus(self) -> None:
         """An explicit ``cuda`` device needs a GPU reserved for that actor (Ray only gives it one then)."""

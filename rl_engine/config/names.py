@@ -30,13 +30,57 @@ class Names:
         return value
 
 
-REWARDS = Names("reward", ("exact_match", "contains", "numeric_answer", "format", "math_verify"))
+REWARDS = Names(
+    "reward", ("exact_match", "contains", "numeric_answer", "format", "math_verify", "reasoning_gym")
+)
 TASKS = Names("task", ("copy", "next_digit", "add_mod10", "reverse", "add"))
 ADVANTAGES = Names("advantage estimator", ("grpo", "dr_grpo", "rloo", "reinforce_pp"))
 LOSS_AGGREGATIONS = Names(
     "loss aggregation", ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 )
 OFF_POLICY = Names("off-policy correction", ("none", "tis", "decoupled"))
+
+# The procedural datasets of reasoning-gym (the pinned version in requirements.txt; ``data.source:
+# reasoning_gym``): its registry ``reasoning_gym.factory.DATASETS`` less ``composite`` (the engine mixes
+# datasets itself) and less those refused below. Kept here so the config names them without importing reasoning-gym (seconds, and
+# matplotlib and sympy) in the web process; a test checks the list against the installed package.
+_REASONING_GYM_NAMES = """
+ab acre advanced_geometry aiw arc_1d arc_agi base_conversion basic_arithmetic bf binary_alternation
+binary_matrix bitwise_arithmetic boxnet caesar_cipher calendar_arithmetic chain_sum circuit_logic
+codeio coin_flip color_cube_rotation complex_arithmetic count_bits count_primes countdown
+course_schedule cryptarithm decimal_arithmetic decimal_chain_sum dice emoji_mystery
+family_relationships figlet_font fraction_simplification futoshiki game_of_life game_of_life_halting
+gcd graph_color group_anagrams gsm_symbolic intermediate_integration isomorphic_strings jugs
+kakurasu knight_swap knights_knaves largest_island lcm leg_counting letter_counting letter_jumble
+list_functions mahjong_puzzle manipulate_matrix maze mini_sudoku modulo_grid n_queens
+needle_haystack number_filtering number_format number_sequence number_sorting palindrome_generation
+palindrome_partitioning path_star polynomial_equations polynomial_multiplication pool_matrix
+power_function prime_factorization products propositional_logic puzzle24 quantum_lock ransom_note
+rearc rectangle_count rotate_matrix rotten_oranges rubiks_cube rush_hour self_reference
+sentence_reordering shortest_path simple_equations simple_geometry simple_integration sokoban
+spell_backward spiral_matrix string_insertion string_manipulation string_splitting string_synthesis
+sudoku survo syllogism time_intervals tower_of_hanoi tsumego word_ladder word_sequence_reversal
+word_sorting zebra_puzzles
+"""
+# Datasets refused: their ``score_answer`` runs the response through Python's ``eval`` or sympy's
+# ``parse_expr`` (itself an ``eval``), so a policy's output would run as code in the rollouter.
+REASONING_GYM_REFUSED = frozenset(
+    {
+        "binary_matrix",
+        "countdown",
+        "intermediate_integration",
+        "n_queens",
+        "polynomial_multiplication",
+        "puzzle24",
+        "simple_integration",
+        "spiral_matrix",
+        "string_insertion",
+    }
+)
+REASONING_GYM_DATASETS = Names(
+    "reasoning-gym dataset",
+    tuple(n for n in _REASONING_GYM_NAMES.split() if n not in REASONING_GYM_REFUSED),
+)
 
 # The advantage estimators whose baseline is the other responses of the prompt's group: they need
 # ``rollout.n >= 2``.

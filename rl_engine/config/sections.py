@@ -9,6 +9,7 @@ prompts, each answered ``rollout.n`` times. Checks across sections are ``Experim
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -22,6 +23,7 @@ from pydantic import (
 )
 
 from rl_engine.config import names
+from rl_engine.config.errors import FieldError
 from rl_engine.strict_url import url_problem
 
 # Marks a field the web form shows first, unfolded ("x-essential" in the JSON schema): the model, the data,
@@ -497,10 +499,168 @@ class DatasetDataConfig(_DataCommon):
         return self
 
 
-DataConfig = Annotated[TaskDataConfig | JsonlDataConfig | DatasetDataConfig, Field(discriminator="source")]
+# The fields of a reasoning-gym dataset's config the engine sets itself (from data.seed and the split sizes).
+REASONING_GYM_RESERVED = ("seed", "size")
+
+
+def reasoning_gym_config_problem(name: str, config: dict[str, Any]) -> str | None:
+    """What is wrong with ``config`` for the reasoning-gym dataset ``name`` (its config dataclass built and
+    validated, nothing generated), or None. Imports reasoning-gym (a few seconds the first time, once per
+    process); where it is not installed nothing is checked here: the job's data stream reports it."""
+    try:
+        from reasoning_gym.factory import DATASETS
+    except ImportError:
+        return None
+    import dataclasses
+
+    if name not in DATASETS:
+        return None  # the name field refuses it (its list is checked against the package)
+    config_cls = DATASETS[name][1]
+    fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in REASONING_GYM_RESERVED]
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        shown = ", ".join(repr(k[:80]) for k in unknown[:20])
+        return f"{name} takes no option {shown}; its options: {', '.join(fields) or 'none'}"
+    try:
+        built = config_cls(**config, seed=0, size=1)
+        if callable(getattr(built, "validate", None)):
+            built.validate()
+    except Exception as exc:  # AssertionError, ValueError, or a TypeError of a value of the wrong type
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return f"{name}: {detail}"
+    return None
+
+
+def _reasoning_gym_name(value: Any) -> Any:
+    if isinstance(value, str) and value in names.REASONING_GYM_REFUSED:
+        raise ValueError(
+            f"{value} is not offered: its score_answer evaluates the model's answer as Python (eval or "
+            "sympy's parse_expr), which would run a policy's output as code"
+        )
+    return names.REASONING_GYM_DATASETS.check(value)
+
+
+# An option naming a file (spell_backward's data_file): a file of reasoning-gym's own data folder,
+# which it joins to the name as it is: a path would read any file into the prompts.
+_OPTION_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+
+
+class ReasoningGymDatasetSpec(StrictModel):
+    """One procedural dataset of a reasoning-gym mix: its name, its share of the prompts, its options."""
+
+    name: Annotated[Literal[names.REASONING_GYM_DATASETS.names], BeforeValidator(_reasoning_gym_name)] = (
+        Field(..., description="A reasoning-gym dataset, e.g. chain_sum.", json_schema_extra=ESSENTIAL)
+    )
+    weight: float = Field(1.0, gt=0.0, le=1e6, description="Relative share of the prompts (normalised).")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The dataset's options (its config dataclass, e.g. min_terms for chain_sum); seed and "
+        "size come from data.seed and the split sizes.",
+    )
+
+    @model_validator(mode="after")
+    def _options(self) -> ReasoningGymDatasetSpec:
+        reserved = [k for k in REASONING_GYM_RESERVED if k in self.config]
+        if reserved:
+            raise FieldError(
+                "config", f"{', '.join(reserved)}: set by data.seed and data.train_size / data.test_size"
+            )
+        for key, value in self.config.items():
+            if key.endswith("file") and not (
+                isinstance(value, str) and _OPTION_FILE.fullmatch(value) and ".." not in value
+            ):
+                raise FieldError(
+                    "config",
+                    f"{key}: a file name of reasoning-gym's data folder (no path), got {value!r:.80}",
+                )
+        problem = reasoning_gym_config_problem(self.name, self.config)
+        if problem:
+            raise FieldError("config", problem)
+        return self
+
+
+class ReasoningGymDataConfig(_DataCommon):
+    """Procedural tasks of reasoning-gym (https://github.com/open-thought/reasoning-gym): a weighted mix of
+    datasets, generated from ``seed``; the ``reasoning_gym`` reward scores the answers with each
+    dataset's own ``score_answer``. The held-out split comes from seeds the train split never uses and
+    holds no question of the train split (``rl_engine.data.reasoning_gym``)."""
+
+    source: Literal["reasoning_gym"] = "reasoning_gym"
+    datasets: list[ReasoningGymDatasetSpec] = Field(
+        ..., min_length=1, max_length=64, json_schema_extra=ESSENTIAL
+    )
+    train_size: int = Field(
+        10000, ge=1, le=1_000_000, description="Training prompts per epoch.", json_schema_extra=ESSENTIAL
+    )
+    test_size: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Held-out prompts for evaluation (none of them a training question); 0: none.",
+    )
+    seed: int = seed_field("Seed of the generated prompts (the held-out split derives its own from it).")
+    prompt_template: str = Field(
+        "{prompt}", description="Text around the question; `{prompt}` is replaced by the question."
+    )
+    system_prompt: str | None = Field(
+        None, description="A system message for every prompt (chat template only)."
+    )
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: apply the tokenizer's chat template when it has one; on: require it."
+    )
+    shuffle: bool = Field(True, description="Each epoch in an order shuffled from (seed, epoch).")
+
+    @model_validator(mode="after")
+    def _prompt_template(self) -> ReasoningGymDataConfig:
+        if "{prompt}" not in self.prompt_template:
+            raise FieldError("prompt_template", "prompt_template must contain {prompt}")
+        return self
+
+
+DataConfig = Annotated[
+    TaskDataConfig | JsonlDataConfig | DatasetDataConfig | ReasoningGymDataConfig,
+    Field(discriminator="source"),
+]
+
+
+def _check_reward_kwargs(kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    name = info.data.get("name")
+    if name is None:  # the name itself was refused: that is the error to show
+        return kwargs
+    from rl_engine.rewards.registry import bound_reward  # the registry imports this module
+
+    bound_reward(name, kwargs)
+    return kwargs
+
+
+# A component's label: the key of its score (sample.extra["reward/<label>"], metric reward/<label>/mean).
+REWARD_LABEL = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+
+
+class RewardComponent(StrictModel):
+    """One reward of a weighted sum (``reward.combine``)."""
+
+    name: registered(names.REWARDS) = Field(..., description="A reward function from the registry.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="The reward's arguments.")
+    weight: float = Field(1.0, ge=-1e6, le=1e6, description="Its factor in the sum (negative: a penalty).")
+    label: str | None = Field(
+        None,
+        pattern=REWARD_LABEL,
+        description="Names its score in the metrics (reward/<label>/mean); default: the reward's name.",
+    )
+
+    _kwargs = field_validator("kwargs")(_check_reward_kwargs)
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
 
 
 class RewardConfig(StrictModel):
+    """One reward (``name``, ``kwargs``), or a weighted sum of several (``combine``): each sample's reward
+    is then ``sum(weight * score)``, and each component's score is kept (``sample.extra["reward/<label>"]``,
+    metric ``reward/<label>/mean``)."""
+
     name: registered(names.REWARDS) = Field(
         "exact_match", description="A reward function from the registry.", json_schema_extra=ESSENTIAL
     )
@@ -508,17 +668,40 @@ class RewardConfig(StrictModel):
         default_factory=dict,
         description="The reward's arguments: checked when the config is (names, types, ranges, patterns).",
     )
+    combine: list[RewardComponent] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="A weighted sum of rewards instead of the one `name` (which must then stay unset).",
+    )
 
-    @field_validator("kwargs")
-    @classmethod
-    def _reward_takes_them(cls, kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        name = info.data.get("name")
-        if name is None:  # the name itself was refused: that is the error to show
-            return kwargs
-        from rl_engine.rewards.registry import bound_reward  # the registry imports this module
+    _kwargs = field_validator("kwargs")(_check_reward_kwargs)
 
-        bound_reward(name, kwargs)
-        return kwargs
+    @model_validator(mode="after")
+    def _one_or_a_sum(self) -> RewardConfig:
+        if self.combine is None:
+            return self
+        # a dumped config holds the defaults of name and kwargs: those are not a second reward
+        if self.name != "exact_match" or self.kwargs:
+            raise ValueError(
+                "set reward.name (one reward) or reward.combine (a weighted sum of rewards), not both"
+            )
+        seen: set[str] = set()
+        for i, part in enumerate(self.combine):
+            if part.key in seen:
+                raise FieldError(
+                    f"combine[{i}].label",
+                    f"two components are named {part.key!r}: give one a label (its metric's name)",
+                )
+            seen.add(part.key)
+        return self
+
+    def named(self) -> list[tuple[str, str]]:
+        """(field, reward name) of each reward this config runs: ``[("name", n)]`` for one reward, else
+        ``[("combine[0].name", n0), ...]``."""
+        if self.combine is None:
+            return [("name", self.name)]
+        return [(f"combine[{i}].name", part.name) for i, part in enumerate(self.combine)]
 
 
 # Ray's own resources, which the fields above ask for: never a custom resource of a role.
@@ -636,9 +819,13 @@ class EvalConfig(StrictModel):
         return bool(self.every or self.before_training or self.at_end)
 
 
-def has_validation_data(data: TaskDataConfig | JsonlDataConfig | DatasetDataConfig) -> bool:
+def has_validation_data(
+    data: TaskDataConfig | JsonlDataConfig | DatasetDataConfig | ReasoningGymDataConfig,
+) -> bool:
     if isinstance(data, TaskDataConfig):
         return data.num_validation_prompts > 0
+    if isinstance(data, ReasoningGymDataConfig):
+        return data.test_size > 0
     if isinstance(data, JsonlDataConfig):
         return data.validation_path is not None
     return bool(data.validation_split or data.validation_path)

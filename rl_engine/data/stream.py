@@ -1,5 +1,5 @@
-"""The prompt stream over a run's data (built-in seeded task, JSONL file or Hugging Face dataset) and its
-validation prompts.
+"""The prompt stream over a run's data (built-in seeded task, JSONL file, Hugging Face dataset or
+reasoning-gym mix) and its validation prompts.
 
 ``PromptStream(cfg, tokenizer)`` is what the pipeline checkpoints: its ``state_dict`` is a small
 JSON-friendly dict (the cursor), so a resumed run continues the epoch where it stopped.
@@ -10,7 +10,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rl_engine.config import DatasetDataConfig, ExperimentConfig, JsonlDataConfig, TaskDataConfig
+from rl_engine.config import (
+    DatasetDataConfig,
+    ExperimentConfig,
+    JsonlDataConfig,
+    ReasoningGymDataConfig,
+    TaskDataConfig,
+)
 from rl_engine.data.render import PromptRenderer, Rendered
 from rl_engine.data.rows import DataError, DatasetRows, Row, RowSource, TaskRows, jsonl_rows
 from rl_engine.data.tasks import make_task
@@ -23,6 +29,10 @@ def train_rows(cfg: ExperimentConfig) -> RowSource:
         return TaskRows(make_task(data.task, data.task_kwargs), data.task, cfg.seed, data.num_prompts)
     if isinstance(data, JsonlDataConfig):
         return jsonl_rows(data.path, data.prompt_field, data.answer_field)
+    if isinstance(data, ReasoningGymDataConfig):
+        from rl_engine.data.reasoning_gym import train_split
+
+        return train_split(data)
     from rl_engine.data.hf_datasets import load_train_split
 
     return DatasetRows(load_train_split(data), data.columns, f"{data.path} split {data.train_split!r}")
@@ -42,6 +52,10 @@ def validation_rows(cfg: ExperimentConfig) -> RowSource | None:
             if data.validation_path
             else None
         )
+    if isinstance(data, ReasoningGymDataConfig):
+        from rl_engine.data.reasoning_gym import held_out_split
+
+        return held_out_split(data)
     from rl_engine.data.hf_datasets import load_validation_split
 
     ds = load_validation_split(data)
@@ -54,7 +68,7 @@ def validation_rows(cfg: ExperimentConfig) -> RowSource | None:
 def make_renderer(cfg: ExperimentConfig, tokenizer: Any) -> PromptRenderer:
     data = cfg.data
     extra: dict[str, Any] = {}
-    if isinstance(data, DatasetDataConfig):
+    if isinstance(data, DatasetDataConfig | ReasoningGymDataConfig):
         extra = {
             "chat_template": data.chat_template,
             "prompt_template": data.prompt_template,

@@ -50,6 +50,7 @@ def step_metrics(
             "throughput/samples_per_s": len(lengths) / max(step_wall_s, 1e-9),
         }
     )
+    m.update(result.reward_parts)  # reward/<key>/mean of each component of a weighted sum
     if sync_s is not None:
         m["timing/weight_sync_s"] = sync_s
     m.update(counters or {})

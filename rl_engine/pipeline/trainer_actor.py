@@ -32,6 +32,7 @@ from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.followers import Followers, RankStatus
 from rl_engine.pipeline.knobs import Knobs
+from rl_engine.rewards.base import component_means
 from rl_engine.types import (
     ExampleSample,
     QueueBatch,
@@ -198,6 +199,7 @@ class TrainerActor:
             examples=self._examples(batch, num_examples),
             weights_box=box,
             publish_s=publish_s,
+            reward_parts=component_means([s.extra for s in batch]),
         )
 
     def _train_leader(self, batch: list[Sample]) -> dict[str, float]:

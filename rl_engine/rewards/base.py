@@ -62,3 +62,54 @@ class SafeReward:
     def stats(self) -> dict[str, float]:
         """Cumulative counts for the step metrics."""
         return {"reward/errors": float(self.errors), "reward/calls": float(self.calls)}
+
+
+# The prefix of a component's score in ``Sample.extra`` (and of its metric, ``reward/<key>/mean``).
+COMPONENT_PREFIX = "reward/"
+
+
+class WeightedSum:
+    """The reward of ``reward.combine``: ``sum(weight * score)`` of its components, each run in its own
+    ``SafeReward`` (a component that fails scores 0 and marks the sample; the others still count).
+
+    Each component's score is kept on the sample (``sample.extra["reward/<key>"]``): the trainer's step
+    metrics average it (``reward/<key>/mean``) beside the total's ``reward/mean``."""
+
+    def __init__(self, parts: list[tuple[str, float, SafeReward]]):
+        if not parts:
+            raise ValueError("a weighted sum needs at least one reward")
+        self.parts = parts
+        self.name = "+".join(key for key, _, _ in parts)
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, sample: Sample) -> float:
+        with self._lock:
+            self.calls += 1
+        total = 0.0
+        for key, weight, fn in self.parts:
+            score = fn(sample)
+            sample.extra[f"{COMPONENT_PREFIX}{key}"] = score
+            total += weight * score
+        return total
+
+    @property
+    def errors(self) -> int:
+        return sum(fn.errors for _, _, fn in self.parts)
+
+    def stats(self) -> dict[str, float]:
+        """``reward/errors``: failed component calls (all components); ``reward/calls``: samples scored."""
+        return {"reward/errors": float(self.errors), "reward/calls": float(self.calls)}
+
+
+def component_means(extras: list[dict[str, float]]) -> dict[str, float]:
+    """``{"reward/<key>/mean": mean}`` over the samples' component scores (``WeightedSum``); a sample
+    without a key (none, unless the batch mixes rewards) is left out of that key's mean."""
+    sums: dict[str, list[float]] = {}
+    for extra in extras:
+        for key, value in extra.items():
+            if key.startswith(COMPONENT_PREFIX):
+                acc = sums.setdefault(key, [0.0, 0.0])
+                acc[0] += float(value)
+                acc[1] += 1.0
+    return {f"{key}/mean": total / count for key, (total, count) in sorted(sums.items())}

@@ -8,11 +8,12 @@ a regular expression. ``build_reward`` wraps the function in ``SafeReward``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from rl_engine.rewards.base import RewardFn, SafeReward
+from rl_engine.rewards.base import RewardFn, SafeReward, WeightedSum
 from rl_engine.rewards.math_answers import math_verify_reward
+from rl_engine.rewards.reasoning_gym import reasoning_gym_reward
 from rl_engine.rewards.text_answers import contains, exact_match, format_match, numeric_answer
 
 REWARDS: dict[str, Callable[..., RewardFn]] = {
@@ -21,6 +22,7 @@ REWARDS: dict[str, Callable[..., RewardFn]] = {
     "numeric_answer": numeric_answer,
     "format": format_match,
     "math_verify": math_verify_reward,
+    "reasoning_gym": reasoning_gym_reward,
 }
 
 
@@ -51,15 +53,36 @@ def bound_reward(name: str, kwargs: dict[str, Any]) -> RewardFn:
         raise ValueError(f"reward {name!r}: an argument has the wrong type ({exc})") from None
 
 
+class ComponentSpec(Protocol):
+    """One component of ``reward.combine`` (``rl_engine.config.RewardComponent``)."""
+
+    name: str
+    kwargs: dict[str, Any]
+    weight: float
+
+    @property
+    def key(self) -> str: ...
+
+
 class RewardSpec(Protocol):
     """What names a reward: ``rl_engine.config.RewardConfig`` (the config checks its arguments with
     ``bound_reward``, so this package imports nothing of the config's)."""
 
     name: str
     kwargs: dict[str, Any]
+    combine: Sequence[ComponentSpec] | None
 
 
-def build_reward(reward_cfg: RewardSpec) -> SafeReward:
+def build_reward(reward_cfg: RewardSpec) -> SafeReward | WeightedSum:
     """Look up ``reward_cfg.name`` and bind ``reward_cfg.kwargs`` (``bound_reward``); the function comes
-    back wrapped in ``SafeReward``."""
+    back wrapped in ``SafeReward``. With ``reward_cfg.combine``: a ``WeightedSum`` of its components,
+    each built the same way."""
+    combine = getattr(reward_cfg, "combine", None)
+    if combine:
+        return WeightedSum(
+            [
+                (part.key, float(part.weight), SafeReward(bound_reward(part.name, part.kwargs), part.key))
+                for part in combine
+            ]
+        )
     return SafeReward(bound_reward(reward_cfg.name, reward_cfg.kwargs), reward_cfg.name)

@@ -25,9 +25,17 @@ CASES = {
 }
 
 
+# What a name needs of the rest of the config (the reasoning_gym reward scores reasoning-gym prompts).
+NEEDS = {
+    ("reward.name", "reasoning_gym"): {
+        "data": {"source": "reasoning_gym", "datasets": [{"name": "chain_sum"}]}
+    }
+}
+
+
 def config_with(path: str, value: str) -> dict:
     section, field = path.split(".")
-    return {"model": {"path": "m"}, section: {field: value}}
+    return {"model": {"path": "m"}, **NEEDS.get((path, value), {}), section: {field: value}}
 
 
 def test_every_list_of_names_is_checked_here():
