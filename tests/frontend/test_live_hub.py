@@ -24,9 +24,10 @@ from tests.frontend.test_consumers import (  # noqa: F401  (fixtures: setup, no_
     no_poll,
     setup,
 )
+from tracking import hub as hub_module
 from tracking import live
-from tracking.bus import Envelope, RedisBus, live_bus
-from tracking.hub import Inbox, LiveHub, hub_for
+from tracking.bus import BusUnavailable, Envelope, RedisBus, live_bus
+from tracking.hub import RESYNC, Inbox, LiveHub, hub_for
 from tracking.services import Point, metrics_ingest
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -286,3 +287,141 @@ async def test_each_follower_gets_every_message_once_in_order_whatever_sends_fai
         for inbox in mine:
             await here.unsubscribe(run_id, inbox)
         await other.unsubscribe(run_id, theirs)
+
+
+class ScriptedBus:
+    """A bus whose reader's receives are scripted: each one takes the next item of ``script`` (a list of
+    envelopes, or an exception to raise). Counts the reader's (re)opens."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.script: asyncio.Queue[list[Envelope] | BaseException] = asyncio.Queue()
+        self.opens = 0
+
+    def reader(self) -> Any:
+        bus = self
+
+        class Reader:
+            async def reopen(self, run_ids: set[int]) -> None:
+                bus.opens += 1
+
+            async def listen(self, run_id: int) -> None: ...
+
+            async def unlisten(self, run_id: int) -> None: ...
+
+            async def receive(self) -> list[Envelope]:
+                item = await bus.script.get()
+                if isinstance(item, BaseException):
+                    raise item
+                return item
+
+            async def close(self) -> None: ...
+
+        return Reader()
+
+    async def publish(self, envelope: Envelope) -> None: ...
+
+    def publish_sync(self, envelope: Envelope) -> None: ...
+
+    async def listeners(self, run_id: int) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("failure", [BusUnavailable("redis went away"), RuntimeError("a bug in the reader")])
+async def test_a_failed_receive_then_an_immediate_reopen_tells_every_follower_to_resync(failure, monkeypatch):
+    """A receive fails and the reader reopens at once (no failed attempt in between): what the bus
+    dropped meanwhile is only in the database, so every follower of every run must still be told to read
+    it (a Resync in its inbox), after the envelopes delivered before and before those after."""
+    monkeypatch.setattr(hub_module, "RETRY_MIN_S", 0.01)  # (the wait after an unexpected error)
+    bus = ScriptedBus()
+    hub = LiveHub(bus)  # type: ignore[arg-type]
+    a1, a2, b = Inbox(), Inbox(), Inbox()
+    try:
+        assert await hub.subscribe(1, a1) and await hub.subscribe(1, a2) and await hub.subscribe(2, b)
+        assert bus.opens == 1 and hub.up
+        before = Envelope(run_id=1, kind="event", text="{}", seq=1)
+        after = Envelope(run_id=1, kind="event", text="{}", seq=3)
+        await bus.script.put([before])
+        await bus.script.put(failure)
+        await bus.script.put([after])
+        for inbox in (a1, a2):
+            got = [await asyncio.wait_for(inbox.get(), 5) for _ in range(3)]
+            assert got == [before, RESYNC, after]
+        assert await asyncio.wait_for(b.get(), 5) == RESYNC
+        assert bus.opens == 2 and hub.up
+        assert all(inbox.queue.empty() for inbox in (a1, a2, b))  # one resync each, nothing else
+    finally:
+        for run_id, inbox in ((1, a1), (1, a2), (2, b)):
+            await hub.unsubscribe(run_id, inbox)
+
+
+async def test_a_follower_reads_what_was_stored_while_its_hub_lost_the_bus(setup, no_poll, monkeypatch):  # noqa: F811
+    """End to end on the process's own bus: the hub's receive fails once and the reader reopens at once;
+    an event stored meanwhile and never announced reaches the socket through the resync (the fallback
+    poll, slowed here to a minute, cannot be what brings it)."""
+    from experiments.models import Run
+    from tracking import consumers
+    from tracking.models import RunEvent
+
+    monkeypatch.setattr(consumers, "FALLBACK_POLL_S", 60.0)
+    run = setup["run"]
+    comm = communicator(run.pk, setup["cookie"]["owner"], last_seq=3)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=3))["kind"] == "hello"
+    hub = hub_for(live_bus())
+    reader = hub._reader
+    assert reader is not None and hub.up
+    fail_next = [True]
+    receive = reader.receive
+
+    async def failing_once() -> list[Envelope]:
+        if fail_next:
+            fail_next.clear()
+            raise BusUnavailable("the bus went away")
+        return await receive()
+
+    def store_quietly() -> None:  # another process's event whose announcement the bus dropped
+        RunEvent.objects.create(run=run, seq=4, kind="log", message="dropped by the bus")
+        Run.objects.filter(pk=run.pk).update(event_seq=4)
+
+    await database_sync_to_async(store_quietly)()
+    reader.receive = failing_once  # type: ignore[method-assign]
+    await announce(run.pk, metrics(1))  # wakes the pending receive; the next one fails
+    first = await comm.receive_json_from(timeout=3)
+    assert first["kind"] == "metrics"
+    event = await comm.receive_json_from(timeout=5)
+    assert event["kind"] == "event" and (event["event"]["seq"], event["event"]["message"]) == (
+        4,
+        "dropped by the bus",
+    )
+    assert not fail_next and hub.up
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("n", [499, 500, 501, 1000, 1001])
+async def test_a_backlog_around_the_receive_batch_size_is_received_whole_and_in_order(redis_bus, n):
+    """Redis holds ``n`` messages for a reader when it reads: every one comes out, in order, in batches
+    of at most RECEIVE_BATCH, one of them full: the message that fills a batch must not be lost."""
+    from tracking.bus import RECEIVE_BATCH
+
+    assert RECEIVE_BATCH == 500
+    bus = another_process(redis_bus)
+    reader = RedisBus(redis_bus, bus.prefix).reader()
+    run_id = 595959
+    try:
+        await reader.reopen({run_id})
+        for seq in range(1, n + 1):  # synchronous: the reader reads nothing meanwhile
+            bus.publish_sync(Envelope(run_id=run_id, kind="event", text=f'{{"n": {seq}}}', seq=seq))
+        await asyncio.sleep(0.5)  # (the loop takes what arrived off the socket: a receive finds it all)
+        got: list[int] = []
+        sizes: list[int] = []
+        while len(got) < n:
+            batch = await asyncio.wait_for(reader.receive(), 10)
+            sizes.append(len(batch))
+            got += [e.seq for e in batch]
+        assert got == list(range(1, n + 1))
+        assert max(sizes) <= RECEIVE_BATCH, sizes
+        assert n < RECEIVE_BATCH or RECEIVE_BATCH in sizes, sizes  # (a batch was filled: the case at stake)
+    finally:
+        await reader.close()

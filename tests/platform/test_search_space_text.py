@@ -127,3 +127,41 @@ def test_a_uniform_range_wider_than_a_float_is_refused_at_its_field():
     # An integer beyond the float range as a bound is a refusal too, not an OverflowError.
     with pytest.raises(ss.SearchSpaceError):
         ss.parse_search_space({"trainer.total_steps": {"int": [1, 10**400]}}, "random")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "uniform(0.1, 0.3)",
+        " loguniform( 1e-6 , 1e-4 ) ",
+        "int(1,   8)",
+        "uniform(0.1000000000000000000000000000000000000000000000000000000000000000000000000000, 0.3)",
+    ],
+)
+def test_the_text_limit_takes_exactly_max_spec_text_characters_and_refuses_one_more(spec):
+    """MAX_SPEC_TEXT (200) counts the whole text, whitespace included: a spec of exactly 200 characters is
+    read, one of 201 is refused saying so (an off-by-one either way lets one through or refuses one)."""
+    assert ss.MAX_SPEC_TEXT == 200
+    for pad_at in ("end", "start", "inside"):
+        texts = {}
+        for length in (ss.MAX_SPEC_TEXT - 1, ss.MAX_SPEC_TEXT, ss.MAX_SPEC_TEXT + 1):
+            pad = " " * (length - len(spec))
+            if pad_at == "end":
+                text = spec + pad
+            elif pad_at == "start":
+                text = pad + spec
+            else:
+                text = spec.replace("(", "(" + pad, 1)
+            assert len(text) == length
+            texts[length] = text
+        expected = ss.parse_spec(spec)
+        assert ss.parse_spec(texts[199]) == expected
+        assert ss.parse_spec(texts[200]) == expected
+        with pytest.raises(ValueError, match="at most 200 characters") as err:
+            ss.parse_spec(texts[201])
+        assert "got 201" in str(err.value)
+        # The same at the level of a whole search space: the field is named.
+        assert ss.parse_search_space({"trainer.lr": texts[200]}, "random").fields["trainer.lr"] == expected
+        with pytest.raises(ss.SearchSpaceError) as space_err:
+            ss.parse_search_space({"trainer.lr": texts[201]}, "random")
+        assert space_err.value.errors[0][0] == "trainer.lr"
