@@ -210,11 +210,23 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # One queue name per deployment (tests give each suite its own so that concurrent suites never share).
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")
+# A Redis that is connected but silent (paused, a hung proxy) fails a broker publish or a cache read after
+# this long instead of holding the web worker: a launch or cancel stays recorded in the database for the
+# launcher's sweep (launcher.lifecycle), a throttled request answers 503 with Retry-After. Above kombu's
+# 1 s BRPOP, so a worker's wait never trips it.
+REDIS_SOCKET_TIMEOUT_S = env_float("REDIS_SOCKET_TIMEOUT_S", 3.0)
+REDIS_CLIENT_TIMEOUTS = {
+    "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+    "socket_connect_timeout": REDIS_SOCKET_TIMEOUT_S,
+}
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # kombu's Redis transport, safe to use after Redis went away under a running worker (see the class).
     CELERY_BROKER_TRANSPORT = "launcher.broker:RedisTransport"
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "visibility_timeout": 3600,
+        **REDIS_CLIENT_TIMEOUTS,
+    }
 else:
     _broker_dir = VAR_DIR / "celery" / "broker"
     _control_dir = VAR_DIR / "celery" / "control"
@@ -402,6 +414,7 @@ if REDIS_URL:
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": f"rlp:{CELERY_TASK_DEFAULT_QUEUE}",
+            "OPTIONS": dict(REDIS_CLIENT_TIMEOUTS),
         }
     }
 else:

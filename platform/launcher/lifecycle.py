@@ -20,9 +20,10 @@ log = logging.getLogger(__name__)
 
 def enqueue_start(run_id: int) -> None:
     """Send the run's start task. A broker that does not answer leaves the run queued (logged): the
-    sweep's admission starts it later."""
+    sweep's admission starts it later. One try, bounded by the broker's socket timeout
+    (``REDIS_SOCKET_TIMEOUT_S``): a silent Redis must not hold the request that launched the run."""
     try:
-        result = start_run.delay(run_id)
+        result = start_run.apply_async((run_id,), retry=False)
     except Exception:
         log.exception("could not enqueue start of run %s", run_id)
         return
@@ -34,7 +35,7 @@ def enqueue_start(run_id: int) -> None:
 def enqueue_cancel(run_id: int) -> None:
     """Send the run's cancel task. Without a broker the run stays cancelling: its supervisor stops the job."""
     try:
-        cancel_run.delay(run_id)
+        cancel_run.apply_async((run_id,), retry=False)  # one bounded try, as enqueue_start
     except Exception:
         log.exception("could not enqueue cancel of run %s", run_id)
 
