@@ -21,15 +21,26 @@ def database_answers() -> bool:
         return False
 
 
-def broker_answers(timeout_s: float = 2.0) -> bool:
-    """A connection to the Celery broker this deployment is configured with succeeds."""
+HEALTH_CHECK_TIMEOUT_S = 2.0  # default of settings.HEALTH_CHECK_TIMEOUT_S
+
+
+def broker_answers(timeout_s: float | None = None) -> bool:
+    """A connection to the Celery broker this deployment is configured with succeeds, within
+    ``timeout_s`` (default: ``settings.HEALTH_CHECK_TIMEOUT_S``). For Redis the check's client also has a
+    socket timeout of its own: a Redis that accepts connections but answers nothing (``CLIENT PAUSE``, a
+    hung proxy) held the health check until it answered again (~9 s)."""
     from django.conf import settings
     from kombu import Connection
 
+    if timeout_s is None:
+        timeout_s = float(getattr(settings, "HEALTH_CHECK_TIMEOUT_S", HEALTH_CHECK_TIMEOUT_S))
+    options = dict(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}))
+    if settings.CELERY_BROKER_URL.split("://", 1)[0] in ("redis", "rediss"):
+        options.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     conn = Connection(
         settings.CELERY_BROKER_URL,
         transport=getattr(settings, "CELERY_BROKER_TRANSPORT", None),
-        transport_options=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}),
+        transport_options=options,
         connect_timeout=timeout_s,
     )
     try:

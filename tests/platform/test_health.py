@@ -79,3 +79,30 @@ def test_a_running_worker_and_beat_show_up_without_a_ping(tmp_path):
         wait_for(lambda: health().json()["last_sweep"] > first, timeout_s=30, message="a later sweep")
     finally:
         worker.stop()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.django_db
+def test_a_redis_connected_but_silent_is_reported_down_within_the_checks_own_timeout(redis_url, settings):
+    """A Redis that accepts connections and answers nothing (``CLIENT PAUSE ... ALL``) held the health
+    check until it answered again (~9 s of a 10 s pause): its client had a connect timeout only. Now the
+    check's own socket timeout ends the wait and the answer says the broker is down. The deployment's
+    transport options carry no socket timeout here: the check must bring its own. The pause is short
+    (Redis is shared) and lifted in a finally (an UNPAUSE waits for a pause of ALL to end: nothing
+    outlives the test)."""
+    import redis
+
+    settings.CELERY_BROKER_URL = redis_url
+    settings.CELERY_BROKER_TRANSPORT = "launcher.broker:RedisTransport"
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    settings.HEALTH_CHECK_TIMEOUT_S = 0.5
+    assert health().json()["broker_ok"] is True  # (answers while Redis does)
+    pauser = redis.Redis.from_url(redis_url, socket_timeout=10)
+    pauser.execute_command("CLIENT", "PAUSE", 2000, "ALL")
+    try:
+        resp = health()
+    finally:
+        pauser.execute_command("CLIENT", "UNPAUSE")
+        pauser.close()
+    assert resp.status_code == 503
+    assert resp.json()["broker_ok"] is False and resp.json()["database_ok"] is True
