@@ -151,6 +151,61 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True},
         "logging": {"sinks": ["stdout"], "log_every": 1},
     },
+    # smollm2-arith-cpu's model and settings on reasoning-gym's chain_sum (a sum or difference of two
+    # numbers of up to two digits), asked for <answer> tags; the reward is reasoning-gym's own scorer plus
+    # a small weight on the tag format (reward.combine: reward/reasoning_gym/mean and reward/format/mean
+    # in the metrics).
+    "rg-chain-sum-smollm2-cpu": {
+        "name": "rg-chain-sum-smollm2-cpu",
+        "seed": 0,
+        "model": {"path": "var/models/smollm2-135m-instruct"},
+        "rollout": {
+            "backend": "hf",
+            "n": 8,
+            "temperature": 0.7,
+            "max_new_tokens": 64,
+            "max_prompt_tokens": 128,
+            "micro_batch_size": 32,
+        },
+        "trainer": {
+            "total_steps": 80,
+            "batch_size": 32,
+            "mini_batch_size": 32,
+            "lr": 2e-5,
+            "lr_schedule": "constant",
+            "checkpoint_every": 10,
+            "keep_checkpoints": 2,
+        },
+        "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "kl_coef": 0.0},
+        "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "trigger_parameter_sync_step": 1},
+        "data": {
+            "source": "reasoning_gym",
+            "datasets": [
+                {
+                    "name": "chain_sum",
+                    "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+                }
+            ],
+            "train_size": 4000,
+            "test_size": 128,
+            "seed": 0,
+            "system_prompt": "Answer the question directly. Give only the final answer, between <answer> and "
+            "</answer> tags.",
+            "chat_template": "on",
+        },
+        "reward": {
+            "combine": [
+                {"name": "reasoning_gym", "kwargs": {"extract": "auto"}, "weight": 1.0},
+                {
+                    "name": "format",
+                    "kwargs": {"pattern": "<answer>[^<]*</answer>", "full": False},
+                    "weight": 0.1,
+                },
+            ]
+        },
+        "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True},
+        "logging": {"sinks": ["stdout"], "log_every": 1},
+    },
     "gsm8k-qwen2.5-1.5b-vllm": {
         "name": "gsm8k-qwen2.5-1.5b-vllm",
         "seed": 0,
