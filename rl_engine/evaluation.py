@@ -14,7 +14,8 @@ Metrics: ``val/reward_mean``, ``val/pass@k`` (k = 1 and n; unbiased estimator), 
 (mean tokens), ``val/truncated_ratio`` (hit max_new_tokens), ``val/aborted_ratio`` (interrupted and not
 finished: normally 0), ``val/reward_errors`` (responses whose reward raised, scored 0),
 ``val/num_prompts``, ``val/param_version`` and ``val/param_version_end`` (the weights of the first and
-of the last chunk: they differ when a weight update landed between chunks), ``val/time_s``.
+of the last chunk: they differ when a weight update landed between chunks), ``val/time_s``; with a
+weighted-sum reward (``reward.combine``) each component's mean, ``val/reward/<key>/mean``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_engine.config import EvalConfig, ExperimentConfig
+from rl_engine.rewards.base import component_means
 from rl_engine.types import EvalSummary, Prompt, Sample, split_groups
 
 GREEDY_TOP_P = 1e-9  # below any second-best token's mass: only the argmax survives the nucleus cut
@@ -171,6 +173,7 @@ class Evaluator:
             param_version=versions[0],
             param_version_end=versions[-1],
             time_s=time_s,
+            reward_parts=component_means([s.extra for s in samples]),
         )
 
 

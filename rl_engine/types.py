@@ -272,6 +272,8 @@ class EvalSummary:
     param_version: int  # the weights of the first chunk
     param_version_end: int  # the weights of the last chunk (a weight update may land between chunks)
     time_s: float
+    # a weighted-sum reward's component means: {"reward/<key>/mean": mean}, reported as val/reward/<key>/mean
+    reward_parts: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         out = {
@@ -288,4 +290,5 @@ class EvalSummary:
         out["val/param_version"] = float(self.param_version)
         out["val/param_version_end"] = float(self.param_version_end)
         out["val/time_s"] = self.time_s
+        out.update({f"val/{key}": value for key, value in self.reward_parts.items()})
         return out

@@ -55,3 +55,6 @@ def test_a_run_reports_each_components_mean_and_their_weighted_sum(ray_session, 
         assert m["reward/errors"] == 0  # every prompt carried its entry to the rollouter's reward
     [val] = [m for _, m in sink.metrics if "val/num_prompts" in m]
     assert val["val/num_prompts"] == 4 and val["val/reward_errors"] == 0
+    val_means = {k: val[f"val/reward/{k}/mean"] for k in WEIGHTS}
+    weighted = sum(WEIGHTS[k] * val_means[k] for k in WEIGHTS)
+    assert math.isclose(val["val/reward_mean"], weighted, abs_tol=1e-9), val
