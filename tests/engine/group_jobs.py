@@ -67,3 +67,31 @@ def stream_weights(ranks: Ranks, payload: tuple[TrainJob, int]) -> dict[str, Any
         "weights": trainer.weights_numpy(),
         "manifest": stream.manifest,
     }
+
+
+def abandon_then_train(ranks: Ranks, payload: tuple[TrainJob, int]) -> dict[str, Any]:
+    """Rank 0's stop says yes at its ``at``-th question (the others never ask to stop): every rank must
+    leave the step at that same micro-batch (no rank left waiting in a collective); then the step is
+    trained whole."""
+    from rl_engine.types import StepAborted
+
+    job, at = payload
+    trainer = PolicyTrainer(job.cfg, ranks=ranks)
+    asked = [0]
+
+    def stop() -> bool:
+        asked[0] += 1
+        return asked[0] >= at
+
+    aborted = False
+    try:
+        trainer.train_step(job.steps[0], stop=stop if ranks.rank == 0 else None)
+    except StepAborted:
+        aborted = True
+    version_after_abort = trainer.version
+    trainer.train_step(job.steps[0])
+    return {
+        "aborted": aborted,
+        "version_after_abort": version_after_abort,
+        "weights": trainer.weights_numpy(),
+    }

@@ -165,6 +165,22 @@ def test_sharded_checkpoint_resumes_on_three_ranks_and_on_one_and_exports(jobs, 
 
 
 @pytest.mark.slow
+def test_a_stop_on_the_leader_abandons_the_step_on_every_rank_at_the_same_micro_batch(jobs, single):
+    """The stop question is a max over the group: rank 0 alone asks to stop, both ranks leave the step
+    (neither waits in a collective the other never enters) with nothing applied, and the step trained
+    whole afterwards equals one rank's first step."""
+    job = jobs[0]
+    ranks = spawn_group(2, "tests.engine.group_jobs:abandon_then_train", (job, 2), timeout_s=900)
+    assert [r["aborted"] for r in ranks] == [True, True]
+    assert [r["version_after_abort"] for r in ranks] == [0, 0]
+    reference = PolicyTrainer(job.cfg)
+    reference.train_step(job.steps[0])
+    ref = reference.weights_numpy()
+    got = ranks[0]["weights"]
+    assert max(float(np.abs(ref[k] - got[k]).max()) for k in ref) <= 1e-2 * LR
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "hang"])
 def test_a_rank_that_dies_or_hangs_fails_the_step_naming_it(jobs, how):
     """Rank 1 exits (or sleeps) instead of training: the step fails with an error naming the dead rank,
