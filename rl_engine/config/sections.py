@@ -501,12 +501,18 @@ class DatasetDataConfig(_DataCommon):
 
 # The fields of a reasoning-gym dataset's config the engine sets itself (from data.seed and the split sizes).
 REASONING_GYM_RESERVED = ("seed", "size")
+# Held-out candidates drawn at most: this many times test_size, plus a few (some are training questions).
+REASONING_GYM_DRAWS_PER_TEST_ROW = 4
+REASONING_GYM_EXTRA_DRAWS = 100
 
 
-def reasoning_gym_config_problem(name: str, config: dict[str, Any]) -> str | None:
+def reasoning_gym_config_problem(
+    name: str, config: dict[str, Any], sizes: tuple[int, ...] = (1,)
+) -> str | None:
     """What is wrong with ``config`` for the reasoning-gym dataset ``name`` (its config dataclass built and
-    validated, nothing generated), or None. Imports reasoning-gym (a few seconds the first time, once per
-    process); where it is not installed nothing is checked here: the job's data stream reports it."""
+    validated with each of ``sizes``, nothing generated), or None. Imports reasoning-gym (a few seconds the
+    first time, once per process); where it is not installed nothing is checked here: the job's data
+    stream reports it."""
     try:
         from reasoning_gym.factory import DATASETS
     except ImportError:
@@ -522,9 +528,10 @@ def reasoning_gym_config_problem(name: str, config: dict[str, Any]) -> str | Non
         shown = ", ".join(repr(k[:80]) for k in unknown[:20])
         return f"{name} takes no option {shown}; its options: {', '.join(fields) or 'none'}"
     try:
-        built = config_cls(**config, seed=0, size=1)
-        if callable(getattr(built, "validate", None)):
-            built.validate()
+        for size in sizes:  # a dataset may bound its size (word_ladder: 20000)
+            built = config_cls(**config, seed=0, size=size)
+            if callable(getattr(built, "validate", None)):
+                built.validate()
     except Exception as exc:  # AssertionError, ValueError, or a TypeError of a value of the wrong type
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         return f"{name}: {detail}"
@@ -573,10 +580,7 @@ class ReasoningGymDatasetSpec(StrictModel):
                     "config",
                     f"{key}: a file name of reasoning-gym's data folder (no path), got {value!r:.80}",
                 )
-        problem = reasoning_gym_config_problem(self.name, self.config)
-        if problem:
-            raise FieldError("config", problem)
-        return self
+        return self  # the options themselves: ReasoningGymDataConfig, which knows the split sizes
 
 
 class ReasoningGymDataConfig(_DataCommon):
@@ -614,7 +618,18 @@ class ReasoningGymDataConfig(_DataCommon):
     def _prompt_template(self) -> ReasoningGymDataConfig:
         if "{prompt}" not in self.prompt_template:
             raise FieldError("prompt_template", "prompt_template must contain {prompt}")
+        sizes = (self.train_size, self.held_out_draws) if self.test_size else (self.train_size,)
+        for i, spec in enumerate(self.datasets):
+            problem = reasoning_gym_config_problem(spec.name, spec.config, sizes)
+            if problem:
+                raise FieldError(f"datasets[{i}].config", problem)
         return self
+
+    @property
+    def held_out_draws(self) -> int:
+        """Held-out candidates drawn at most (``rl_engine.data.reasoning_gym``), the size each dataset of
+        the held-out split is created with."""
+        return self.test_size * REASONING_GYM_DRAWS_PER_TEST_ROW + REASONING_GYM_EXTRA_DRAWS
 
 
 DataConfig = Annotated[

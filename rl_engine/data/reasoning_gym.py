@@ -27,9 +27,6 @@ from rl_engine.data.rows import DataError, Row
 from rl_engine.rewards.reasoning_gym import dataset_entry, entry_metadata, procedural_dataset
 
 TRAIN, TEST = "train", "test"
-# Held-out candidates drawn at most: this many times test_size, plus a few.
-DRAWS_PER_TEST_ROW = 4
-EXTRA_DRAWS = 100
 # Entries tried in turn where the generator fails on one (``generate``).
 MAX_TRIES = 16
 
@@ -142,7 +139,7 @@ def _train_questions(data: ReasoningGymDataConfig) -> set[str]:
 @lru_cache(maxsize=4)
 def _test_slots(data_json: str) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
     data = ReasoningGymDataConfig.model_validate_json(data_json)
-    limit = data.test_size * DRAWS_PER_TEST_ROW + EXTRA_DRAWS
+    limit = data.held_out_draws
     options = dataset_options(data, TEST, limit)
     _build(data, options)
     taken = _train_questions(data)

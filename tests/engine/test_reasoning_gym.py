@@ -121,6 +121,18 @@ def test_unknown_names_and_bad_options_are_errors_at_their_fields():
             parse_config(rg_config(datasets))
         [(where, msg)] = info.value.errors
         assert (where, message in msg) == (path, True), (where, msg)
+    # the options are checked with the split sizes: word_ladder bounds its size at 20000
+    ladder = [{"name": "chain_sum"}, {"name": "word_ladder"}]
+    assert parse_config(rg_config(ladder, train_size=20000, test_size=0))
+    for sizes in ({"train_size": 20001}, {"train_size": 100, "test_size": 5000}):
+        with pytest.raises(ConfigError) as info:
+            parse_config(rg_config(ladder, **sizes))
+        assert info.value.errors == [
+            (
+                "data.datasets[1].config",
+                "word_ladder: Dataset size too large for this algorithm and constraints",
+            )
+        ]
 
 
 def test_the_reward_needs_reasoning_gym_data_and_checks_its_extraction():
