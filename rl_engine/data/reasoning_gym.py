@@ -5,8 +5,8 @@ A split of ``size`` rows: row ``j`` comes from dataset ``k`` (drawn by weight fr
 dataset of each split is generated from its own seed, derived from (``data.seed``, split, its place in
 ``data.datasets``, its name) by SHA-256: the held-out split (``test``) never uses a seed of the train
 split. reasoning-gym seeds entry ``j`` of a dataset with ``seed + j``, so two seeds a few apart would
-share most entries; hashed seeds are 2**32 apart on average, and on top of that the held-out split is
-guaranteed disjoint: every held-out candidate whose question is a question of the train split (or an
+share most entries; hashed seeds lie anywhere in [0, 2**32) (two within a split's size of each other are
+unlikely, not impossible), and on top of that the held-out split is guaranteed disjoint: every held-out candidate whose question is a question of the train split (or an
 earlier held-out one) is dropped, and candidates are drawn until ``test_size`` remain (or a bound of
 draws is spent: a dataset whose options allow few distinct questions then gives fewer, and none at all
 is an error).
