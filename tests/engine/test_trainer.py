@@ -439,3 +439,25 @@ def test_a_stop_after_the_first_optimizer_update_lets_the_step_finish(make_cfg):
     assert a.version == 1 and a.optimizer_steps == 2 and set(updates_before) == {0}
     for (k, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb), k
+
+
+@pytest.mark.parametrize("off_policy", ["none", "tis", "decoupled"])
+def test_sync_and_fully_async_give_the_same_update_on_the_same_batch(make_cfg, off_policy):
+    """The modes differ in scheduling (when batches are generated, how stale they may be), never in the
+    loss: the same batch from the same weights gives the same update, bit for bit, whatever the mode."""
+    common = ("trainer.batch_size=16", "trainer.mini_batch_size=8", "rollout.max_new_tokens=4",
+              f"algorithm.off_policy={off_policy}")  # fmt: skip
+    sync = make_cfg(*common, "pipeline.mode=sync", "pipeline.staleness_threshold=0")
+    fully_async = make_cfg(*common, "pipeline.mode=fully_async", "pipeline.staleness_threshold=2")
+    batch = _scored_batch(sync)
+    results = []
+    for cfg in (sync, fully_async):
+        trainer = PolicyTrainer(cfg)
+        torch.manual_seed(5)
+        metrics = trainer.train_step(batch)
+        results.append((_params(trainer), metrics))
+    (p_sync, m_sync), (p_async, m_async) = results
+    assert all(torch.equal(p_sync[k], p_async[k]) for k in p_sync)
+    assert {k: v for k, v in m_sync.items() if not k.startswith("timing/")} == {
+        k: v for k, v in m_async.items() if not k.startswith("timing/")
+    }
