@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Two install levels. `make demo` installs what running the platform needs and nothing more: the runtime
 # requirements and the client (rlp). `make test` adds the test tools: the dev requirements (pytest,
-# Playwright, ruff, the optional mirror sinks) and Debian's Chromium for the browser tests.
+# Playwright, ruff, the optional mirror sinks, the example reward plugin plugins/rlp-reward-units, whose
+# entry points the tests find) and Debian's Chromium for the browser tests.
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
@@ -16,7 +17,7 @@ $(RUNTIME_STAMP): requirements.txt client/pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -e ./client
 	@touch $(RUNTIME_STAMP)
 
-$(STAMP): $(RUNTIME_STAMP) requirements-dev.txt requirements-mirrors.txt
+$(STAMP): $(RUNTIME_STAMP) requirements-dev.txt requirements-mirrors.txt plugins/rlp-reward-units/pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $(STAMP)
 

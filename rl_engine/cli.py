@@ -1,4 +1,5 @@
-"""``python -m rl_engine``: train, validate, export, models, make-tiny-model, presets, schema.
+"""``python -m rl_engine``: train, validate, export, models, make-tiny-model, presets, schema, rewards,
+tasks.
 
 ``train`` and ``validate`` take a plain config (what to train) with the placement (where it runs) from
 flags, or a job spec file (``rl_engine.jobspec``: config and placement together, what the platform's
@@ -287,6 +288,39 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rewards(args: argparse.Namespace) -> int:
+    """The rewards this environment offers: the built-ins and the installed plugins (docs/engine.md)."""
+    from rl_engine.rewards.registry import reward_catalogue
+
+    catalogue = reward_catalogue()
+    if args.json:
+        print(json.dumps(catalogue, indent=2))
+        return 0
+    for r in catalogue["rewards"]:
+        origin = "builtin" if r["origin"] == "builtin" else f"{r['package']} {r['version']}"
+        print(f"{r['name']}\t{origin}\t{_params_text(r['parameters'])}\t{r.get('error') or r['description']}")
+    for r in catalogue["refused"]:
+        print(f"{r['name']}\t{r['package']}\trefused: {r['reason']}", file=sys.stderr)
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    """The built-in tasks (``data.source: task``) with their parameters."""
+    from rl_engine.data.tasks import task_catalogue
+
+    catalogue = task_catalogue()
+    if args.json:
+        print(json.dumps(catalogue, indent=2))
+        return 0
+    for t in catalogue["tasks"]:
+        print(f"{t['name']}\t{t['origin']}\t{_params_text(t['parameters'])}\t{t['description']}")
+    return 0
+
+
+def _params_text(params: list[dict[str, Any]]) -> str:
+    return ", ".join(p["name"] + (f"={p['default']!r}" if "default" in p else "") for p in params) or "-"
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from rl_engine.config import experiment_json_schema
 
@@ -360,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_models_list)
     sub.add_parser("presets", help="list preset names").set_defaults(fn=cmd_presets)
     sub.add_parser("schema", help="print the config's JSON Schema").set_defaults(fn=cmd_schema)
+    for name, fn, helptext in [
+        ("rewards", cmd_rewards, "list the rewards: built-ins and installed plugins, with their parameters"),
+        ("tasks", cmd_tasks, "list the built-in tasks with their parameters"),
+    ]:
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--json", action="store_true", help="one JSON document")
+        p.set_defaults(fn=fn)
     return parser
 
 

@@ -11,7 +11,11 @@ exactly the names its registry does, so adding one means adding it to both. Stan
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
+
+from rl_engine.reward_plugins import PluginRefused, discover, refresh
+from rl_engine.reward_plugins import plugin_package as plugin_package  # re-exported for the config's users
 
 
 @dataclass(frozen=True)
@@ -85,5 +89,41 @@ REASONING_GYM_DATASETS = Names(
 # The advantage estimators whose baseline is the other responses of the prompt's group: they need
 # ``rollout.n >= 2``.
 WITHIN_GROUP = frozenset({"grpo", "dr_grpo", "rloo"})
+
+# --- reward plugins ------------------------------------------------------------------------------------
+# Installed packages add rewards under the entry-point group ``rl_engine.rewards`` (``rl_engine.reward_plugins``,
+# docs/engine.md "Reward plugins"): found by their metadata only, nothing imported until a config that names
+# one is checked. A plugin may not take a built-in's name.
+
+
+def reward_plugins() -> dict[str, metadata.EntryPoint]:
+    """The installed reward plugins by name (entry points, not loaded), those shadowing a built-in left
+    out; cached for the process's life (``refresh_reward_plugins`` after installing one)."""
+    return dict(discover(frozenset(REWARDS.names))[0])
+
+
+def refused_reward_plugins() -> tuple[PluginRefused, ...]:
+    """Installed entry points that are not offered, with the reason (a name that shadows a built-in)."""
+    return discover(frozenset(REWARDS.names))[1]
+
+
+def refresh_reward_plugins() -> None:
+    """Forget the cached entry points: the next lookup reads the installed packages again."""
+    refresh()
+
+
+def check_reward_name(value: Any) -> Any:
+    """``value`` when it names a built-in reward or an installed plugin (or is not a string: the
+    field's type refuses that); else a ValueError that lists both."""
+    if not isinstance(value, str) or value in REWARDS.names:
+        return value
+    plugins = discover(frozenset(REWARDS.names))[0]
+    if value in plugins:
+        return value
+    shown = value if len(value) <= 80 else f"{value[:80]}..."
+    known = ", ".join(sorted(REWARDS.names))
+    extra = f"; installed plugins: {', '.join(sorted(plugins))}" if plugins else ""
+    raise ValueError(f"unknown reward {shown!r}; choose one of {known}{extra}")
+
 
 REGISTRIES: tuple[Names, ...] = (REWARDS, TASKS, ADVANTAGES, LOSS_AGGREGATIONS, OFF_POLICY)

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -44,6 +45,14 @@ def registered(registry: names.Names) -> Any:
     the JSON Schema (the form's dropdown); an unknown name is refused with the names to choose from."""
     return Annotated[Literal[registry.names], BeforeValidator(registry.check)]
 
+
+# A reward's name: a built-in (the JSON Schema's enum: the form's dropdown) or a reward plugin installed in
+# this environment (entry-point group ``rl_engine.rewards``, found without importing it: docs/engine.md).
+RewardName = Annotated[
+    str,
+    BeforeValidator(names.check_reward_name),
+    WithJsonSchema({"type": "string", "enum": list(names.REWARDS.names)}),
+]
 
 # A seed: what torch.manual_seed takes (at most 2**64 - 1) and a signed 64-bit database column holds.
 SEED_LIMIT = 2**63
@@ -648,6 +657,19 @@ def _check_reward_kwargs(kwargs: dict[str, Any], info: ValidationInfo) -> dict[s
     return kwargs
 
 
+def _check_plugin_defaults(name: str, kwargs: dict[str, Any]) -> None:
+    """A reward plugin named without kwargs is built once too (the field validator above does not run on
+    a default): a plugin that does not load, or refuses its defaults, is the config's error."""
+    if kwargs or name in names.REWARDS.names or name not in names.reward_plugins():
+        return
+    from rl_engine.rewards.registry import bound_reward  # the registry imports this module
+
+    try:
+        bound_reward(name, kwargs)
+    except ValueError as exc:
+        raise FieldError("kwargs", str(exc)) from None
+
+
 # A component's label: the key of its score (sample.extra["reward/<label>"], metric reward/<label>/mean).
 REWARD_LABEL = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 
@@ -655,7 +677,7 @@ REWARD_LABEL = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 class RewardComponent(StrictModel):
     """One reward of a weighted sum (``reward.combine``)."""
 
-    name: registered(names.REWARDS) = Field(..., description="A reward function from the registry.")
+    name: RewardName = Field(..., description="A built-in reward or an installed reward plugin.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="The reward's arguments.")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="Its factor in the sum (negative: a penalty).")
     label: str | None = Field(
@@ -665,6 +687,11 @@ class RewardComponent(StrictModel):
     )
 
     _kwargs = field_validator("kwargs")(_check_reward_kwargs)
+
+    @model_validator(mode="after")
+    def _plugin_defaults(self) -> RewardComponent:
+        _check_plugin_defaults(self.name, self.kwargs)
+        return self
 
     @property
     def key(self) -> str:
@@ -676,8 +703,10 @@ class RewardConfig(StrictModel):
     is then ``sum(weight * score)``, and each component's score is kept (``sample.extra["reward/<label>"]``,
     metric ``reward/<label>/mean``)."""
 
-    name: registered(names.REWARDS) = Field(
-        "exact_match", description="A reward function from the registry.", json_schema_extra=ESSENTIAL
+    name: RewardName = Field(
+        "exact_match",
+        description="A built-in reward or an installed reward plugin.",
+        json_schema_extra=ESSENTIAL,
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -689,12 +718,22 @@ class RewardConfig(StrictModel):
         max_length=16,
         description="A weighted sum of rewards instead of the one `name` (which must then stay unset).",
     )
+    timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description=(
+            "A reward plugin's limit per sample: a call that has not answered by then scores as an error "
+            "(built-in rewards run inline)."
+        ),
+    )
 
     _kwargs = field_validator("kwargs")(_check_reward_kwargs)
 
     @model_validator(mode="after")
     def _one_or_a_sum(self) -> RewardConfig:
         if self.combine is None:
+            _check_plugin_defaults(self.name, self.kwargs)
             return self
         # a dumped config holds the defaults of name and kwargs: those are not a second reward
         if self.name != "exact_match" or self.kwargs:

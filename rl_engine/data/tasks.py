@@ -11,6 +11,7 @@ import inspect
 import random
 import string
 from collections.abc import Callable
+from typing import Any
 
 TaskFn = Callable[..., tuple[str, str]]
 
@@ -61,6 +62,19 @@ TASKS: dict[str, TaskFn] = {
 
 def task_names() -> list[str]:
     return sorted(TASKS)
+
+
+def task_catalogue() -> dict[str, Any]:
+    """The built-in tasks, JSON-ready (``python -m rl_engine tasks --json``): name, description (the
+    docstring's first line), parameters (the signature's, less ``rng``), origin ``builtin``."""
+    from rl_engine.reward_plugins import describe_factory
+
+    tasks = []
+    for name, fn in TASKS.items():
+        described = describe_factory(fn)
+        params = [p for p in described["parameters"] if p["name"] != "rng"]
+        tasks.append({"name": name, **described, "parameters": params, "origin": "builtin"})
+    return {"tasks": tasks}
 
 
 def make_task(name: str, kwargs: dict) -> Callable[[random.Random], tuple[str, str]]:

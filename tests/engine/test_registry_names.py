@@ -70,8 +70,11 @@ def test_a_misspelt_name_is_refused_at_its_field_with_the_names_to_choose_from(p
     misspelt = next(iter(registry)) + "x"
     with pytest.raises(ConfigError) as info:
         parse_config(config_with(path, misspelt))
+    # a reward may also be an installed plugin (tests/engine/test_reward_plugins.py): those are listed too
+    plugins = sorted(config_names.reward_plugins()) if path == "reward.name" else []
+    also = f"; installed plugins: {', '.join(plugins)}" if plugins else ""
     assert info.value.errors == [
-        (path, f"unknown {names.what} {misspelt!r}; choose one of {', '.join(sorted(registry))}")
+        (path, f"unknown {names.what} {misspelt!r}; choose one of {', '.join(sorted(registry))}{also}")
     ]
 
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from experiments.models import Experiment, Run, RunState
+from rl_engine.config import names as config_names
 from experiments.services import run_transition
 from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tests.platform.conftest import client_for
@@ -57,10 +58,18 @@ def test_invalid_config_is_a_400_with_pydantic_field_paths(team, member):
     assert any("rollout.n" in m for m in resp.json()["errors"]["config"])  # a cross-field (root) error
 
 
+# The reward's choices: the built-ins, then the reward plugins installed here (the example plugin).
+REWARD_CHOICES = ", ".join(sorted(config_names.REWARDS.names)) + (
+    f"; installed plugins: {', '.join(sorted(config_names.reward_plugins()))}"
+    if config_names.reward_plugins()
+    else ""
+)
+
+
 @pytest.mark.parametrize(
     ("section", "field", "value", "names"),
     [
-        ("reward", "name", "exact_matchh", "contains, exact_match, format, math_verify, numeric_answer"),
+        ("reward", "name", "exact_matchh", REWARD_CHOICES),
         ("data", "task", "cpy", "add, add_mod10, copy, next_digit, reverse"),
     ],
 )
