@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from experiments.models import Experiment, Run, RunState
-from rl_engine.config import names as config_names
 from experiments.services import run_transition
+from rl_engine.config import names as config_names
 from tests.factories import ExperimentFactory, checkpoint_path, demo_config
 from tests.platform.conftest import client_for
 from tracking.services import checkpoint_record
