@@ -157,6 +157,31 @@ def cmd_models(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def _parameters(params: list[dict[str, Any]]) -> str:
+    return ", ".join(p["name"] + (f"={p['default']!r}" if "default" in p else "") for p in params) or "-"
+
+
+def cmd_rewards(args: argparse.Namespace, out: Output) -> int:
+    with client_from_config() as client:
+        catalogue = client.rewards()
+    rows = [[r["name"], "built-in" if r.get("origin") == "builtin" else f"{r.get('package')} {r.get('version')}",
+             _parameters(r.get("parameters") or []), r.get("error") or r.get("description") or ""]
+            for r in catalogue["rewards"]]  # fmt: skip
+    out.table(catalogue, ["reward", "from", "kwargs (default)", "description"], rows)
+    for refused in catalogue.get("refused") or []:
+        out.say(f"refused: {refused['name']} of {refused['package']} ({refused['reason']})")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace, out: Output) -> int:
+    with client_from_config() as client:
+        catalogue = client.tasks()
+    rows = [[t["name"], _parameters(t.get("parameters") or []), t.get("description") or ""]
+            for t in catalogue["tasks"]]  # fmt: skip
+    out.table(catalogue, ["task", "task_kwargs (default)", "description"], rows)
+    return 0
+
+
 def cmd_experiment_create(args: argparse.Namespace, out: Output) -> int:
     text, data = _read_config(args.file)
     if args.set:
@@ -234,6 +259,14 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("models", parents=[common], help="the models a config may name (model.path) here")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser(
+        "rewards", parents=[common], help="the rewards a config may name (reward.name): built-ins and plugins"
+    )
+    p.set_defaults(func=cmd_rewards)
+
+    p = sub.add_parser("tasks", parents=[common], help="the built-in tasks a config may name (data.task)")
+    p.set_defaults(func=cmd_tasks)
 
     exp = sub.add_parser("experiment", help="create, export, list experiments").add_subparsers(
         dest="action", required=True, parser_class=Parser

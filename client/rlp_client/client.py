@@ -99,6 +99,16 @@ class Client:
         (``model.path``), with parameters, vocabulary, head size, chat template and serving backends."""
         return dict(self.transport.get("/api/models"))
 
+    def rewards(self) -> dict[str, Any]:
+        """``{"rewards": [...], "refused": [...]}``: the rewards a config may name, as the engine's
+        environment lists them (built-ins and installed reward plugins), each with its parameters
+        (name, type, default), description and origin (``builtin``, or the plugin's package and version)."""
+        return dict(self.transport.get("/api/rewards"))
+
+    def tasks(self) -> dict[str, Any]:
+        """``{"tasks": [...]}``: the built-in tasks (``data.task``) with their parameters."""
+        return dict(self.transport.get("/api/tasks"))
+
     # --- experiments -----------------------------------------------------------------------------------
 
     def experiments(self, project: int | None = None, tag: str | None = None) -> Iterator[Experiment]:

@@ -17,7 +17,7 @@ from accounts.access import Conflict, require_role, visible_project_ids
 from accounts.ids import parse_db_id
 from accounts.models import Project, Role
 from accounts.parsers import JsonOnly, query_int, query_str
-from experiments import services
+from experiments import engine_catalogue, services
 from experiments.config_policy import CheckpointRefused, platform_presets, preset_document
 from experiments.form_schema import form_schema
 from experiments.model_catalogue import catalogue_document
@@ -239,6 +239,45 @@ class ModelListView(JsonOnly, APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(catalogue_document(full_paths=bool(visible_project_ids(request))))
+
+
+class EngineUnavailable(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The engine's environment did not answer."
+    default_code = "engine_unavailable"
+
+
+def _engine_catalogue(kind: str) -> dict:
+    try:
+        return engine_catalogue.catalogue(kind)
+    except engine_catalogue.CatalogueUnavailable as exc:
+        raise EngineUnavailable(str(exc)) from None
+
+
+class RewardListView(JsonOnly, APIView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 503: OpenApiResponse(description="The engine did not answer.")},
+        operation_id="rewards_list",
+        description="The rewards a config may name (``reward.name``, ``reward.combine[i].name``), as the "
+        "engine's environment (ENGINE_PYTHON) lists them: ``rewards``, each with its name, description, "
+        "parameters (name, type, default, required), origin (``builtin``, or ``plugin`` with the package "
+        "and version; ``error`` when the plugin does not load there); ``refused``: plugins not offered "
+        "(a name that shadows a built-in). Cached for a minute.",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(_engine_catalogue("rewards"))
+
+
+class TaskListView(JsonOnly, APIView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 503: OpenApiResponse(description="The engine did not answer.")},
+        operation_id="tasks_list",
+        description="The built-in tasks (``data.task`` of ``data.source: task``) as the engine's "
+        "environment lists them: ``tasks``, each with its name, description, parameters "
+        "(``data.task_kwargs``: name, type, default) and origin. Cached for a minute.",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(_engine_catalogue("tasks"))
 
 
 STATE_Q = OpenApiParameter(

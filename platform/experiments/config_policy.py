@@ -33,6 +33,11 @@ the typed config: where a run's job then reads and writes is its placement, whic
   (``trainer_node_resources``, ``rollout_node_resources``) only one the deployment lists in
   ``ALLOWED_NODE_RESOURCES``; ``node:<address>`` (Ray's resource of one machine) never.
 
+- ``reward.name`` / ``reward.combine[i].name``: a reward the engine's environment offers
+  (``experiments.engine_catalogue``: ``ENGINE_PYTHON -m rl_engine rewards --json``): a reward plugin
+  installed where this web process runs but not where the runs run is refused here, not inside the job.
+  When the engine does not answer, a built-in passes (it ships with the engine) and a plugin is refused.
+
 Violations are :class:`ConfigError` with field paths, i.e. HTTP 400s naming the field.
 """
 
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from experiments import engine_catalogue
 from experiments.path_policy import PathPolicy, list_text, roots_text
 from experiments.run_files import checkpoint_folder, is_inside
 from rl_engine.config import (
@@ -57,6 +63,7 @@ from rl_engine.config import (
     ResourcesConfig,
     parse_config,
 )
+from rl_engine.config import names as config_names
 from rl_engine.jobspec import InputPaths
 from rl_engine.presets import get_preset, preset_names
 from rl_engine.strict_url import url_problem
@@ -260,6 +267,35 @@ def _resource_violations(
     return out
 
 
+def _reward_violations(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """Each reward the config names that the engine's environment does not offer (or offers broken)."""
+    try:
+        offered: dict[str, dict[str, Any]] | None = engine_catalogue.engine_rewards()
+        unavailable = ""
+    except engine_catalogue.CatalogueUnavailable as exc:
+        offered, unavailable = None, str(exc)
+    out: list[tuple[str, str]] = []
+    for where, name in cfg.reward.named():
+        field = f"reward.{where}"
+        if offered is None:
+            if name not in config_names.REWARDS.names:
+                out.append((field, f"reward plugin {name!r} cannot be checked: {unavailable}"))
+            continue
+        entry = offered.get(name)
+        if entry is None:
+            plugins = sorted(n for n, e in offered.items() if e.get("origin") == "plugin")
+            out.append(
+                (
+                    field,
+                    f"the engine where runs run offers no reward {name!r} (its plugins: "
+                    f"{', '.join(plugins) or 'none'}): install the plugin there (ENGINE_PYTHON)",
+                )
+            )
+        elif entry.get("error"):
+            out.append((field, f"the engine where runs run cannot load it: {str(entry['error'])[:300]}"))
+    return out
+
+
 def config_violations(
     cfg: ExperimentConfig,
     *,
@@ -275,6 +311,7 @@ def config_violations(
     out += _resource_violations(cfg.resources, cfg.pipeline.num_rollouters, resources)
     if cfg.model.trust_remote_code and not allow_remote_code:
         out.append(("model.trust_remote_code", REMOTE_CODE_RULE))
+    out += _reward_violations(cfg)
     return out
 
 
