@@ -13,6 +13,9 @@ what the platform accepts and nothing it refuses:
   (``model_catalogue.available_models``, labelled with size, chat template and backends), with free text
   only where ``MODEL_ROOTS`` lets a path under them (or a tiny model's folder) be named;
   ``logging.mlflow.tracking_uri`` among a store in the run's own folder and ``ALLOWED_MLFLOW_SERVERS``;
+  ``reward.name`` and ``reward.combine[i].name`` among the built-ins and the reward plugins the engine's
+  environment offers (``engine_catalogue``; a plugin labelled with its package), the built-ins alone
+  when the engine does not answer;
 - bounds: ``RUN_MAX_GPUS``, ``RUN_MAX_CPUS_PER_ACTOR``;
 - grouped: what a run asks of the cluster (``resources``, devices, thread counts, engine parallelism,
   the number of rollouters) carries ``"x-group": "cluster"``: the form draws it in a section of its own,
@@ -30,11 +33,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from experiments import engine_catalogue
 from experiments.config_policy import ResourcePolicy
 from experiments.model_catalogue import available_models
 from experiments.path_policy import PathPolicy, roots_text
 from rl_engine.catalogue import ModelInfo
 from rl_engine.config import experiment_json_schema
+from rl_engine.config import names as config_names
 from rl_engine.strict_url import url_problem
 
 if TYPE_CHECKING:
@@ -69,6 +74,7 @@ class FormPolicy:
     paths: PathPolicy
     resources: ResourcePolicy
     models: tuple[ModelInfo, ...]
+    plugins: tuple[tuple[str, str], ...] = ()  # (name, label) of each reward plugin the form offers
 
     @classmethod
     def for_project(cls, project: Project) -> FormPolicy:
@@ -77,7 +83,24 @@ class FormPolicy:
             paths=PathPolicy.from_settings(),
             resources=ResourcePolicy.from_settings(),
             models=tuple(available_models()),
+            plugins=offered_plugins(),
         )
+
+
+def offered_plugins() -> tuple[tuple[str, str], ...]:
+    """(name, label) of the reward plugins both the engine's environment offers (and loads) and this
+    process's config accepts (installed here too: it checks their arguments); none when the engine does
+    not answer."""
+    try:
+        engine = engine_catalogue.engine_rewards()
+    except engine_catalogue.CatalogueUnavailable:
+        return ()
+    here = config_names.reward_plugins()
+    return tuple(
+        (name, f"{name} (plugin: {entry.get('package')} {entry.get('version')})")
+        for name, entry in sorted(engine.items())
+        if entry.get("origin") == "plugin" and not entry.get("error") and name in here
+    )
 
 
 def form_schema(project: Project) -> dict[str, Any]:
@@ -197,6 +220,14 @@ def _narrow_mlflow(schema: dict[str, Any], policy: FormPolicy) -> None:
         field["description"] = "empty: the run's own store; else a store in its folder or an allowed server"
 
 
+def _narrow_rewards(schema: dict[str, Any], policy: FormPolicy) -> None:
+    if not policy.plugins:
+        return  # the schema's enum: the built-ins
+    choices = [(name, name) for name in config_names.REWARDS.names] + list(policy.plugins)
+    for definition in ("RewardConfig", "RewardComponent"):
+        _choice(schema["$defs"][definition]["properties"]["name"], choices, None)
+
+
 def _narrow_resources(schema: dict[str, Any], policy: FormPolicy) -> None:
     limits = policy.resources
     for path, limit in (
@@ -241,6 +272,7 @@ def narrowed_schema(policy: FormPolicy, *, project_id: int | None = None) -> dic
     _narrow_sinks(schema)
     _narrow_models(schema, policy)
     _narrow_mlflow(schema, policy)
+    _narrow_rewards(schema, policy)
     _narrow_resources(schema, policy)
     _group_cluster(schema)
     schema["x-platform"] = {"project": project_id}

@@ -149,3 +149,24 @@ def test_rlp_rewards_lists_what_the_api_answers(live_server, team):
     assert "built-in" in lines["exact_match"]
     code, out, err = rlp("tasks")
     assert code == 0 and "digits=2" in out, err
+
+
+def test_the_form_offers_the_plugins_the_engine_has(team, member, settings, tmp_path):
+    def reward_choices() -> dict[str, list]:
+        schema = member.get(f"/api/schema/experiment?project={team['project'].pk}").json()
+        return {
+            d: schema["$defs"][d]["properties"]["name"].get("enum")
+            for d in ("RewardConfig", "RewardComponent")
+        }
+
+    offered = reward_choices()
+    for names in offered.values():
+        assert names[: len(config_names.REWARDS.names)] == list(config_names.REWARDS.names)
+        assert PLUGIN in names
+    schema = member.get(f"/api/schema/experiment?project={team['project'].pk}").json()
+    labels = {
+        c["value"]: c["label"] for c in schema["$defs"]["RewardConfig"]["properties"]["name"]["x-choices"]
+    }
+    assert labels[PLUGIN] == f"{PLUGIN} (plugin: rlp-reward-units 0.1.0)"
+    settings.ENGINE_PYTHON = stand_in_engine(tmp_path, BUILT_INS_ONLY)  # another image: no plugin there
+    assert all(names == list(config_names.REWARDS.names) for names in reward_choices().values())
