@@ -22,7 +22,7 @@ from rl_engine.config import names as config_names
 from rl_engine.pipeline.metrics import step_metrics
 from rl_engine.rewards import build_reward, component_means
 from rl_engine.rewards.plugins import describe_factory, load_factory
-from rl_engine.rewards.registry import plugin_entry_point, plugin_names
+from rl_engine.rewards.registry import plugin_entry_point, plugin_names, reward_catalogue
 from rl_engine.types import QueueStats, Sample, StepResult
 
 PLUGIN = "unit_conversion"
@@ -243,6 +243,14 @@ def test_a_plugin_may_not_shadow_a_built_in(tmp_path, monkeypatch):
             describe_factory(load_factory(plugin_entry_point("always_one")))["description"]
             == "Scores 1 whatever the response."
         )
+        listed = reward_catalogue()
+        assert {
+            "name": "exact_match",
+            "package": "shadowing-plugin",
+            "entry_point": "shadowing_plugin:always_one",
+            "reason": refused.reason,
+        } in listed["refused"]
+        assert [r["origin"] for r in listed["rewards"] if r["name"] == "exact_match"] == ["builtin"]
     finally:
         monkeypatch.undo()
         config_names.refresh_reward_plugins()
@@ -258,6 +266,8 @@ def test_a_plugin_that_does_not_load_is_a_kwargs_error(tmp_path, monkeypatch):
         [(where, msg)] = info.value.errors
         assert where == "reward.kwargs" and "failed to load: ModuleNotFoundError" in msg, msg
         assert "broken-plugin 1.2.3" in msg
+        [listed] = [r for r in reward_catalogue()["rewards"] if r["name"] == "broken_reward"]
+        assert listed["package"] == "broken-plugin" and "failed to load" in listed["error"]
     finally:
         monkeypatch.undo()
         config_names.refresh_reward_plugins()
