@@ -305,15 +305,21 @@ def cmd_rewards(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    """The built-in tasks (``data.source: task``) with their parameters."""
+    """The built-in tasks (``data.source: task``) and the reasoning-gym datasets (``data.source:
+    reasoning_gym``, under ``reasoning_gym``) with their parameters."""
+    from rl_engine.data.reasoning_gym import dataset_catalogue
     from rl_engine.data.tasks import task_catalogue
 
-    catalogue = task_catalogue()
+    catalogue = task_catalogue() | dataset_catalogue()
     if args.json:
         print(json.dumps(catalogue, indent=2))
         return 0
     for t in catalogue["tasks"]:
         print(f"{t['name']}\t{t['origin']}\t{_params_text(t['parameters'])}\t{t['description']}")
+    for d in catalogue["reasoning_gym"]:
+        print(f"{d['name']}\t{d['source']}\t{_params_text(d['parameters'])}\t{d['description']}")
+    if catalogue["reasoning_gym_error"]:
+        print(f"reasoning_gym: {catalogue['reasoning_gym_error']}", file=sys.stderr)
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from rl_engine.config import ReasoningGymDataConfig
 from rl_engine.data.rows import DataError, Row
-from rl_engine.rewards.reasoning_gym import dataset_entry, entry_metadata, procedural_dataset
+from rl_engine.rewards.reasoning_gym import dataset_entry, entry_metadata, plain, procedural_dataset
 
 TRAIN, TEST = "train", "test"
 # Entries tried in turn where the generator fails on one (``generate``).
@@ -172,3 +172,63 @@ def held_out_split(data: ReasoningGymDataConfig) -> ReasoningGymRows | None:
         return None
     options, slots = _test_slots(data.model_dump_json())
     return ReasoningGymRows(data, options, slots)
+
+
+# Options of a dataset's config that the engine sets itself (a config may not name them).
+ENGINE_SET = ("seed", "size")
+
+
+def _type_text(annotation: Any) -> str:
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def dataset_catalogue() -> dict[str, Any]:
+    """The reasoning-gym datasets a config may name (``data.source: reasoning_gym``: the installed ones
+    not refused, ``names.REASONING_GYM_REFUSED``), JSON-ready, for ``python -m rl_engine tasks --json``:
+    ``{"reasoning_gym": [...], "reasoning_gym_error": None}``, each entry its name, ``source``
+    (``reasoning-gym <version>``), description (its class docstring's first line) and parameters (the
+    fields of its config dataclass but ``seed`` and ``size``: name, type, required, default). Without the
+    package the list is empty and ``reasoning_gym_error`` says why."""
+    import dataclasses
+
+    from rl_engine.config import names
+
+    try:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+    except ImportError as exc:
+        return {"reasoning_gym": [], "reasoning_gym_error": f"reasoning-gym is not installed ({exc})"}
+    source = f"reasoning-gym {getattr(reasoning_gym, '__version__', '?')}"
+    offered = set(names.REASONING_GYM_DATASETS.names)
+    out = []
+    for name in sorted(DATASETS):
+        if name not in offered or name in names.REASONING_GYM_REFUSED:
+            continue
+        dataset_cls, config_cls = DATASETS[name]
+        params = []
+        for f in dataclasses.fields(config_cls):
+            if f.name in ENGINE_SET or not f.init:
+                continue
+            entry: dict[str, Any] = {"name": f.name, "type": _type_text(f.type)}
+            if f.default is not dataclasses.MISSING:
+                entry |= {"required": False, "default": plain(f.default)}
+            elif f.default_factory is not dataclasses.MISSING:
+                entry |= {"required": False, "default": plain(f.default_factory())}
+            else:
+                entry["required"] = True
+            params.append(entry)
+        doc = (dataset_cls.__doc__ or "").strip().splitlines()
+        out.append(
+            {
+                "name": name,
+                "data_source": "reasoning_gym",
+                "source": source,
+                "description": doc[0].strip() if doc else "",
+                "parameters": params,
+            }
+        )
+    return {"reasoning_gym": out, "reasoning_gym_error": None}

@@ -304,3 +304,26 @@ def test_the_engine_lists_its_tasks():
     assert set(tasks) == set(config_names.TASKS.names)
     assert tasks["add"]["parameters"] == [{"name": "digits", "type": "int", "required": False, "default": 2}]
     assert tasks["add"]["origin"] == "builtin" and tasks["add"]["description"].startswith("``23+45=``")
+
+
+def test_the_engine_lists_the_reasoning_gym_datasets_with_their_config_fields():
+    """``tasks --json`` lists the reasoning-gym datasets a config may name: chain_sum with the fields of
+    its config dataclass (``seed`` and ``size`` are the engine's) and their defaults; no refused one."""
+    import dataclasses
+
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    catalogue = _engine_cli("tasks", "--json")
+    assert catalogue["reasoning_gym_error"] is None
+    datasets = {d["name"]: d for d in catalogue["reasoning_gym"]}
+    assert set(datasets) == set(config_names.REASONING_GYM_DATASETS.names) & set(DATASETS)
+    assert not set(datasets) & config_names.REASONING_GYM_REFUSED
+    chain_sum = datasets["chain_sum"]
+    assert chain_sum["source"] == f"reasoning-gym {reasoning_gym.__version__}"
+    assert chain_sum["data_source"] == "reasoning_gym"
+    config_cls = DATASETS["chain_sum"][1]
+    expected = {f.name: f.default for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")}
+    assert {p["name"]: p["default"] for p in chain_sum["parameters"]} == expected
+    assert {"name": "max_terms", "type": "int", "required": False, "default": 6} in chain_sum["parameters"]
+    assert {p["name"]: p["type"] for p in chain_sum["parameters"]}["allow_negation"] == "bool"

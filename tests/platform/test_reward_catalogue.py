@@ -86,6 +86,13 @@ def test_the_api_lists_the_engines_tasks(member):
         {"name": "length", "type": "int", "required": False, "default": 3},
         {"name": "alphabet", "type": "str", "required": False, "default": "abcdef"},
     ]
+    # the reasoning-gym datasets a config may name, with their config fields (the engine's answer)
+    datasets = {d["name"]: d for d in resp.json()["reasoning_gym"]}
+    assert "chain_sum" in datasets and not set(datasets) & config_names.REASONING_GYM_REFUSED
+    assert datasets["chain_sum"]["source"].startswith("reasoning-gym ")
+    assert {"name": "max_terms", "type": "int", "required": False, "default": 6} in datasets["chain_sum"][
+        "parameters"
+    ]
 
 
 def test_a_plugin_the_engine_has_is_accepted(team, member):
