@@ -210,9 +210,16 @@ class ExampleSample:
     reward: float
     param_version_start: int
     param_version_end: int
+    # each reward component's score (``sample.extra["reward/<label>"]`` of a ``reward.combine`` or a
+    # plugin's figures), by label; None for a single reward without figures
+    reward_parts: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The sink's dict (``reward_parts`` left out where there is none)."""
+        out = asdict(self)
+        if out["reward_parts"] is None:
+            del out["reward_parts"]
+        return out
 
 
 class StepAborted(Exception):

@@ -40,6 +40,8 @@ MAX_SAMPLES_PER_BATCH = 1000
 MAX_STEP = 2**62  # steps and sizes are stored as 64-bit integers
 MAX_VERSION = 2**31 - 1
 MAX_TEXT = 100_000  # characters of a message, prompt, response or answer
+MAX_REWARD_PARTS = 32  # a sample's reward components (SampleIn.reward_parts)
+MAX_REWARD_PART_KEY = 200  # characters of a component's label
 
 # The paths of the ingestion endpoints under ``{platform}/api/runs/{run_id}/``.
 METRICS, EVENTS, SAMPLES, HEARTBEAT = "metrics", "events", "samples", "heartbeat"
@@ -97,12 +99,30 @@ class SampleIn(_Wire):
     version_end: int | None = Field(
         None, ge=0, le=MAX_VERSION, validation_alias=AliasChoices("version_end", "param_version_end")
     )
+    reward_parts: (
+        dict[Annotated[str, StringConstraints(min_length=1, max_length=MAX_REWARD_PART_KEY)], float] | None
+    ) = Field(
+        None,
+        max_length=MAX_REWARD_PARTS,
+        description=(
+            "Each reward component's score (a `reward.combine` label, or a plugin's `<name>/<figure>`): "
+            f"at most {MAX_REWARD_PARTS} keys of at most {MAX_REWARD_PART_KEY} characters, finite values."
+        ),
+    )
 
     @field_validator("reward")
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
         if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("reward_parts")
+    @classmethod
+    def _finite_parts(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (v or {}).items():
+            if not math.isfinite(value):
+                raise ValueError(f"{key!r}: must be a finite number")
         return v
 
 

@@ -89,6 +89,11 @@ class Sample(models.Model):
         null=True, blank=True, help_text="Policy version generation began on."
     )
     version_end = models.IntegerField(null=True, blank=True, help_text="Policy version generation ended on.")
+    reward_parts = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Each reward component's score by label (wire.SampleIn.reward_parts: at most 32, finite).",
+    )
     created = models.DateTimeField(auto_now_add=True)
     batch_id = models.CharField(max_length=64, blank=True, default="")  # as RunEvent.batch_id
 

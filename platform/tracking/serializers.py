@@ -56,5 +56,6 @@ class SampleSerializer(serializers.ModelSerializer):
             "reward",
             "version_start",
             "version_end",
+            "reward_parts",
             "created",
         ]

@@ -353,6 +353,7 @@ class NewSample:
     reward: float | None = None
     version_start: int | None = None
     version_end: int | None = None
+    reward_parts: dict[str, float] | None = None
 
 
 def samples_record(*, run_id: int, samples: Iterable[NewSample], batch_id: str = "") -> int:
@@ -387,6 +388,7 @@ def samples_record(*, run_id: int, samples: Iterable[NewSample], batch_id: str =
                     reward=s.reward,
                     version_start=s.version_start,
                     version_end=s.version_end,
+                    reward_parts=s.reward_parts,
                     batch_id=batch_id,
                 )
             )

@@ -32,7 +32,7 @@ from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.followers import Followers, RankStatus
 from rl_engine.pipeline.knobs import Knobs
-from rl_engine.rewards.base import component_means
+from rl_engine.rewards.base import component_means, sample_parts
 from rl_engine.types import (
     ExampleSample,
     QueueBatch,
@@ -236,6 +236,7 @@ class TrainerActor:
                 reward=batch[i].reward,
                 param_version_start=batch[i].param_version_start,
                 param_version_end=batch[i].param_version_end,
+                reward_parts=sample_parts(batch[i].extra),
             )
             for i in picks
         ]

@@ -222,3 +222,26 @@ def component_means(extras: list[dict[str, float]]) -> dict[str, float]:
                 acc[0] += float(value)
                 acc[1] += 1.0
     return {f"{key}/mean": total / count for key, (total, count) in sorted(sums.items())}
+
+
+# What a sample carries to the platform of its components (``wire.SampleIn.reward_parts``'s bounds).
+MAX_SAMPLE_PARTS = 32
+MAX_PART_LABEL = 200
+
+
+def sample_parts(extra: dict[str, Any]) -> dict[str, float] | None:
+    """A sample's component scores by label (``extra["reward/<label>"]`` -> ``<label>``), for its example
+    (``ExampleSample.reward_parts``): finite ones with labels of at most ``MAX_PART_LABEL`` characters,
+    the first ``MAX_SAMPLE_PARTS`` in label order; None when it has none."""
+    parts: dict[str, float] = {}
+    for key in sorted(extra):
+        label = key[len(COMPONENT_PREFIX) :]
+        if not key.startswith(COMPONENT_PREFIX) or not label or len(label) > MAX_PART_LABEL:
+            continue
+        try:
+            value = float(extra[key])
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value) and len(parts) < MAX_SAMPLE_PARTS:
+            parts[label] = value
+    return parts or None

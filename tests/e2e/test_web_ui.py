@@ -262,6 +262,7 @@ def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_ser
                     "reward": 1.0,
                     "param_version_start": 13,
                     "param_version_end": 14,
+                    "reward_parts": {"reasoning_gym": 1.0, "format": 0.25},
                 }
             ],
         },
@@ -271,6 +272,8 @@ def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_ser
     expect(page.locator("#progress-step")).to_have_text("14")
     page.click("#samples-refresh")
     expect(page.get_by_test_id("samples")).to_contain_text("copy: q")
+    # each reward component's score beside the reward
+    expect(page.get_by_test_id("reward-parts").locator("li")).to_have_text(["reasoning_gym 1", "format 0.25"])
     page.screenshot(path=str(screenshot_dir(tmp_path) / "run_dashboard.png"), full_page=True)
 
     # Cancel (two clicks: the first one arms the button) goes through the API to the run's state.

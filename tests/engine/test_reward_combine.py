@@ -160,3 +160,46 @@ def test_each_components_mean_becomes_a_step_metric():
     weights = {"numeric_answer": 1.0, "format": 0.1, "contains_penalty": -0.25}
     weighted = sum(w * metrics[f"reward/{k}/mean"] for k, w in weights.items())
     assert math.isclose(metrics["reward/mean"], weighted, abs_tol=1e-12)
+
+
+def test_an_example_sample_carries_each_components_score():
+    """The trainer's example samples (the run page's sample browser) carry the components' scores, as
+    each component built alone scores the response; a single reward's example has none."""
+    import random
+    from types import SimpleNamespace
+
+    from rl_engine.pipeline.trainer_actor import TrainerActor
+
+    combined = build_reward(parse_config(config({"combine": COMPONENTS})).reward)
+    batch = [sample(response, answer) for response, answer in RESPONSES]
+    for s in batch:
+        s.reward = combined(s)
+    examples = TrainerActor._examples(SimpleNamespace(_rng=random.Random(0)), batch, len(batch))
+    assert len(examples) == len(batch)
+    for ex in examples:
+        [s] = [s for s in batch if s.response_text == ex.response]
+        expected = {
+            part.get("label", part["name"]): build_reward(
+                parse_config(config({"name": part["name"], "kwargs": part.get("kwargs", {})})).reward
+            )(sample(s.response_text, s.answer))
+            for part in COMPONENTS
+        }
+        assert ex.reward_parts == expected and ex.to_dict()["reward_parts"] == expected
+        assert math.isclose(
+            ex.reward, sum(p["weight"] * expected[p.get("label", p["name"])] for p in COMPONENTS)
+        )
+    single = sample("#### 12", "12")
+    single.reward = build_reward(parse_config(config({"name": "numeric_answer"})).reward)(single)
+    [ex] = TrainerActor._examples(SimpleNamespace(_rng=random.Random(0)), [single], 1)
+    assert ex.reward_parts is None and "reward_parts" not in ex.to_dict()
+
+
+def test_a_samples_parts_are_bounded_for_the_wire():
+    from rl_engine.rewards.base import MAX_SAMPLE_PARTS, sample_parts
+    from rl_engine.wire import SampleIn
+
+    extra = {f"reward/c{i:02d}": float(i) for i in range(40)}
+    extra |= {"reward/bad": float("nan"), "reward/" + "x" * 201: 1.0, "reward_error": 1.0}
+    parts = sample_parts(extra)
+    assert parts == {f"c{i:02d}": float(i) for i in range(MAX_SAMPLE_PARTS)}
+    SampleIn.model_validate({"prompt": "p", "response": "r", "reward_parts": parts})  # the wire takes it

@@ -305,6 +305,32 @@ def test_samples_in_the_engines_shape_are_accepted(team, run, engine):
     assert no_step.status_code == 400 and "no step" in str(no_step.json()["errors"])
 
 
+def test_a_samples_reward_parts_are_stored_and_listed_and_bad_ones_are_a_400(team, run, engine):
+    """Each reward component's score (``reward_parts``) travels with its sample to the sample browser's
+    list; a malformed one is refused with the field named, and nothing of the batch is stored."""
+    parts = {"reasoning_gym": 1.0, "format": 0.5, "units/rel_err": -0.25}
+    body = {"step": 3, "samples": [{"prompt": "p", "response": "r", "reward": 1.05, "reward_parts": parts}]}
+    assert engine.post(f"/api/runs/{run.pk}/samples", body, format="json").status_code == 201
+    bare = {"step": 3, "samples": [{"prompt": "q", "response": "r", "reward": 1.0}]}
+    assert engine.post(f"/api/runs/{run.pk}/samples", bare, format="json").status_code == 201
+    listed = client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples?step=3").json()
+    assert [(s["prompt"], s["reward_parts"]) for s in listed] == [("p", parts), ("q", None)]
+    bad_parts = [
+        {"x": "NaN"},
+        {"x": "not a number"},
+        {f"c{i}": 1.0 for i in range(33)},
+        {"x" * 201: 1.0},
+        {"": 1.0},
+        ["reasoning_gym", 1.0],
+    ]
+    for bad in bad_parts:
+        body = {"step": 4, "samples": [{"prompt": "p", "response": "r", "reward_parts": bad}]}
+        resp = engine.post(f"/api/runs/{run.pk}/samples", body, format="json")
+        assert resp.status_code == 400, (bad, resp.content)
+        assert any(k.startswith("samples[0].reward_parts") for k in resp.json()["errors"]), resp.json()
+    assert not client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples?step=4").json()
+
+
 def test_exports_contain_every_point_in_csv_and_in_the_ingestion_shape(team, run):
     metrics_ingest(
         run_id=run.pk,

@@ -340,6 +340,15 @@ function handleMetrics(series) {
 
 // --- samples --------------------------------------------------------------------------------------------
 
+/** The reward, and under it each component's score (a reward.combine's labels: the sample's reward_parts). */
+function rewardCell(s) {
+  const total = s.reward === null || s.reward === undefined ? "–" : fmtNum(s.reward);
+  const parts = s.reward_parts && typeof s.reward_parts === "object" ? Object.entries(s.reward_parts) : [];
+  if (!parts.length) return el("td", {}, total);
+  return el("td", {}, total, el("ul", { class: "reward-parts small muted", "data-testid": "reward-parts" },
+    parts.map(([label, score]) => el("li", {}, `${label} ${fmtNum(score)}`))));
+}
+
 async function loadSamples() {
   const raw = $("sample-step").value.trim();
   const params = { limit: 24 };
@@ -348,7 +357,7 @@ async function loadSamples() {
     const rows = results(await api(`/api/runs/${run.id}/samples`, { params }));
     $("samples").replaceChildren(...rows.map((s) => el("tr", {},
       el("td", {}, s.step),
-      el("td", {}, s.reward === null || s.reward === undefined ? "–" : fmtNum(s.reward)),
+      rewardCell(s),
       el("td", { class: "muted" }, s.version_start === null || s.version_start === undefined ? "–" : `v${s.version_start}→v${s.version_end}`),
       el("td", { class: "text" }, s.prompt),
       el("td", { class: "text" }, s.response),
