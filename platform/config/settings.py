@@ -248,6 +248,9 @@ else:
 # messages: there the poll is how status changes reach the browser (1.5 s). With Redis the bus carries
 # everything and the poll is only a safety net (10 s). Channels' channel layer is not used.
 LIVE_POLL_INTERVAL_S = float(env_str("LIVE_POLL_INTERVAL_S") or (10.0 if REDIS_URL else 1.5))
+# A web process's bus reader that heard nothing from Redis for this long pings it; a ping unanswered for
+# as long again (Redis paused, a hung proxy) gives the bus up: its websockets follow the database.
+LIVE_BUS_SILENT_S = float(env_str("LIVE_BUS_SILENT_S") or 1.0)
 # Redis pub/sub channels "<prefix>:live:<run id>"; deployments sharing one Redis are told apart by their
 # queue name. None: in process.
 LIVE_BUS = (

@@ -46,8 +46,17 @@ log = logging.getLogger(__name__)
 SOCKET_TIMEOUT_S = 5.0  # one command longer than this failed: the bus is away
 CONNECT_TIMEOUT_S = 5.0
 LISTEN_TIMEOUT_S = 5.0  # a subscription Redis has not confirmed by then failed
-HEALTH_S = 5.0  # a reader that heard nothing for this long pings; no answer within as long again: away
+HEALTH_S = 1.0  # default of settings.LIVE_BUS_SILENT_S: a reader that heard nothing for this long pings
+# Redis, and one whose ping is not answered within as long again gives the bus up (its hub's followers
+# read the database meanwhile). Its hub reads only while followers wait, so this costs one PING a second
+# per idle web process; 5 s (and 5 s more for the answer) left a paused Redis unnoticed for up to 10 s.
 RECEIVE_BATCH = 500  # envelopes taken in one receive
+
+
+def silent_bound_s() -> float:
+    """How long a reader may hear nothing from Redis before it pings, and wait for the answer
+    (``settings.LIVE_BUS_SILENT_S``)."""
+    return float(getattr(settings, "LIVE_BUS_SILENT_S", HEALTH_S))
 
 
 class BusUnavailable(Exception):
@@ -220,6 +229,7 @@ class RedisReader:
     pubsub: Any = None  # redis.asyncio.client.PubSub
     confirming: dict[str, list[asyncio.Future[None]]] = field(default_factory=dict)  # channel -> waiters
     pinged_at: float | None = None  # when the reader pinged and heard nothing since
+    heard_at: float = 0.0  # when the reader last received anything from Redis (or opened)
 
     async def reopen(self, run_ids: set[int]) -> None:
         await self.close()
@@ -232,11 +242,15 @@ class RedisReader:
         self.pubsub = self.client.pubsub()
         self.pinged_at = None
         try:
-            await self.pubsub.connect()
-            if run_ids:
-                channels = [self.bus.channel(r) for r in run_ids]
-                await self.pubsub.subscribe(*channels)
-                await self._confirm(set(channels))
+            # Bounded as a whole: a Redis that accepts connections but answers nothing (paused, a hung
+            # proxy) would hold the handshake forever (the reader's connection has no socket timeout).
+            async with asyncio.timeout(CONNECT_TIMEOUT_S + LISTEN_TIMEOUT_S):
+                await self.pubsub.connect()
+                if run_ids:
+                    channels = [self.bus.channel(r) for r in run_ids]
+                    await self.pubsub.subscribe(*channels)
+                    await self._confirm(set(channels))
+            self.heard_at = time.monotonic()
         except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
             await self.close()
             raise BusUnavailable(f"redis subscribe failed: {exc!r}") from exc
@@ -276,21 +290,36 @@ class RedisReader:
         if self.pubsub is None:
             raise BusUnavailable("the reader is closed")
         batch: list[Envelope] = []
+        silent_s = silent_bound_s()
+        task = asyncio.current_task()
         try:
-            timeout: float | None = HEALTH_S
             while len(batch) < RECEIVE_BATCH:
+                # Wait until the next health check is due; once something arrived, only take what else
+                # already did. (A timeout of 0 after a pong or a confirmation, with nothing to return,
+                # used to ping again at once: a reader idle for HEALTH_S pinged Redis in a busy loop.)
+                timeout = 0.0 if batch else self._until_check(silent_s)
+                started = time.monotonic()
                 message = await self.pubsub.get_message(timeout=timeout)
+                if task is not None and task.cancelling():
+                    # redis-py's timed read sometimes ends as if it had timed out although this task
+                    # was cancelled meanwhile: the hub, stopping, would wait for it forever.
+                    raise asyncio.CancelledError
                 if message is None:
                     if batch:
                         return batch
-                    await self._check_alive()
+                    await self._check_alive(silent_s, started)
                     continue
-                self.pinged_at = None
+                self.heard_at, self.pinged_at = time.monotonic(), None
                 self._take(message, batch)
-                timeout = 0.0  # what else already arrived, without waiting
         except (redis.exceptions.RedisError, OSError) as exc:
             raise BusUnavailable(f"redis pub/sub failed: {exc!r}") from exc
         return batch
+
+    def _until_check(self, silent_s: float) -> float:
+        """Seconds until the next health check: the ping after ``silent_s`` of silence, or the ping's
+        deadline."""
+        since = self.heard_at if self.pinged_at is None else self.pinged_at
+        return max(0.0, since + silent_s - time.monotonic())
 
     def _take(self, message: dict[str, Any], batch: list[Envelope]) -> None:
         kind = message["type"]
@@ -304,14 +333,18 @@ class RedisReader:
                 if not confirmed.done():
                     confirmed.set_result(None)
 
-    async def _check_alive(self) -> None:
-        """Nothing arrived for HEALTH_S: ping, and give up on a connection that does not answer."""
+    async def _check_alive(self, silent_s: float, read_from: float) -> None:
+        """A read that began at ``read_from`` found nothing. Nothing arrived for ``silent_s``: ping; give
+        up on a connection whose ping is not answered within ``silent_s`` (its hub then reopens the
+        reader, and its followers read the database), once a read begun after that deadline found
+        nothing (a pong that waited in the socket while the event loop was busy is not a silence)."""
         now = time.monotonic()
         if self.pinged_at is None:
-            self.pinged_at = now
-            await self.pubsub.ping()
-        elif now - self.pinged_at > HEALTH_S:
-            raise BusUnavailable(f"redis did not answer a ping in {HEALTH_S:.0f} s")
+            if now - self.heard_at >= silent_s:
+                self.pinged_at = now
+                await self.pubsub.ping()
+        elif read_from - self.pinged_at >= silent_s:
+            raise BusUnavailable(f"redis did not answer a ping in {silent_s:g} s")
 
     async def close(self) -> None:
         pubsub, self.pubsub = self.pubsub, None

@@ -6,9 +6,12 @@ receives each envelope once and puts it in every subscriber's ``Inbox``, which t
 reads (tracking/consumers.py). Under a sweep's load (20 runs logging every 40 ms, 100 followers on one
 process) a receive per socket was what fell behind (docs/benchmarks.md).
 
-The hub also owns the bus's failures: when a receive fails (Redis away) it marks itself down, reopens the
-reader with a backoff (subscribing to every followed run again), and then tells every subscriber to read
-what it missed (a ``Resync`` in its inbox). Consumers poll the database faster while the hub is down.
+The hub also owns the bus's failures: when a receive fails (Redis away, or silent: a ping unanswered for
+``LIVE_BUS_SILENT_S``, tracking/bus.py) it marks itself down, reopens the reader with a backoff (subscribing
+to every followed run again), and then tells every subscriber to read what it missed (a ``Resync`` in its
+inbox). Consumers poll the database faster while the hub is down. The hub reads only while
+it has followers; a loss it could not repair before its last follower left is logged as such, and the
+next reader it opens logs that the bus is reachable again.
 
 A publish in this process hands its envelope to this loop's hub at once (``deliver``) and marks it with the
 hub's ``origin``, so that the hub's reader skips the same envelope when the bus brings it back.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -70,6 +74,7 @@ class LiveHub:
         self.origin = uuid.uuid4().hex  # marks what this hub delivered itself
         self.subscribers: dict[int, set[Inbox]] = {}  # run id -> local inboxes
         self.up = False  # the reader is open and its last operation succeeded
+        self.lost_since: float | None = None  # (monotonic) the bus failed and no reader opened since
         self._reader: BusReader | None = None
         self._task: asyncio.Task[None] | None = None
         self._attempted = asyncio.Event()  # the reader task tried to open the reader at least once
@@ -115,6 +120,12 @@ class LiveHub:
         task, self._task = self._task, None
         reader, self._reader = self._reader, None
         self.up = False
+        if self.lost_since is not None:
+            log.info(
+                "live bus still unreachable (for %.1f s) as the last live follower left: "
+                "no reader until one comes",
+                time.monotonic() - self.lost_since,
+            )
         if task is not None:
             task.cancel()
             await asyncio.wait([task])  # (its cancellation is not this task's)
@@ -142,15 +153,20 @@ class LiveHub:
                 self._attempted.set()
                 if not opened:
                     lost = True
+                    self._lost()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
                     continue
                 delay = RETRY_MIN_S
+                if self.lost_since is not None:  # (lost by this reader task or by an earlier one)
+                    log.info(
+                        "live bus reachable again after %.1f s: %d runs followed",
+                        time.monotonic() - self.lost_since,
+                        len(self.subscribers),
+                    )
+                    self.lost_since = None
                 if lost:
-                    log.info("live bus reachable again: %d runs followed", len(self.subscribers))
-                    for inboxes in list(self.subscribers.values()):
-                        for inbox in list(inboxes):
-                            inbox.put(RESYNC)
+                    self._resync()
                     lost = False
             assert self._reader is not None
             try:
@@ -158,15 +174,27 @@ class LiveHub:
             except BusUnavailable as exc:
                 log.warning("live bus lost (%s): live followers read the database meanwhile", exc)
                 self.up, lost = False, True
+                self._lost()
                 continue
             except Exception:  # a bug must not end every follower's live stream: reopen, as above
                 log.exception("live bus reader failed")
                 self.up, lost = False, True
+                self._lost()
                 await asyncio.sleep(delay)
                 continue
             for envelope in envelopes:
                 if envelope.origin != self.origin:
                     self.deliver(envelope)
+
+    def _lost(self) -> None:
+        if self.lost_since is None:
+            self.lost_since = time.monotonic()
+
+    def _resync(self) -> None:
+        """Tell every subscriber to read from the database what the bus may not have carried."""
+        for inboxes in list(self.subscribers.values()):
+            for inbox in list(inboxes):
+                inbox.put(RESYNC)
 
     def deliver(self, envelope: Envelope) -> None:
         """Hand an envelope to this process's followers of its run."""
