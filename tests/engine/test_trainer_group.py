@@ -190,7 +190,8 @@ def test_a_rank_that_dies_or_hangs_fails_the_step_naming_it(jobs, how):
     if how == "exit":
         assert "trainer rank 1 died" in str(err.value)
     else:
-        assert "trainer rank 0/2: collective 'forward/backward" in str(err.value)
+        # the step's first collective: the stop question every rank answers before each micro-batch
+        assert "trainer rank 0/2: collective 'stop check'" in str(err.value)
 
 
 @pytest.mark.slow
