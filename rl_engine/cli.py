@@ -232,9 +232,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
     for name in preset_names():
         p = get_preset(name)
-        print(
-            f"{name}\t{p['model']['path']}\t{p['rollout'].get('backend', 'hf')}\t{p['data'].get('task', p['data'].get('path'))}"
-        )
+        data = p["data"]
+        what = data.get("task") or data.get("path")
+        if what is None and data.get("datasets"):  # reasoning-gym: the datasets it mixes
+            what = "reasoning_gym:" + "+".join(str(d.get("name")) for d in data["datasets"])
+        print(f"{name}\t{p['model']['path']}\t{p['rollout'].get('backend', 'hf')}\t{what}")
     return 0
 
 
