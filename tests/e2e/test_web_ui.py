@@ -272,8 +272,8 @@ def test_dashboard_draws_ingested_metrics_live_and_follows_status(page, asgi_ser
     expect(page.locator("#progress-step")).to_have_text("14")
     page.click("#samples-refresh")
     expect(page.get_by_test_id("samples")).to_contain_text("copy: q")
-    # each reward component's score beside the reward
-    expect(page.get_by_test_id("reward-parts").locator("li")).to_have_text(["reasoning_gym 1", "format 0.25"])
+    # each reward component's score beside the reward, by label
+    expect(page.get_by_test_id("reward-parts").locator("li")).to_have_text(["format 0.25", "reasoning_gym 1"])
     page.screenshot(path=str(screenshot_dir(tmp_path) / "run_dashboard.png"), full_page=True)
 
     # Cancel (two clicks: the first one arms the button) goes through the API to the run's state.

@@ -343,7 +343,9 @@ function handleMetrics(series) {
 /** The reward, and under it each component's score (a reward.combine's labels: the sample's reward_parts). */
 function rewardCell(s) {
   const total = s.reward === null || s.reward === undefined ? "–" : fmtNum(s.reward);
-  const parts = s.reward_parts && typeof s.reward_parts === "object" ? Object.entries(s.reward_parts) : [];
+  // by label: a JSON object's key order is the store's (PostgreSQL's jsonb sorts keys by length)
+  const parts = s.reward_parts && typeof s.reward_parts === "object"
+    ? Object.entries(s.reward_parts).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)) : [];
   if (!parts.length) return el("td", {}, total);
   return el("td", {}, total, el("ul", { class: "reward-parts small muted", "data-testid": "reward-parts" },
     parts.map(([label, score]) => el("li", {}, `${label} ${fmtNum(score)}`))));
