@@ -18,6 +18,36 @@ _TINY_LLAMA: dict[str, Any] = {
     "seed": 0,
 }
 
+# SmolLM2-135M-Instruct on 2 CPU cores (``models fetch smollm2-135m-instruct`` puts it at model.path): the
+# real-model presets share everything but their data and reward. A checkpoint every 10 steps (1.6 GB each:
+# weights and AdamW state in fp32), the last two kept: a cancel keeps at worst the steps since the last
+# one, at best the one it stopped at.
+_SMOLLM2_CPU: dict[str, Any] = {
+    "seed": 0,
+    "model": {"path": "var/models/smollm2-135m-instruct"},
+    "rollout": {
+        "backend": "hf",
+        "n": 8,
+        "temperature": 0.7,
+        "max_new_tokens": 64,
+        "max_prompt_tokens": 128,
+        "micro_batch_size": 32,
+    },
+    "trainer": {
+        "total_steps": 80,
+        "batch_size": 32,
+        "mini_batch_size": 32,
+        "lr": 2e-5,
+        "lr_schedule": "constant",
+        "checkpoint_every": 10,
+        "keep_checkpoints": 2,
+    },
+    "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "kl_coef": 0.0},
+    "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "trigger_parameter_sync_step": 1},
+    "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True},
+    "logging": {"sinks": ["stdout"], "log_every": 1},
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "demo-cpu": {
         "name": "demo-cpu",
@@ -109,30 +139,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # GSM8K-format generated problems through its ChatML template, math-verify on the final number, the
     # held-out split evaluated greedily before, during and after (docs/benchmarks.md, "A real model").
     "smollm2-arith-cpu": {
+        **_SMOLLM2_CPU,
         "name": "smollm2-arith-cpu",
-        "seed": 0,
-        "model": {"path": "var/models/smollm2-135m-instruct"},
-        "rollout": {
-            "backend": "hf",
-            "n": 8,
-            "temperature": 0.7,
-            "max_new_tokens": 64,
-            "max_prompt_tokens": 128,
-            "micro_batch_size": 32,
-        },
-        "trainer": {
-            "total_steps": 80,
-            "batch_size": 32,
-            "mini_batch_size": 32,
-            "lr": 2e-5,
-            "lr_schedule": "constant",
-            # a checkpoint every 10 steps (1.6 GB each: weights and AdamW state in fp32), the last two
-            # kept: a cancel keeps at worst the steps since the last one, at best the one it stopped at
-            "checkpoint_every": 10,
-            "keep_checkpoints": 2,
-        },
-        "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "kl_coef": 0.0},
-        "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "trigger_parameter_sync_step": 1},
         "data": {
             "source": "dataset",
             "path": "var/data/arith-word-problems",
@@ -148,36 +156,14 @@ PRESETS: dict[str, dict[str, Any]] = {
             "chat_template": "on",
         },
         "reward": {"name": "math_verify", "kwargs": {"answer_format": "auto"}},
-        "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True},
-        "logging": {"sinks": ["stdout"], "log_every": 1},
     },
     # smollm2-arith-cpu's model and settings on reasoning-gym's chain_sum (a sum or difference of two
     # numbers of up to two digits), asked for <answer> tags; the reward is reasoning-gym's own scorer plus
     # a small weight on the tag format (reward.combine: reward/reasoning_gym/mean and reward/format/mean
     # in the metrics).
     "rg-chain-sum-smollm2-cpu": {
+        **_SMOLLM2_CPU,
         "name": "rg-chain-sum-smollm2-cpu",
-        "seed": 0,
-        "model": {"path": "var/models/smollm2-135m-instruct"},
-        "rollout": {
-            "backend": "hf",
-            "n": 8,
-            "temperature": 0.7,
-            "max_new_tokens": 64,
-            "max_prompt_tokens": 128,
-            "micro_batch_size": 32,
-        },
-        "trainer": {
-            "total_steps": 80,
-            "batch_size": 32,
-            "mini_batch_size": 32,
-            "lr": 2e-5,
-            "lr_schedule": "constant",
-            "checkpoint_every": 10,
-            "keep_checkpoints": 2,
-        },
-        "algorithm": {"advantage": "grpo", "loss_agg": "token_mean", "kl_coef": 0.0},
-        "pipeline": {"mode": "fully_async", "staleness_threshold": 1, "trigger_parameter_sync_step": 1},
         "data": {
             "source": "reasoning_gym",
             "datasets": [
@@ -203,8 +189,6 @@ PRESETS: dict[str, dict[str, Any]] = {
                 },
             ]
         },
-        "eval": {"every": 10, "before_training": True, "at_end": True, "greedy": True},
-        "logging": {"sinks": ["stdout"], "log_every": 1},
     },
     "gsm8k-qwen2.5-1.5b-vllm": {
         "name": "gsm8k-qwen2.5-1.5b-vllm",
