@@ -1,5 +1,5 @@
 """A live bus that is connected but silent (Redis paused, a hung proxy), and the hub's log of losing and
-reaching the bus (tracking/hub.py, tracking/bus.py; issue 40, item 6). Each test runs its own
+reaching the bus (tracking/hub.py, tracking/bus.py). Each test runs its own
 redis-server (harness/private_redis.py): the machine's shared Redis is never paused or stopped.
 
 - What is stored while Redis is paused reaches an open websocket through the database before the pause

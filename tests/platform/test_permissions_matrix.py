@@ -85,7 +85,7 @@ ENDPOINTS = [
     Endpoint("GET", "/api/presets", "public", 200),
     Endpoint("GET", "/api/presets/demo-cpu", "public", 200),
     Endpoint("GET", "/api/models", "auth", 200),
-    Endpoint("GET", "/api/rewards", "auth", 200),  # the engine's environment's rewards (issue 41)
+    Endpoint("GET", "/api/rewards", "auth", 200),  # the engine's environment's rewards
     Endpoint("GET", "/api/tasks", "auth", 200),
     Endpoint("GET", "/api/runs", "list", 200),
     Endpoint("POST", "/api/runs", "member", 201, "run_body"),

@@ -1,4 +1,4 @@
-"""The rewards and tasks of the ENGINE's environment on the platform (issue 41): ``GET /api/rewards``,
+"""The rewards and tasks of the ENGINE's environment on the platform: ``GET /api/rewards``,
 ``GET /api/tasks``, ``rlp rewards``, and the config check that refuses a reward the engine lacks.
 
 The engine's environment is this test environment unless ``ENGINE_PYTHON`` says otherwise: it holds the
