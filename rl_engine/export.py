@@ -1,5 +1,10 @@
 """Take the model away: a training checkpoint -> a standard Hugging Face model directory.
 
+A LoRA checkpoint (``model.lora``: its ``adapter/`` folder holds the adapters, the base weights are the
+run's ``model.path``) exports as the merged model (base + adapters, the same standard directory) with
+peft's adapter folder beside it in ``adapter/`` (``adapter_config.json``, ``adapter_model.safetensors``:
+``PeftModel.from_pretrained(base, out / "adapter")``).
+
 The result holds only what ``from_pretrained`` needs (weights as safetensors, config.json, the tokenizer
 files with its chat template, generation_config.json) plus ``rl_engine_export.json`` saying where it came
 from; no optimizer state, RNG or pipeline state. Loaded with ``AutoModelForCausalLM`` it gives the
@@ -20,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SHARDED_DIR = "dcp"  # rl_engine.trainer.checkpoint.SHARDED_DIR (this module loads no torch at import)
+ADAPTER_DIR = "adapter"  # rl_engine.models.lora.ADAPTER_DIR: a LoRA checkpoint's adapters, an export's too
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # Files of a save_pretrained directory that are not the tokenizer's: written anew by the export.
 _MODEL_FILES = re.compile(r"^(config\.json|generation_config\.json|.*\.safetensors|.*\.bin|.*\.index\.json)$")
@@ -63,6 +69,38 @@ def _checkpoint_step(ckpt: Path) -> int:
         raise ExportError(f"{ckpt}/trainer_state.json is unreadable: {exc}") from None
 
 
+def _lora_model(ckpt: Path, trust_remote_code: bool, tmp: Path):  # -> transformers.PreTrainedModel
+    """A LoRA checkpoint's policy: the base model (``base_model_name_or_path`` of its adapter config, the
+    run's ``model.path``) with the checkpoint's config, its adapters loaded (from the shards of a trainer
+    group's checkpoint), written as peft's adapter folder to ``tmp/adapter``, then merged into the
+    weights (float32, as trained)."""
+    import torch
+    from peft import PeftConfig, PeftModel, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    adapter = ckpt / ADAPTER_DIR
+    peft_cfg = PeftConfig.from_pretrained(str(adapter))
+    base_path = Path(peft_cfg.base_model_name_or_path or "")
+    if not (base_path / "config.json").exists():
+        raise ExportError(
+            f"{adapter}: the base model {str(base_path)!r} (base_model_name_or_path, the run's model.path) "
+            "is not there; a LoRA checkpoint holds the adapters only"
+        )
+    config = AutoConfig.from_pretrained(str(ckpt / "model"), trust_remote_code=trust_remote_code)
+    base = AutoModelForCausalLM.from_pretrained(
+        str(base_path), config=config, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
+    if (ckpt / SHARDED_DIR).is_dir():
+        from rl_engine.trainer.checkpoint import load_sharded
+
+        model = get_peft_model(base, peft_cfg)
+        load_sharded(ckpt / SHARDED_DIR, model, None)
+    else:
+        model = PeftModel.from_pretrained(base, str(adapter))
+    model.save_pretrained(str(tmp / ADAPTER_DIR), safe_serialization=True, save_embedding_layers=False)
+    return model.merge_and_unload()
+
+
 def _write(ckpt: Path, tmp: Path, dtype: str | None, trust_remote_code: bool) -> str:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -70,7 +108,11 @@ def _write(ckpt: Path, tmp: Path, dtype: str | None, trust_remote_code: bool) ->
 
     hf_logging.disable_progress_bar()
     src = ckpt / "model"
-    if (ckpt / SHARDED_DIR).is_dir():  # a trainer group's checkpoint: the weights are shards, by name
+    if (ckpt / ADAPTER_DIR).is_dir():  # LoRA: the base model and the adapters, merged
+        model = _lora_model(ckpt, trust_remote_code, tmp)
+        if dtype:
+            model = model.to(getattr(torch, dtype))
+    elif (ckpt / SHARDED_DIR).is_dir():  # a trainer group's checkpoint: the weights are shards, by name
         from transformers import AutoConfig
 
         from rl_engine.trainer.checkpoint import load_sharded

@@ -27,6 +27,9 @@ class RolloutBackend:
     # the worker loads whole tensors (an engine's ``load_weights``): buckets never split one; the HF
     # worker loads any element range, so its buckets keep the size bound even for a huge embedding
     whole_tensors: bool
+    # the worker applies LoRA adapters synced on their own (``model.lora``); the config's list of such
+    # backends, ``rl_engine.config.lora.LORA_BACKENDS``, is kept equal to these by a test
+    adapters: bool = False
 
 
 def _hf_worker(cfg: ExperimentConfig, seed: int) -> RolloutWorker:
@@ -68,7 +71,7 @@ def _sglang_sender(init: GroupInit) -> BucketSender:
 BACKENDS: dict[str, RolloutBackend] = {
     b.name: b
     for b in (
-        RolloutBackend("hf", _hf_worker, _hf_sender, whole_tensors=False),
+        RolloutBackend("hf", _hf_worker, _hf_sender, whole_tensors=False, adapters=True),
         RolloutBackend("vllm", _vllm_worker, _vllm_sender, whole_tensors=True),
         RolloutBackend("sglang", _sglang_worker, _sglang_sender, whole_tensors=True),
     )

@@ -6,6 +6,7 @@
 - ``layout``: where the schema's unions and nested models sit, read from the models;
 - ``validation``: a mapping validated, pydantic's errors as field paths;
 - ``io``: YAML files, presets and ``--set`` overrides; ``merge``: partial configs merged in (sweeps, forks);
+- ``lora``: ``model.lora`` (LoRA adapters) and the check of its target modules against a model;
 - ``names``: the names a registry looks up (rewards, tasks, estimators...), torch-free;
 - ``moved``: the fields that moved to the placement, still recognised until ``REMOVED_IN``.
 
@@ -15,6 +16,7 @@ Import from here: ``from rl_engine.config import ExperimentConfig, parse_config`
 from rl_engine.config.errors import ConfigError, FieldError, joined, relative
 from rl_engine.config.experiment import ExperimentConfig, experiment_json_schema
 from rl_engine.config.io import apply_overrides, dump_yaml, load_yaml, parse_override, read_yaml, yaml_where
+from rl_engine.config.lora import LoraConfig
 from rl_engine.config.merge import FORK_FIXED, dotted_get, fork_config, merge_config
 from rl_engine.config.sections import (
     ESSENTIAL,
@@ -70,6 +72,7 @@ __all__ = [
     "HFRolloutConfig",
     "JsonlDataConfig",
     "LoggingConfig",
+    "LoraConfig",
     "MlflowConfig",
     "ModelConfig",
     "NodeResources",

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from rl_engine.config.errors import FieldError
+from rl_engine.config.lora import LORA_BACKENDS
 from rl_engine.config.moved import split_moved
 from rl_engine.config.names import WITHIN_GROUP
 from rl_engine.config.sections import (
@@ -113,7 +114,17 @@ class ExperimentConfig(StrictModel):
                 "data.test_size (reasoning_gym)"
             )
         self._reward_fits_data()
+        self._lora_fits_backend()
         return self
+
+    def _lora_fits_backend(self) -> None:
+        """An adapter-only sync needs a worker that applies adapters (``LORA_BACKENDS``)."""
+        if self.model.lora is not None and self.rollout.backend not in LORA_BACKENDS:
+            raise FieldError(
+                "model.lora",
+                f"LoRA adapters sync to rollout.backend {', '.join(LORA_BACKENDS)} only, not "
+                f"{self.rollout.backend!r}: unset model.lora or use rollout.backend 'hf'",
+            )
 
     def _reward_fits_data(self) -> None:
         """The ``reasoning_gym`` reward scores with the entry each prompt of ``data.source: reasoning_gym``

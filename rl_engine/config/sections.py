@@ -13,9 +13,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationInfo,
     WithJsonSchema,
@@ -25,19 +23,14 @@ from pydantic import (
 
 from rl_engine.config import names
 from rl_engine.config.errors import FieldError
+from rl_engine.config.lora import LoraConfig
+from rl_engine.config.strict import StrictModel
 from rl_engine.strict_url import url_problem
 
 # Marks a field the web form shows first, unfolded ("x-essential" in the JSON schema): the model, the data,
 # the algorithm and the main trainer and pipeline knobs. Every other field is in a folded section. A union
 # field so marked shows its variant choice; only the direct fields of a section are drawn this way.
 ESSENTIAL: dict[str, Any] = {"x-essential": True}
-
-
-class StrictModel(BaseModel):
-    """Base: unknown keys are errors (a typo must not silently fall back to a default), and every float
-    field is finite (``.inf`` or NaN is never a sensible size, rate or coefficient)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def registered(registry: names.Names) -> Any:
@@ -102,6 +95,9 @@ class ModelConfig(StrictModel):
     )
     tiny: TinyModelSpec | None = Field(None, description="Build a tiny model at `path` if it is missing.")
     gradient_checkpointing: bool = False
+    lora: LoraConfig | None = Field(
+        None, description="Train LoRA adapters (peft) on the frozen model instead of every weight."
+    )
 
 
 # --- rollout (discriminated by backend) -----------------------------------------------------------------

@@ -52,6 +52,7 @@ from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad
 from rl_engine.models.logprobs import default_chunk_tokens
+from rl_engine.models.lora import ADAPTER_DIR, adapter_parameters, add_adapters, load_adapters, save_adapters
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.distributed import (
     GatheredParams,
@@ -119,6 +120,10 @@ class PolicyTrainer:
         self.model = load_model(
             cfg.model, device=str(self.device), dtype=torch.float32, training=True
         ).train()
+        # model.lora: peft adapters on the frozen weights; AdamW, the sync and the checkpoint hold them only
+        self.lora = cfg.model.lora is not None
+        if cfg.model.lora is not None:
+            self.model = add_adapters(self.model, cfg.model.lora).train()
         self.tokenizer = load_tokenizer(cfg.model)
         self.pad_id = special_token_ids(cfg.model, self.tokenizer).pad_id  # the rollout pads with the same id
         self.temperature = cfg.rollout.temperature
@@ -140,8 +145,9 @@ class PolicyTrainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self._advantage_fn = get_advantage_fn(ac.advantage)
         # The only extra model: the frozen initial policy, only when a KL penalty needs it, in the
-        # compute dtype (it is never trained), on the same device.
-        self.ref_model = self._reference() if ac.kl_coef > 0 else None
+        # compute dtype (it is never trained), on the same device. With LoRA there is none: the reference
+        # is the policy with its adapters disabled (the frozen base weights are the initial policy).
+        self.ref_model = self._reference() if ac.kl_coef > 0 and not self.lora else None
         # a weight-sync staging buffer (one bucket), kept between syncs; allocated only when a receiver
         # does not lend its own memory (the object store does not; an in-process HF worker does)
         self._staging = StagingBuffer()
@@ -163,6 +169,11 @@ class PolicyTrainer:
         for p in m.parameters():
             p.requires_grad_(False)
         return self._wrap(m)
+
+    def _synced_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """What a weight sync sends: every parameter, or with LoRA the adapters only (the rollout worker
+        holds the same frozen base weights and the same adapter names: ``rl_engine.models.lora``)."""
+        return adapter_parameters(self.model) if self.lora else dict(self.model.named_parameters())
 
     # --- contract: weights ---------------------------------------------------------------------------
     def weights_numpy(self) -> dict[str, np.ndarray]:
@@ -188,7 +199,7 @@ class PolicyTrainer:
         the sending rank's buckets go anywhere.
         """
         size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
-        named = dict(self.model.named_parameters())
+        named = self._synced_parameters()
         shapes = ((n, tuple(p.shape)) for n, p in named.items())  # a DTensor's shape is the whole one
         manifest = plan_buckets(shapes, dtype or self.rollout_dtype, size, split=split)
         tensors = (
@@ -299,9 +310,20 @@ class PolicyTrainer:
             old=old,
             is_w=is_w,
             is_flag=is_flag,
-            ref=self._logprobs_no_grad(self.ref_model, batch) if self.ref_model is not None else None,
+            ref=self._reference_logprobs(batch),
             rejected=int(rejected.sum()),
         )
+
+    def _reference_logprobs(self, batch: PackedBatch) -> torch.Tensor | None:
+        """[B, R] log-probs of the KL reference (``algorithm.kl_coef > 0``), else None: the frozen
+        initial policy, or with LoRA the policy itself with its adapters disabled (peft's
+        ``disable_adapter``: the base weights alone, no second copy)."""
+        if self.cfg.algorithm.kl_coef <= 0:
+            return None
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._logprobs_no_grad(self.policy, batch)
+        return self._logprobs_no_grad(self.ref_model, batch)
 
     def train_step(self, samples: list[Sample], stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """One trainer step on exactly ``trainer.batch_size`` samples; returns metrics (docs/engine.md).
@@ -489,9 +511,13 @@ class PolicyTrainer:
                     ckpt.save_sharded(tmp / ckpt.SHARDED_DIR, self.model, self.optimizer)
                 if rank:
                     return
-                self.model.config.save_pretrained(tmp / "model")
-                if getattr(self.model, "generation_config", None) is not None:
-                    self.model.generation_config.save_pretrained(tmp / "model")
+                self._save_model_config(tmp / "model")
+                if self.lora:  # the adapters' config, for the export (their weights are in the shards)
+                    self.model.peft_config["default"].save_pretrained(str(tmp / ADAPTER_DIR))
+            elif self.lora:  # the adapters and their AdamW state; the base weights are model.path's
+                self._save_model_config(tmp / "model")
+                save_adapters(self.model, tmp / ADAPTER_DIR)
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             else:
                 self.model.save_pretrained(tmp / "model", safe_serialization=True)
                 torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
@@ -505,10 +531,17 @@ class PolicyTrainer:
                 "optimizer_steps": self.optimizer_steps,
                 "total_optimizer_steps": self.total_optimizer_steps,
                 "world_size": world,
+                "lora": self.lora,
             }
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
         ckpt.write_atomically_group(Path(path), write, rank, world)
+
+    def _save_model_config(self, directory: Path) -> None:
+        """config.json and generation_config.json, without weights (a sharded or a LoRA checkpoint)."""
+        self.model.config.save_pretrained(directory)
+        if getattr(self.model, "generation_config", None) is not None:
+            self.model.generation_config.save_pretrained(directory)
 
     def _apply_config_hyperparameters(self) -> None:
         """The config's optimizer hyper-parameters win over a checkpoint's: loading the optimizer puts
@@ -544,6 +577,11 @@ class PolicyTrainer:
         state = json.loads(state_file.read_text())
         if state.get("format_version") != ckpt.FORMAT_VERSION:
             raise ValueError(f"{path}: checkpoint format {state.get('format_version')} is not supported")
+        if bool(state.get("lora", False)) != self.lora:
+            raise ValueError(
+                f"{path} was written {'with' if state.get('lora') else 'without'} model.lora: resume it "
+                f"{'with' if state.get('lora') else 'without'} LoRA adapters"
+            )
         if ckpt.is_sharded(path):
             with self.ranks.op("checkpoint load"):
                 ckpt.load_sharded(path / ckpt.SHARDED_DIR, self.model, self.optimizer)
@@ -553,7 +591,10 @@ class PolicyTrainer:
                 f"(a checkpoint of a trainer group resumes on any number of ranks)"
             )
         else:
-            ckpt.copy_named_params(self.model, ckpt.load_safetensors_dir(path / "model"), f"{path}/model")
+            if self.lora:
+                load_adapters(self.model, path / ADAPTER_DIR)
+            else:
+                ckpt.copy_named_params(self.model, ckpt.load_safetensors_dir(path / "model"), f"{path}/model")
             self.optimizer.load_state_dict(
                 torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
             )

@@ -22,6 +22,7 @@ from rl_engine.config import HFRolloutConfig, ModelConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
 from rl_engine.models.logprobs import linear_head_of
+from rl_engine.models.lora import adapter_parameters, add_adapters
 from rl_engine.rollout.common import eos_floor, extend_sample, needs_continuation, sample_template
 from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.types import FinishReason, Prompt, Sample
@@ -105,6 +106,12 @@ class HFRolloutWorker(HFWeights):
         plain_head = linear_head_of(self.model) is not None
         self._body = self.model.get_decoder() if plain_head else None
         self._head = self.model.get_output_embeddings() if plain_head else None
+        if model_cfg.lora is not None:
+            # The trainer's adapters on these frozen weights, under the trainer's names (peft injects
+            # them into the modules above in place): a sync sends and loads the adapters only.
+            self.model = add_adapters(self.model, model_cfg.lora).eval()
+            self._params = adapter_parameters(self.model)
+            self._flat = None  # the adapters load piece by piece (they are small)
 
     # --- public API -------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:

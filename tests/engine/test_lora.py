@@ -1,0 +1,212 @@
+"""``model.lora``: LoRA adapters through peft for real (no hand-written LoRA) on the tiny model.
+
+What is checked: the config's bounds at their field paths; only the adapters are in AdamW and receive
+gradients, the frozen weights keep their bytes; the KL reference with the adapters disabled is a fresh
+base model; an adapter-only sync makes the HF worker's log-probs the trainer's; a checkpoint resumes
+bit-identically; the export loads in peft and in transformers with the trainer's greedy answers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.trainer_group import synthetic_samples
+from rl_engine.backends import build_rollout_worker
+from rl_engine.backends.registry import BACKENDS
+from rl_engine.config import ConfigError, LoraConfig, parse_config
+from rl_engine.config.lora import LORA_BACKENDS, unknown_targets
+from rl_engine.trainer import PolicyTrainer
+from tests.engine.test_trainer import _scored_batch
+
+LORA = "model.lora={rank: 4, alpha: 8}"
+TRAIN = ("trainer.batch_size=16", "trainer.mini_batch_size=8", "rollout.max_new_tokens=6", "trainer.lr=0.02")
+
+
+def _lora_cfg(make_cfg, *more: str):
+    return make_cfg(LORA, *TRAIN, *more)
+
+
+def _trained(cfg, steps: int = 2) -> PolicyTrainer:
+    trainer = PolicyTrainer(cfg)
+    for _ in range(steps):
+        trainer.train_step(_scored_batch(cfg))
+    return trainer
+
+
+# --- config ---------------------------------------------------------------------------------------------
+
+
+def test_defaults_and_bad_values_name_their_field(make_cfg):
+    lora = LoraConfig()
+    assert (lora.rank, lora.alpha, lora.dropout, lora.target_modules) == (16, 32.0, 0.0, "all-linear")
+    cases = {
+        "model.lora.rank": "model.lora={rank: 0}",
+        "model.lora.dropout": "model.lora={dropout: 1.0}",
+        "model.lora.target_modules": "model.lora={target_modules: []}",
+    }
+    for path, override in cases.items():
+        with pytest.raises(ConfigError) as err:
+            make_cfg(override)
+        assert [p for p, _ in err.value.errors] == [path], err.value.errors
+    with pytest.raises(ConfigError) as err:
+        make_cfg("model.lora={target_modules: ['q_proj; rm -rf']}")
+    assert err.value.errors[0][0] == "model.lora.target_modules"
+    vllm = {"model": {"path": "m", "lora": {}}, "rollout": {"backend": "vllm", "device": "cpu"}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(vllm)
+    assert [p for p, _ in err.value.errors] == ["model.lora"] and "rollout.backend" in str(err.value)
+
+
+def test_the_configs_lora_backends_are_the_registrys():
+    assert set(LORA_BACKENDS) == {name for name, b in BACKENDS.items() if b.adapters}
+
+
+def test_target_modules_the_model_does_not_have_are_a_field_error(make_cfg):
+    assert unknown_targets(LoraConfig(target_modules=["q_proj", "nope"]), ["a.q_proj", "b.k_proj"]) == ["nope"]
+    assert unknown_targets(LoraConfig(), []) == []  # all-linear: whatever the model has
+    for targets, says in (("[nope_proj]", "no module 'nope_proj'"), ("[lm_head]", "output layer")):
+        cfg = make_cfg(f"model.lora={{target_modules: {targets}}}")
+        with pytest.raises(ConfigError) as err:
+            PolicyTrainer(cfg)
+        assert err.value.errors[0][0] == "model.lora.target_modules" and says in err.value.errors[0][1]
+    PolicyTrainer(make_cfg("model.lora={target_modules: [q_proj, v_proj]}"))  # names it has: fine
+
+
+# --- trainer --------------------------------------------------------------------------------------------
+
+
+def test_only_adapters_are_trained_and_the_frozen_weights_keep_their_bytes(make_cfg):
+    cfg = _lora_cfg(make_cfg, "model.gradient_checkpointing=true")
+    trainer = PolicyTrainer(cfg)
+    named = dict(trainer.model.named_parameters())
+    adapters = {n for n, p in named.items() if "lora_" in n}
+    # all-linear on the tiny Llama: q, k, v, o, gate, up, down of 2 layers, an A and a B each
+    assert len(adapters) == 2 * 7 * 2
+    in_optimizer = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert in_optimizer == {id(named[n]) for n in adapters}
+    frozen = {n: p.detach().clone() for n, p in named.items() if n not in adapters}
+    before = {n: named[n].detach().clone() for n in adapters}
+    samples = _scored_batch(cfg)
+    trainer.optimizer.zero_grad(set_to_none=False)  # a frozen weight would get a gradient tensor here
+    metrics = trainer.train_step(samples)
+    assert metrics["actor/grad_norm"] > 0
+    for n, p in named.items():
+        if n in adapters:
+            assert not torch.equal(p, before[n]) or "lora_A" in n, n  # every B moved (A: where B was 0)
+        else:
+            assert p.grad is None, n
+            assert p.detach().numpy().tobytes() == frozen[n].numpy().tobytes(), n
+    assert sum(not torch.equal(named[n], before[n]) for n in adapters) >= len(adapters) // 2
+    assert trainer.state_bytes() < sum(p.numel() * 4 for p in named.values()) * 1.5  # not 3x the model
+
+
+def test_the_kl_reference_is_the_base_model_with_the_adapters_disabled(make_cfg):
+    cfg = _lora_cfg(make_cfg, "algorithm.kl_coef=0.1")
+    trainer = _trained(cfg, 2)
+    assert trainer.ref_model is None  # no second copy of the weights
+    samples = _scored_batch(cfg)
+    with trainer.model.disable_adapter():
+        disabled = trainer.compute_logprobs(samples)
+    base = PolicyTrainer(make_cfg(*TRAIN)).compute_logprobs(samples)  # a freshly loaded base model
+    diff = max(abs(a - b) for x, y in zip(disabled, base, strict=True) for a, b in zip(x, y, strict=True))
+    assert diff <= 1e-6, diff
+    policy = trainer.compute_logprobs(samples)
+    moved = max(abs(a - b) for x, y in zip(policy, base, strict=True) for a, b in zip(x, y, strict=True))
+    assert moved > 1e-3  # the adapters did change the policy
+    assert trainer.train_step(samples)["actor/kl_ref"] > 0
+
+
+# --- weight sync ----------------------------------------------------------------------------------------
+
+
+def test_an_adapter_sync_makes_the_workers_logprobs_the_trainers(make_cfg):
+    cfg = _lora_cfg(make_cfg)
+    trainer = _trained(cfg, 2)
+    worker = build_rollout_worker(cfg)
+    stream = trainer.weight_stream()
+    assert set(stream.manifest.shapes()) == {n for n, _ in trainer.model.named_parameters() if "lora_" in n}
+    full = sum(p.numel() for n, p in trainer.model.named_parameters() if "lora_" not in n) * 4
+    assert stream.manifest.nbytes < full / 2
+    before = worker.generate(_prompts(cfg, worker), 2)
+    stale = trainer.compute_logprobs(before)
+    assert _max_diff(stale, [s.logprobs for s in before]) > 1e-3  # the worker still serves the base
+    worker.update_weights(stream, 1)
+    after = worker.generate(_prompts(cfg, worker), 2)
+    assert all(s.param_version_start == 1 for s in after)
+    diff = _max_diff(trainer.compute_logprobs(after), [s.logprobs for s in after])
+    assert diff < 1e-4, diff  # as the full-weight path (tests/engine/test_rollout_hf.py)
+
+
+def _prompts(cfg, worker):
+    from rl_engine.data import PromptStream
+
+    return PromptStream(cfg, worker.tokenizer).next_batch(8)
+
+
+def _max_diff(a, b) -> float:
+    return max(abs(x - y) for u, v in zip(a, b, strict=True) for x, y in zip(u, v, strict=True))
+
+
+# --- checkpoints and export -----------------------------------------------------------------------------
+
+
+def test_a_checkpoint_holds_the_adapters_and_resumes_bit_identically(make_cfg, tmp_path):
+    cfg = _lora_cfg(make_cfg, "trainer.lr_schedule=cosine", "trainer.total_steps=6")
+    vocab = PolicyTrainer(cfg).model.get_output_embeddings().weight.shape[0]
+    steps = [synthetic_samples(16, 8, vocab, seed=s, prompt_len=(2, 8), response_len=(1, 6)) for s in range(4)]
+    a = PolicyTrainer(cfg)
+    for s in steps[:2]:
+        a.train_step(s)
+    a.save_checkpoint(tmp_path / "ck", {"cursor": 3})
+    files = {p.relative_to(tmp_path / "ck").as_posix() for p in (tmp_path / "ck").rglob("*") if p.is_file()}
+    assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors", "optimizer.pt"} <= files
+    assert not any(f.startswith("model/") and f.endswith(".safetensors") for f in files)  # no base weights
+    assert json.loads((tmp_path / "ck" / "trainer_state.json").read_text())["lora"] is True
+    b = PolicyTrainer(cfg)
+    assert b.load_checkpoint(tmp_path / "ck") == {"cursor": 3}
+    for s in steps[2:]:
+        a.train_step(s)
+        b.train_step(s)
+    for (n, p), (m, q) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+        assert n == m and torch.equal(p, q), n
+    with pytest.raises(ValueError, match="with model.lora"):
+        PolicyTrainer(make_cfg(*TRAIN)).load_checkpoint(tmp_path / "ck")
+
+
+def test_the_export_loads_in_peft_and_transformers_with_the_trainers_greedy_answers(
+    make_cfg, tmp_path, tiny_model_dir
+):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rl_engine.export import export_checkpoint
+
+    cfg = _lora_cfg(make_cfg)
+    trainer = _trained(cfg, 3)
+    trainer.save_checkpoint(tmp_path / "step_00000003", {})
+    out = export_checkpoint(tmp_path / "step_00000003", tmp_path / "out")
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {
+        f.name for f in (tmp_path / "out" / "adapter").iterdir()
+    }
+    merged = AutoModelForCausalLM.from_pretrained(out.out).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    adapted = PeftModel.from_pretrained(base, str(tmp_path / "out" / "adapter")).eval()
+    worker = build_rollout_worker(cfg)
+    prompts = _prompts(cfg, worker)
+    ids = [torch.tensor([p.token_ids]) for p in prompts]
+    trainer.model.eval()
+
+    def greedy(model) -> list[list[int]]:
+        with torch.no_grad():
+            return [
+                model.generate(input_ids=x, max_new_tokens=8, do_sample=False, pad_token_id=0)[0].tolist()
+                for x in ids
+            ]
+
+    want = greedy(trainer.model)
+    assert greedy(adapted) == want
+    assert greedy(merged) == want
+    assert want != greedy(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval())  # it learned
