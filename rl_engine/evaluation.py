@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_engine.config import EvalConfig, ExperimentConfig
-from rl_engine.rewards.base import component_means
+from rl_engine.rewards.base import component_means, score_samples
 from rl_engine.types import EvalSummary, Prompt, Sample, split_groups
 
 GREEDY_TOP_P = 1e-9  # below any second-best token's mass: only the argmax survives the nucleus cut
@@ -132,8 +132,9 @@ class Evaluator:
         return samples
 
     def score(self, samples: list[Sample]) -> list[Sample]:
-        for s in samples:
-            s.reward = float(self.reward_fn(s))
+        """Score ``samples`` in one call (``score_samples``): a sample a remote reward service left
+        unscored counts 0 here and is counted in ``val/reward_errors``."""
+        score_samples(self.reward_fn, samples)
         return samples
 
     def run(
@@ -165,7 +166,7 @@ class Evaluator:
             response_length=statistics.fmean(s.response_length for s in samples),
             truncated_ratio=statistics.fmean(s.finish_reason == "length" for s in samples),
             aborted_ratio=statistics.fmean(s.finish_reason == "abort" for s in samples),
-            reward_errors=sum(bool(s.extra.get("reward_error")) for s in samples),
+            reward_errors=sum(bool(s.extra.get("reward_error")) or s.unscored for s in samples),
             num_prompts=len(groups),
             n=n,
             pass_at_1=pass_at[1],

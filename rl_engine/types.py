@@ -53,6 +53,16 @@ class Sample:
     def response_length(self) -> int:
         return len(self.response_ids)
 
+    @property
+    def unscored(self) -> bool:
+        """Its reward could not be computed (a remote reward service failed it: ``rl_engine.rewards``):
+        left out of the update and of the step's reward figures, never counted as a 0."""
+        return bool(self.extra.get(UNSCORED))
+
+
+# ``Sample.extra``'s mark of an unscored sample (1.0).
+UNSCORED = "reward_unscored"
+
 
 def split_groups(samples: list[Sample]) -> list[list[Sample]]:
     """Group consecutive samples by ``group_id`` (workers return them grouped by prompt)."""
@@ -260,6 +270,8 @@ class StepResult:
     publish_s: float = 0.0
     # the mean of each component of a weighted-sum reward over the batch: {"reward/<key>/mean": mean}
     reward_parts: dict[str, float] = field(default_factory=dict)
+    # [B] the sample's reward could not be computed (``Sample.unscored``); empty: all scored
+    unscored: list[bool] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

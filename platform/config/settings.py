@@ -377,6 +377,10 @@ ALLOW_DATASET_DOWNLOADS = env_bool("ALLOW_DATASET_DOWNLOADS", True)
 # engine sends the cluster's MLflow credentials to the server it names, so none is allowed by default;
 # without a server a run's MLflow store lives in its own folder.
 ALLOWED_MLFLOW_SERVERS = env_list("ALLOWED_MLFLOW_SERVERS", [])
+# Remote reward services (reward name http: http(s) URLs, a listed entry allowing its path and below,
+# e.g. http://grader:8808/score; "*": any) a config may send its samples to. The engine posts every
+# prompt and response there, from inside the cluster, so none is allowed by default.
+ALLOWED_REWARD_SERVICES = env_list("ALLOWED_REWARD_SERVICES", [])
 # What a config from the platform may ask of the cluster: GPUs of the trainer group and of the
 # rollouters together, CPUs per actor, and the custom Ray resources (node labels such as trainer_node)
 # it may name in resources.*_node_resources. None by default; node:<address> never.

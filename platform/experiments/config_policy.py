@@ -33,6 +33,9 @@ the typed config: where a run's job then reads and writes is its placement, whic
   (``trainer_node_resources``, ``rollout_node_resources``) only one the deployment lists in
   ``ALLOWED_NODE_RESOURCES``; ``node:<address>`` (Ray's resource of one machine) never.
 
+- ``reward.kwargs.url`` / ``reward.combine[i].kwargs.url`` of the remote reward ``http``: a service of
+  ``ALLOWED_REWARD_SERVICES`` (read by the one strict URL parser, as the MLflow servers are; none by
+  default: the engine posts every prompt and response there).
 - ``reward.name`` / ``reward.combine[i].name``: a reward the engine's environment offers
   (``experiments.engine_catalogue``: ``ENGINE_PYTHON -m rl_engine rewards --json``): a reward plugin
   installed where this web process runs but not where the runs run is refused here, not inside the job.
@@ -267,6 +270,32 @@ def _resource_violations(
     return out
 
 
+def _reward_service_violations(cfg: ExperimentConfig, policy: PathPolicy) -> list[tuple[str, str]]:
+    """Each remote reward service (reward ``http``) whose URL the operator has not listed in
+    ``ALLOWED_REWARD_SERVICES``: the engine would post every prompt and response there from inside the
+    cluster."""
+    out: list[tuple[str, str]] = []
+    reward = cfg.reward
+    parts = (
+        [("kwargs", reward.name, reward.kwargs)]
+        if reward.combine is None
+        else [(f"combine[{i}].kwargs", p.name, p.kwargs) for i, p in enumerate(reward.combine)]
+    )
+    for where, name, kwargs in parts:
+        url = kwargs.get("url")
+        if name != "http" or not isinstance(url, str) or policy.reward_service_ok(url):
+            continue
+        services = list_text(tuple(policy.reward_services))
+        out.append(
+            (
+                f"reward.{where}.url",
+                f"{url[:200]!r} is not a reward service this platform allows: name one of {services} "
+                "(ALLOWED_REWARD_SERVICES)",
+            )
+        )
+    return out
+
+
 def _reward_violations(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """Each reward the config names that the engine's environment does not offer (or offers broken). A
     config of built-ins only asks nothing: they ship with the engine (and a launch spawns no catalogue)."""
@@ -315,6 +344,7 @@ def config_violations(
     if cfg.model.trust_remote_code and not allow_remote_code:
         out.append(("model.trust_remote_code", REMOTE_CODE_RULE))
     out += _reward_violations(cfg)
+    out += _reward_service_violations(cfg, policy)
     return out
 
 

@@ -77,6 +77,7 @@ class PathPolicy:
     allowed_datasets: tuple[str, ...] = ("*",)  # shell-style patterns of hub dataset ids
     allow_downloads: bool = True
     mlflow_servers: tuple[str, ...] = ()  # http(s) origins (optionally with a path prefix), or "*"
+    reward_services: tuple[str, ...] = ()  # http(s) URLs a remote reward may post to (and below), or "*"
 
     @classmethod
     def from_settings(cls) -> PathPolicy:
@@ -89,6 +90,7 @@ class PathPolicy:
             allowed_datasets=tuple(getattr(settings, "ALLOWED_DATASETS", ["*"])),
             allow_downloads=bool(getattr(settings, "ALLOW_DATASET_DOWNLOADS", True)),
             mlflow_servers=tuple(getattr(settings, "ALLOWED_MLFLOW_SERVERS", [])),
+            reward_services=tuple(getattr(settings, "ALLOWED_REWARD_SERVICES", [])),
         )
 
     def absolute(self, value: str) -> str:
@@ -155,22 +157,31 @@ class PathPolicy:
         return any(fnmatchcase(hub_id, pattern) for pattern in self.allowed_datasets)
 
     def mlflow_server_ok(self, uri: str) -> bool:
-        """An http(s) URI on one of the allowed servers: both read by the one strict parser
-        (``rl_engine.strict_url``), same scheme, host and port exactly, and under the entry's path. An
-        entry that does not parse allows nothing."""
-        try:
-            url = parse_strict_url(uri)
-        except UrlError:
-            return False
-        for entry in self.mlflow_servers:
-            if entry == "*":
-                return True
-            try:
-                if url.within(parse_strict_url(entry)):
-                    return True
-            except UrlError:
-                continue
+        """An http(s) URI on one of the allowed MLflow servers (``url_allowed``)."""
+        return url_allowed(uri, self.mlflow_servers)
+
+    def reward_service_ok(self, uri: str) -> bool:
+        """An http(s) URL of one of the allowed remote reward services (``url_allowed``)."""
+        return url_allowed(uri, self.reward_services)
+
+
+def url_allowed(uri: str, entries: tuple[str, ...]) -> bool:
+    """``uri`` is within one of ``entries`` ("*": any): both read by the one strict parser
+    (``rl_engine.strict_url``), same scheme, host and port exactly, and under the entry's path. An entry
+    that does not parse allows nothing."""
+    try:
+        url = parse_strict_url(uri)
+    except UrlError:
         return False
+    for entry in entries:
+        if entry == "*":
+            return True
+        try:
+            if url.within(parse_strict_url(entry)):
+                return True
+        except UrlError:
+            continue
+    return False
 
 
 def roots_text(roots: tuple[Path, ...]) -> str:

@@ -10,8 +10,11 @@ is imported inside the functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rl_engine.types import Sample
 
 if TYPE_CHECKING:
     import torch
@@ -104,3 +107,21 @@ def group_indices(group_ids: list[str]) -> torch.Tensor:
 
     seen: dict[str, int] = {}
     return torch.tensor([seen.setdefault(g, len(seen)) for g in group_ids], dtype=torch.long)
+
+
+def scored_advantages(fn: AdvantageFn, samples: Sequence[Sample], *, norm_by_std: bool) -> torch.Tensor:
+    """[B] advantages of ``samples`` by ``fn``, computed over the scored samples alone: a sample whose
+    reward could not be computed (``Sample.unscored``) gets 0 and takes no part in its
+    group's baseline, as if it had not been drawn. All scored: ``fn`` on the whole batch."""
+    import torch
+
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    keep = [i for i, s in enumerate(samples) if not s.unscored]
+    if len(keep) == len(samples):
+        return fn(rewards, group_indices([s.group_id for s in samples]), norm_by_std=norm_by_std)
+    adv = torch.zeros_like(rewards)
+    if keep:
+        index = torch.tensor(keep, dtype=torch.long)
+        groups = group_indices([samples[i].group_id for i in keep])
+        adv[index] = fn(rewards[index], groups, norm_by_std=norm_by_std)
+    return adv

@@ -35,7 +35,7 @@ class Names:
 
 
 REWARDS = Names(
-    "reward", ("exact_match", "contains", "numeric_answer", "format", "math_verify", "reasoning_gym")
+    "reward", ("exact_match", "contains", "numeric_answer", "format", "math_verify", "reasoning_gym", "http")
 )
 TASKS = Names("task", ("copy", "next_digit", "add_mod10", "reverse", "add"))
 ADVANTAGES = Names("advantage estimator", ("grpo", "dr_grpo", "rloo", "reinforce_pp"))

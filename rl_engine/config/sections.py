@@ -723,6 +723,16 @@ class RewardConfig(StrictModel):
             "(built-in rewards run inline)."
         ),
     )
+    unscored_alert_ratio: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "An alert fires when more than this share of a step's samples is unscored (a remote reward "
+            "service that failed them: they are left out of the update, never scored 0); again after "
+            "the share has fallen back."
+        ),
+    )
 
     _kwargs = field_validator("kwargs")(_check_reward_kwargs)
 

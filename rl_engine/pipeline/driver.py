@@ -31,6 +31,7 @@ from rl_engine.pipeline.knobs import Knobs, knobs_from_config
 from rl_engine.pipeline.metrics import step_metrics, sum_counters
 from rl_engine.pipeline.pauses import RolloutPauses
 from rl_engine.pipeline.queue import MessageQueue
+from rl_engine.pipeline.reward_alarm import UnscoredAlarm
 from rl_engine.pipeline.rollouter import Rollouter
 from rl_engine.pipeline.stop_grace import StopGrace
 from rl_engine.pipeline.trainer_group import build_trainer_group
@@ -251,6 +252,8 @@ class _Run:
         self.placement = placement
         self.t_start = time.monotonic()
         self.rewards: list[float] = []
+        reward_name = "+".join(name for _, name in cfg.reward.named())
+        self.unscored_alarm = UnscoredAlarm(cfg.reward.unscored_alert_ratio, reward_name)
         self.trained_uids: list[str] = []
         self.last_ckpt: str | None = None
         self.last_ckpt_step = -1
@@ -465,7 +468,11 @@ class _Run:
             gen_window_s=entry.wall_s,
             counters=sum_counters([h.counters for h in health]),
         )
-        self.rewards.append(metrics["reward/mean"])
+        if "reward/mean" in metrics:
+            self.rewards.append(metrics["reward/mean"])
+        alert = self.unscored_alarm.check(step, metrics["reward/unscored_ratio"])
+        if alert is not None:
+            self.sink.log_event(EventKind.ALERT, alert.message, alert.data)
         self.trained_uids.extend(result.uids)
         if step % self.cfg.logging.log_every == 0 or step == self.cfg.trainer.total_steps:
             self.sink.log_metrics(step, metrics)

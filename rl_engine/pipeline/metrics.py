@@ -24,13 +24,15 @@ def step_metrics(
     ``gen_window_s``: wall seconds of that window (so idle ratio = 1 - busy / window);
     ``counters``: the rollouters' cumulative counters (``sum_counters``), merged as they are.
     """
-    rewards, lengths, stal = result.rewards, result.lengths, result.staleness
+    lengths, stal = result.lengths, result.staleness
+    unscored = result.unscored or [False] * len(result.rewards)
+    # an unscored sample (a remote reward service failed it) has no reward: left out of the figures
+    rewards = [r for r, u in zip(result.rewards, unscored, strict=True) if not u]
     m: dict[str, float] = {k: float(v) for k, v in result.trainer_metrics.items()}
     busy_window = max(gen_window_s, 1e-9)
     m.update(
         {
-            "reward/mean": statistics.fmean(rewards),
-            "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "reward/unscored_ratio": sum(unscored) / max(len(unscored), 1),
             "response_length/mean": statistics.fmean(lengths),
             "timing/gen_s": statistics.fmean(rollout_busy_delta_s) if rollout_busy_delta_s else 0.0,
             "timing/train_s": result.train_s,
@@ -50,6 +52,9 @@ def step_metrics(
             "throughput/samples_per_s": len(lengths) / max(step_wall_s, 1e-9),
         }
     )
+    if rewards:  # none when every sample of the step is unscored
+        m["reward/mean"] = statistics.fmean(rewards)
+        m["reward/std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
     m.update(result.reward_parts)  # reward/<key>/mean of each component of a weighted sum
     if sync_s is not None:
         m["timing/weight_sync_s"] = sync_s

@@ -35,6 +35,7 @@ import ray
 from rl_engine.config import ExperimentConfig
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.knobs import Knobs
+from rl_engine.rewards.base import score_samples
 from rl_engine.rollout.heap import fix_mmap_threshold
 from rl_engine.types import (
     EvalSummary,
@@ -233,12 +234,9 @@ class Rollouter:
         """Score finished groups and queue them; keep groups with unfinished samples for resume."""
         done, unfinished = [], []
         for g in groups:
-            if any(s.finish_reason == "abort" for s in g):
-                unfinished.append(g)
-                continue
-            for s in g:
-                s.reward = float(self.reward_fn(s))
-            done.append(g)
+            (unfinished if any(s.finish_reason == "abort" for s in g) else done).append(g)
+        # one call for the lot: a remote reward service scores them in batches (unscored ones marked)
+        score_samples(self.reward_fn, [s for g in done for s in g])
         with self._cv:  # another loop thread may be taking the pending list right now
             self._pending.extend(unfinished)
         if done:  # one call for all finished groups of this generate call

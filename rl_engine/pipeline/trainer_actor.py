@@ -200,6 +200,7 @@ class TrainerActor:
             weights_box=box,
             publish_s=publish_s,
             reward_parts=component_means([s.extra for s in batch]),
+            unscored=[s.unscored for s in batch],
         )
 
     def _train_leader(self, batch: list[Sample]) -> dict[str, float]:

@@ -1,6 +1,13 @@
 """The reward contract: ``RewardFn(sample) -> float``, and ``SafeReward``, the wrapper every reward runs
 in (a reward that raises, returns NaN, or (a plugin) hangs past its timeout scores 0 for that sample, is
-counted and logged, and never stops the rollout)."""
+counted and logged, and never stops the rollout).
+
+A reward may also score a whole batch at once (:class:`BatchRewardFn`: the remote reward service,
+``rl_engine.rewards.remote``), and may then leave a sample **unscored** (``None``: the service could not
+be reached, or answered nothing for it). An unscored sample is never a silent 0: it is marked
+(``sample.extra[UNSCORED] = 1``), counted (``reward/unscored``), left out of the update (the trainer
+gives it no advantage and no loss) and of the step's ``reward/mean``. Callers score through
+:func:`score_samples`, one code path for both kinds."""
 
 from __future__ import annotations
 
@@ -8,14 +15,38 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from rl_engine.types import Sample
+from rl_engine.types import UNSCORED, Sample
 
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[[Sample], float]
+
+
+class BatchRewardFn(Protocol):
+    """A reward that scores many samples in one call: one result per sample, in order, each a score, a
+    mapping with ``score`` (and named figures, as a plugin's), or ``None`` for a sample it could not
+    score. It must not raise for one bad sample (a raise leaves the whole batch unscored)."""
+
+    def score_batch(self, samples: Sequence[Sample], /) -> list[Any]: ...
+
+
+def score_samples(reward_fn: Callable[[Sample], float], samples: Sequence[Sample]) -> None:
+    """Set each sample's ``reward`` with ``reward_fn``: in one ``score_batch`` call where it has one
+    (``SafeReward``, ``WeightedSum``), else sample by sample. An unscored sample gets 0.0 and the mark."""
+    batch = getattr(reward_fn, "score_batch", None)
+    if batch is None:
+        for s in samples:
+            s.reward = float(reward_fn(s))
+        return
+    for s, value in zip(samples, batch(samples), strict=True):
+        if value is None:
+            s.extra[UNSCORED] = 1.0
+            s.reward = 0.0
+        else:
+            s.reward = float(value)
 
 
 # A plugin's per-call limit when the config sets none (``reward.timeout_s``), and how many calls may be
@@ -67,19 +98,59 @@ class SafeReward:
         self.calls = 0
         self.errors = 0
         self.timeouts = 0
+        self.unscored = 0  # samples a batch function left without a score (``score_batch``)
         self.closed = False
         self._lock = threading.Lock()  # rollouters may score from several threads
 
     def __call__(self, sample: Sample) -> float:
         with self._lock:
             self.calls += 1
+        return self._checked(sample, lambda: self._call(sample))
+
+    def score_batch(self, samples: Sequence[Sample]) -> list[float | None]:
+        """Score ``samples``: in one call of the function's own ``score_batch`` where it has one (each
+        result checked as a single call's; ``None``: unscored, counted in ``unscored``; a raise or a
+        wrong number of results: the whole batch unscored), else one call per sample."""
+        batch = getattr(self.fn, "score_batch", None)
+        if batch is None:
+            return [self(s) for s in samples]
+        with self._lock:
+            self.calls += len(samples)
         try:
-            if self.closed:
-                raise RewardTimeout(
-                    f"closed after {self.timeouts} calls that did not answer within {self.timeout_s}s"
-                )
-            result = self.fn(sample) if self.timeout_s is None else self._call_in_thread(sample)
-            value, figures = self._value(result)
+            results = list(batch(samples))
+            if len(results) != len(samples):
+                raise ValueError(f"returned {len(results)} results for {len(samples)} samples")
+        except Exception as exc:  # the batch function's own failure: nothing of it is a score
+            log.warning(
+                "reward %r left %d samples unscored: %s: %s",
+                self.name,
+                len(samples),
+                type(exc).__name__,
+                str(exc)[:300],
+            )
+            results = [None] * len(samples)
+        out: list[float | None] = []
+        for s, result in zip(samples, results, strict=True):
+            if result is None:
+                with self._lock:
+                    self.unscored += 1
+                out.append(None)
+            else:
+                out.append(self._checked(s, lambda r=result: r))
+        return out
+
+    def _call(self, sample: Sample) -> Any:
+        if self.closed:
+            raise RewardTimeout(
+                f"closed after {self.timeouts} calls that did not answer within {self.timeout_s}s"
+            )
+        return self.fn(sample) if self.timeout_s is None else self._call_in_thread(sample)
+
+    def _checked(self, sample: Sample, compute: Callable[[], Any]) -> float:
+        """``compute()``'s score, its figures kept on the sample; an exception or a malformed result
+        scores ``error_value`` and marks, counts and logs the sample as an error."""
+        try:
+            value, figures = self._value(compute())
             for figure, number in figures.items():
                 sample.extra[f"{COMPONENT_PREFIX}{self.name}/{figure}"] = number
             return value
@@ -163,7 +234,11 @@ class SafeReward:
 
     def stats(self) -> dict[str, float]:
         """Cumulative counts for the step metrics (``reward/timeouts`` where calls have a time limit)."""
-        out = {"reward/errors": float(self.errors), "reward/calls": float(self.calls)}
+        out = {
+            "reward/errors": float(self.errors),
+            "reward/calls": float(self.calls),
+            "reward/unscored": float(self.unscored),
+        }
         if self.timeout_s is not None:
             out["reward/timeouts"] = float(self.timeouts)
         return out
@@ -186,17 +261,32 @@ class WeightedSum:
         self.parts = parts
         self.name = "+".join(key for key, _, _ in parts)
         self.calls = 0
+        self.unscored = 0
         self._lock = threading.Lock()
 
     def __call__(self, sample: Sample) -> float:
-        with self._lock:
-            self.calls += 1
-        total = 0.0
-        for key, weight, fn in self.parts:
-            score = fn(sample)
-            sample.extra[f"{COMPONENT_PREFIX}{key}"] = score
-            total += weight * score
+        total = self.score_batch([sample])[0]
+        if total is None:  # only a batch component leaves a sample unscored
+            raise RuntimeError(f"reward {self.name!r}: a component left the sample unscored")
         return total
+
+    def score_batch(self, samples: Sequence[Sample]) -> list[float | None]:
+        """Each component scores the whole batch (``SafeReward.score_batch``); a sample any component
+        left unscored is unscored (``None``, counted in ``unscored``), the others get the weighted sum."""
+        with self._lock:
+            self.calls += len(samples)
+        totals: list[float | None] = [0.0] * len(samples)
+        for key, weight, fn in self.parts:
+            for i, (s, score) in enumerate(zip(samples, fn.score_batch(samples), strict=True)):
+                total = totals[i]
+                if score is None or total is None:
+                    totals[i] = None
+                    continue
+                s.extra[f"{COMPONENT_PREFIX}{key}"] = score
+                totals[i] = total + weight * score
+        with self._lock:
+            self.unscored += sum(t is None for t in totals)
+        return totals
 
     @property
     def errors(self) -> int:
@@ -204,8 +294,13 @@ class WeightedSum:
 
     def stats(self) -> dict[str, float]:
         """``reward/errors``: failed component calls (all components); ``reward/calls``: samples scored;
+        ``reward/unscored``: samples left without a total (a component could not score them);
         ``reward/timeouts``: calls of plugin components cut off (where a component has a time limit)."""
-        out = {"reward/errors": float(self.errors), "reward/calls": float(self.calls)}
+        out = {
+            "reward/errors": float(self.errors),
+            "reward/calls": float(self.calls),
+            "reward/unscored": float(self.unscored),
+        }
         if any(fn.timeout_s is not None for _, _, fn in self.parts):
             out["reward/timeouts"] = float(sum(fn.timeouts for _, _, fn in self.parts))
         return out

@@ -21,6 +21,7 @@ from rl_engine.rewards.base import DEFAULT_TIMEOUT_S, RewardFn, SafeReward, Weig
 from rl_engine.rewards.math_answers import math_verify_reward
 from rl_engine.rewards.plugins import PluginError, load_factory
 from rl_engine.rewards.reasoning_gym import reasoning_gym_reward
+from rl_engine.rewards.remote import http_reward
 from rl_engine.rewards.text_answers import contains, exact_match, format_match, numeric_answer
 
 REWARDS: dict[str, Callable[..., RewardFn]] = {
@@ -30,6 +31,7 @@ REWARDS: dict[str, Callable[..., RewardFn]] = {
     "format": format_match,
     "math_verify": math_verify_reward,
     "reasoning_gym": reasoning_gym_reward,
+    "http": http_reward,
 }
 
 

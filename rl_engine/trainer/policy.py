@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_engine.algos.advantages import get_advantage_fn, group_indices
+from rl_engine.algos.advantages import get_advantage_fn, scored_advantages
 from rl_engine.algos.losses import OFF_POLICY_WEIGHTS, aggregate, kl_k3, ppo_clip_loss
 from rl_engine.config import ExperimentConfig
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
@@ -287,11 +287,9 @@ class PolicyTrainer:
         ac, dev = self.cfg.algorithm, self.device
         batch = self.pack_samples(samples).to(dev)
         width = batch.response_mask.shape[1]
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        adv = self._advantage_fn(
-            rewards, group_indices([s.group_id for s in samples]), norm_by_std=ac.norm_adv_by_std
-        )
-        mask = batch.response_mask.float()
+        adv = scored_advantages(self._advantage_fn, samples, norm_by_std=ac.norm_adv_by_std)
+        scored = torch.tensor([not s.unscored for s in samples], dtype=torch.float32)
+        mask = batch.response_mask.float() * scored[:, None]  # an unscored sample has no loss
         behaviour = right_pad([s.logprobs for s in samples], 0.0, torch.float32, width).to(dev)
         finite = torch.isfinite(behaviour)
         rejected = ((~finite) & (mask > 0)).any(1)

@@ -62,7 +62,11 @@ def test_the_combination_is_the_weighted_sum_of_its_components_built_alone():
         ] == scores
         totals.append(total)
     assert len(set(totals)) > 2  # the cases tell the components apart
-    assert combined.stats() == {"reward/errors": 0.0, "reward/calls": float(len(RESPONSES))}
+    assert combined.stats() == {
+        "reward/errors": 0.0,
+        "reward/calls": float(len(RESPONSES)),
+        "reward/unscored": 0.0,
+    }
 
 
 def test_a_failing_component_scores_zero_and_the_others_still_count():
@@ -77,7 +81,7 @@ def test_a_failing_component_scores_zero_and_the_others_still_count():
     assert total == s.extra["reward/numeric_answer"] == 0.0
     ok = sample("#### 12", "12")
     assert combined(ok) == 1.0 + 2.0 * 1.0
-    assert combined.stats() == {"reward/errors": 1.0, "reward/calls": 2.0}
+    assert combined.stats() == {"reward/errors": 1.0, "reward/calls": 2.0, "reward/unscored": 0.0}
 
 
 def test_a_single_reward_config_is_unchanged():

@@ -161,7 +161,12 @@ def test_a_plugin_that_raises_or_returns_nan_scores_as_an_error(behaviour):
     batch = [sample("x", "1") for _ in range(3)]
     assert [reward(s) for s in batch] == [0.0, 0.0, 0.0]
     assert [s.extra["reward_error"] for s in batch] == [1.0, 1.0, 1.0]
-    assert reward.stats() == {"reward/errors": 3.0, "reward/calls": 3.0, "reward/timeouts": 0.0}
+    assert reward.stats() == {
+        "reward/errors": 3.0,
+        "reward/calls": 3.0,
+        "reward/unscored": 0.0,
+        "reward/timeouts": 0.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -203,6 +208,7 @@ def test_a_hanging_plugin_is_cut_off_and_then_closed():
     assert combined.stats() == {
         "reward/errors": float(len(batch)),
         "reward/calls": float(len(batch)),
+        "reward/unscored": 0.0,
         "reward/timeouts": float(MAX_HANGS),
     }
 

@@ -214,7 +214,11 @@ def test_a_reward_that_raises_scores_zero_is_counted_and_logged(monkeypatch, cap
     with caplog.at_level(logging.WARNING, logger="rl_engine.rewards"):
         rewards = [fn(s) for s in samples]
     assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
-    assert fn.errors == 7 and fn.stats() == {"reward/errors": 7.0, "reward/calls": 9.0}
+    assert fn.errors == 7 and fn.stats() == {
+        "reward/errors": 7.0,
+        "reward/calls": 9.0,
+        "reward/unscored": 0.0,
+    }
     assert [s.extra.get("reward_error") for s in samples[:3]] == [None, 1.0, 1.0]
     logged = [r.getMessage() for r in caplog.records]
     # the first two failures in full, then every third: failures 3 and 6

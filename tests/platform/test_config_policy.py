@@ -392,6 +392,33 @@ def test_an_allow_list_entry_the_strict_parser_refuses_allows_nothing(team, sett
         refused(team, with_("logging.mlflow", {"tracking_uri": uri}), "logging.mlflow.tracking_uri")
 
 
+def test_a_remote_reward_posts_only_to_a_service_the_operator_lists(team, settings):
+    def http(url: str) -> dict:
+        return {"name": "http", "kwargs": {"url": url, "batch_size": 16}}
+
+    settings.ALLOWED_REWARD_SERVICES = []
+    message = refused(
+        team, with_("reward", http("http://grader:8808/score/math_verify")), "reward.kwargs.url"
+    )
+    assert "ALLOWED_REWARD_SERVICES" in message and "none" in message
+    settings.ALLOWED_REWARD_SERVICES = ["http://grader:8808/score", "https://judge.example.com/v1"]
+    for url in ("http://grader:8808/score/math_verify", "https://judge.example.com/v1"):
+        assert post(team, with_("reward", http(url))).status_code == 201, url
+    for url in (
+        "http://grader:8809/score/x",  # another port
+        "http://grader:8808/admin",  # outside the listed path
+        "https://grader:8808/score/x",  # another scheme
+        "http://169.254.169.254/score",  # the metadata service: not listed
+    ):
+        refused(team, with_("reward", http(url)), "reward.kwargs.url")
+    combined = {"combine": [{"name": "contains"}, {**http("http://evil.example/score"), "weight": 0.5}]}
+    refused(team, with_("reward", combined), "reward.combine[1].kwargs.url")
+    # a URL the strict parser refuses is the engine's own field error, whatever the list says
+    settings.ALLOWED_REWARD_SERVICES = ["*"]
+    refused(team, with_("reward", http("http://grader:8808@evil.example/x")), "reward.kwargs")
+    assert post(team, with_("reward", http("http://anywhere:9000/grade"))).status_code == 201
+
+
 def test_the_job_reads_the_checked_paths_and_its_trackers_write_into_its_folder(team, experiment, settings):
     settings.ENGINE_WORKDIR = str(DATA_ROOT.parent)
     raw = dataset(path=f"{DATA_ROOT.name}/x/../gsm", validation_path="var/runs", cache_dir=None)
