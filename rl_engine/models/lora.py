@@ -78,14 +78,22 @@ def check_targets(model: torch.nn.Module, lora: LoraConfig) -> None:
                 )
 
 
-def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> Any:  # -> peft.PeftModel
+def add_adapters(model: torch.nn.Module, lora: LoraConfig, seed: int) -> Any:  # -> peft.PeftModel
     """``model`` wrapped by ``peft.get_peft_model``: its weights frozen, adapters added (``lora_B`` = 0),
-    on the device and in the dtype of the model's weights."""
+    on the device and in the dtype of the model's weights.
+
+    ``lora_A``'s random initialisation is drawn from ``seed`` (the run's), the caller's random state
+    left as it was: every rank of a trainer group starts from the same adapters (FSDP2 shards each
+    rank's own copy) and a run from the same ones as its one-rank twin. (A rollout worker's need not
+    be the trainer's: with ``lora_B`` = 0 any ``lora_A`` computes the base model, and a sync replaces both.)"""
     from peft import get_peft_model
 
     check_targets(model, lora)
     ref = next(model.parameters())
-    with warnings.catch_warnings():  # peft 0.21 asks transformers 5.2x a deprecated question
+    cuda = [ref.device.index or 0] if ref.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
+        torch.manual_seed(seed)
+        # peft 0.21 asks transformers 5.2x a deprecated question
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         wrapped = get_peft_model(model, peft_config(lora))
     for p in adapter_parameters(wrapped).values():

@@ -123,7 +123,7 @@ class PolicyTrainer:
         # model.lora: peft adapters on the frozen weights; AdamW, the sync and the checkpoint hold them only
         self.lora = cfg.model.lora is not None
         if cfg.model.lora is not None:
-            self.model = add_adapters(self.model, cfg.model.lora).train()
+            self.model = add_adapters(self.model, cfg.model.lora, cfg.seed).train()
         self.tokenizer = load_tokenizer(cfg.model)
         self.pad_id = special_token_ids(cfg.model, self.tokenizer).pad_id  # the rollout pads with the same id
         self.temperature = cfg.rollout.temperature

@@ -65,7 +65,9 @@ def test_the_configs_lora_backends_are_the_registrys():
 
 
 def test_target_modules_the_model_does_not_have_are_a_field_error(make_cfg):
-    assert unknown_targets(LoraConfig(target_modules=["q_proj", "nope"]), ["a.q_proj", "b.k_proj"]) == ["nope"]
+    assert unknown_targets(LoraConfig(target_modules=["q_proj", "nope"]), ["a.q_proj", "b.k_proj"]) == [
+        "nope"
+    ]
     assert unknown_targets(LoraConfig(), []) == []  # all-linear: whatever the model has
     for targets, says in (("[nope_proj]", "no module 'nope_proj'"), ("[lm_head]", "output layer")):
         cfg = make_cfg(f"model.lora={{target_modules: {targets}}}")
@@ -156,7 +158,9 @@ def _max_diff(a, b) -> float:
 def test_a_checkpoint_holds_the_adapters_and_resumes_bit_identically(make_cfg, tmp_path):
     cfg = _lora_cfg(make_cfg, "trainer.lr_schedule=cosine", "trainer.total_steps=6")
     vocab = PolicyTrainer(cfg).model.get_output_embeddings().weight.shape[0]
-    steps = [synthetic_samples(16, 8, vocab, seed=s, prompt_len=(2, 8), response_len=(1, 6)) for s in range(4)]
+    steps = [
+        synthetic_samples(16, 8, vocab, seed=s, prompt_len=(2, 8), response_len=(1, 6)) for s in range(4)
+    ]
     a = PolicyTrainer(cfg)
     for s in steps[:2]:
         a.train_step(s)
@@ -172,7 +176,7 @@ def test_a_checkpoint_holds_the_adapters_and_resumes_bit_identically(make_cfg, t
         b.train_step(s)
     for (n, p), (m, q) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
         assert n == m and torch.equal(p, q), n
-    with pytest.raises(ValueError, match="with model.lora"):
+    with pytest.raises(ValueError, match=r"with model\.lora"):
         PolicyTrainer(make_cfg(*TRAIN)).load_checkpoint(tmp_path / "ck")
 
 
@@ -210,3 +214,59 @@ def test_the_export_loads_in_peft_and_transformers_with_the_trainers_greedy_answ
     assert greedy(adapted) == want
     assert greedy(merged) == want
     assert want != greedy(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval())  # it learned
+
+
+# --- the trainer group ----------------------------------------------------------------------------------
+
+
+def test_a_two_rank_group_with_lora_reaches_the_one_rank_adapters(make_cfg, tmp_path):
+    """FSDP2 shards the adapters with their decoder layer (dim 0, as every parameter); 2 gloo ranks end
+    3 steps (6 AdamW steps, clipping active, several micro-batches per rank, a KL reference with the
+    adapters disabled, tis) within 1% of a learning-rate step of one rank; the frozen weights untouched;
+    the group's sharded checkpoint exports with its adapters."""
+    import numpy as np
+
+    from harness.trainer_group import TrainJob, spawn_group
+    from rl_engine.export import export_checkpoint
+
+    lr = 1e-3
+    cfg = make_cfg(
+        LORA, "trainer.batch_size=12", "trainer.mini_batch_size=6", "trainer.max_tokens_per_micro_batch=48",
+        "trainer.grad_clip=0.001", f"trainer.lr={lr}", "trainer.precision=fp32", "rollout.n=3",
+        "rollout.max_new_tokens=16", "algorithm.off_policy=tis", "algorithm.kl_coef=0.05",
+    )  # fmt: skip
+    one = PolicyTrainer(cfg)
+    start = one.weights_numpy()
+    vocab = one.model.get_output_embeddings().weight.shape[0]
+    steps = [
+        synthetic_samples(12, 3, vocab, seed=s, prompt_len=(2, 10), response_len=(1, 16)) for s in range(3)
+    ]
+    job = TrainJob(cfg, steps)
+    metrics = [one.train_step(s) for s in steps]
+    ref = one.weights_numpy()
+    path = str(tmp_path / "step_00000002")
+    group = spawn_group(2, "tests.engine.group_jobs:train_save_train", (job, path, 2), timeout_s=900)
+    got = group[0]["final"]
+    assert ref.keys() == got.keys()
+    for k in ref:
+        if "lora_" not in k:
+            np.testing.assert_array_equal(got[k], start[k])  # frozen on every rank
+    moved = max(float(np.abs(ref[k] - start[k]).max()) for k in ref if "lora_B" in k)
+    assert moved > lr
+    diff = max(float(np.abs(ref[k] - got[k]).max()) for k in ref)
+    assert diff <= 1e-2 * lr, diff / lr
+    assert metrics[-1]["actor/kl_ref"] > 0
+    out = export_checkpoint(path, tmp_path / "hf")
+    from transformers import AutoModelForCausalLM
+
+    merged = dict(AutoModelForCausalLM.from_pretrained(out.out).named_parameters())
+    at_save = group[0]["at_save"]
+    q = "base_model.model.model.layers.0.self_attn.q_proj"
+    scale = cfg.model.lora.alpha / cfg.model.lora.rank
+    want = (
+        at_save[f"{q}.base_layer.weight"]
+        + scale * at_save[f"{q}.lora_B.default.weight"] @ at_save[f"{q}.lora_A.default.weight"]
+    )
+    np.testing.assert_allclose(
+        merged["model.layers.0.self_attn.q_proj.weight"].detach().numpy(), want, atol=1e-6
+    )

@@ -109,7 +109,7 @@ class HFRolloutWorker(HFWeights):
         if model_cfg.lora is not None:
             # The trainer's adapters on these frozen weights, under the trainer's names (peft injects
             # them into the modules above in place): a sync sends and loads the adapters only.
-            self.model = add_adapters(self.model, model_cfg.lora).eval()
+            self.model = add_adapters(self.model, model_cfg.lora, seed).eval()
             self._params = adapter_parameters(self.model)
             self._flat = None  # the adapters load piece by piece (they are small)
 
