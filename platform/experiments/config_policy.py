@@ -35,7 +35,8 @@ the typed config: where a run's job then reads and writes is its placement, whic
 
 - ``reward.kwargs.url`` / ``reward.combine[i].kwargs.url`` of the remote reward ``http``: a service of
   ``ALLOWED_REWARD_SERVICES`` (read by the one strict URL parser, as the MLflow servers are; none by
-  default: the engine posts every prompt and response there).
+  default: the engine posts every prompt and response there). ``reward.kwargs.path`` of the reward model
+  ``model``: a model ``model.path`` could name; its ``num_gpus`` / ``num_cpus`` within the run's bounds.
 - ``reward.name`` / ``reward.combine[i].name``: a reward the engine's environment offers
   (``experiments.engine_catalogue``: ``ENGINE_PYTHON -m rl_engine rewards --json``): a reward plugin
   installed where this web process runs but not where the runs run is refused here, not inside the job.
@@ -270,10 +271,13 @@ def _resource_violations(
     return out
 
 
-def _reward_service_violations(cfg: ExperimentConfig, policy: PathPolicy) -> list[tuple[str, str]]:
-    """Each remote reward service (reward ``http``) whose URL the operator has not listed in
-    ``ALLOWED_REWARD_SERVICES``: the engine would post every prompt and response there from inside the
-    cluster."""
+def _reward_place_violations(
+    cfg: ExperimentConfig, policy: PathPolicy, resources: ResourcePolicy
+) -> list[tuple[str, str]]:
+    """Where a reward reaches outside the engine: a remote reward service (``http``) whose ``url`` the
+    operator has not listed in ``ALLOWED_REWARD_SERVICES`` (the engine would post every prompt and
+    response there from inside the cluster); a reward model (``model``) whose ``path`` is not a model the
+    platform allows (``model.path``'s rule) or that asks more of the cluster than a run may."""
     out: list[tuple[str, str]] = []
     reward = cfg.reward
     parts = (
@@ -282,17 +286,34 @@ def _reward_service_violations(cfg: ExperimentConfig, policy: PathPolicy) -> lis
         else [(f"combine[{i}].kwargs", p.name, p.kwargs) for i, p in enumerate(reward.combine)]
     )
     for where, name, kwargs in parts:
-        url = kwargs.get("url")
-        if name != "http" or not isinstance(url, str) or policy.reward_service_ok(url):
-            continue
-        services = list_text(tuple(policy.reward_services))
-        out.append(
-            (
-                f"reward.{where}.url",
-                f"{url[:200]!r} is not a reward service this platform allows: name one of {services} "
-                "(ALLOWED_REWARD_SERVICES)",
+        field = f"reward.{where}"
+        url, path = kwargs.get("url"), kwargs.get("path")
+        if name == "http" and isinstance(url, str) and not policy.reward_service_ok(url):
+            services = list_text(tuple(policy.reward_services))
+            out.append(
+                (
+                    f"{field}.url",
+                    f"{url[:200]!r} is not a reward service this platform allows: name one of {services} "
+                    "(ALLOWED_REWARD_SERVICES)",
+                )
             )
-        )
+        if name != "model":
+            continue
+        if isinstance(path, str) and policy.model_place(path) is None:
+            where_ok = (
+                f"under {roots_text(policy.model_roots)} (MODEL_ROOTS) or an allowed model "
+                f"({list_text(policy.allowed_models)})"
+            )
+            out.append(
+                (f"{field}.path", f"{path[:200]!r} is not allowed here: use a model directory {where_ok}")
+            )
+        gpus, cpus = kwargs.get("num_gpus", 0), kwargs.get("num_cpus", 1)
+        if isinstance(gpus, int | float) and gpus > resources.max_gpus:
+            out.append((f"{field}.num_gpus", f"at most {resources.max_gpus} (RUN_MAX_GPUS)"))
+        if isinstance(cpus, int | float) and cpus > resources.max_cpus_per_actor:
+            out.append(
+                (f"{field}.num_cpus", f"at most {resources.max_cpus_per_actor:g} (RUN_MAX_CPUS_PER_ACTOR)")
+            )
     return out
 
 
@@ -344,7 +365,7 @@ def config_violations(
     if cfg.model.trust_remote_code and not allow_remote_code:
         out.append(("model.trust_remote_code", REMOTE_CODE_RULE))
     out += _reward_violations(cfg)
-    out += _reward_service_violations(cfg, policy)
+    out += _reward_place_violations(cfg, policy, resources)
     return out
 
 

@@ -35,7 +35,8 @@ class Names:
 
 
 REWARDS = Names(
-    "reward", ("exact_match", "contains", "numeric_answer", "format", "math_verify", "reasoning_gym", "http")
+    "reward",
+    ("exact_match", "contains", "numeric_answer", "format", "math_verify", "reasoning_gym", "http", "model"),
 )
 TASKS = Names("task", ("copy", "next_digit", "add_mod10", "reverse", "add"))
 ADVANTAGES = Names("advantage estimator", ("grpo", "dr_grpo", "rloo", "reinforce_pp"))

@@ -22,6 +22,7 @@ from rl_engine.rewards.math_answers import math_verify_reward
 from rl_engine.rewards.plugins import PluginError, load_factory
 from rl_engine.rewards.reasoning_gym import reasoning_gym_reward
 from rl_engine.rewards.remote import http_reward
+from rl_engine.rewards.reward_model import model_reward
 from rl_engine.rewards.text_answers import contains, exact_match, format_match, numeric_answer
 
 REWARDS: dict[str, Callable[..., RewardFn]] = {
@@ -32,6 +33,7 @@ REWARDS: dict[str, Callable[..., RewardFn]] = {
     "math_verify": math_verify_reward,
     "reasoning_gym": reasoning_gym_reward,
     "http": http_reward,
+    "model": model_reward,
 }
 
 

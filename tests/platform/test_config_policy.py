@@ -419,6 +419,20 @@ def test_a_remote_reward_posts_only_to_a_service_the_operator_lists(team, settin
     assert post(team, with_("reward", http("http://anywhere:9000/grade"))).status_code == 201
 
 
+def test_a_reward_model_is_a_model_the_platform_allows_within_the_runs_bounds(team, settings):
+    def rm(**kwargs) -> dict:
+        return {"name": "model", "kwargs": {"path": str(MODEL_ROOT / "judge"), **kwargs}}
+
+    assert post(team, with_("reward", rm())).status_code == 201
+    for path in ("/etc", str(MODEL_ROOT / ".." / ".." / "etc")):
+        message = refused(team, with_("reward", rm(path=path)), "reward.kwargs.path")
+        assert "MODEL_ROOTS" in message
+    settings.RUN_MAX_GPUS = 1
+    refused(team, with_("reward", rm(num_gpus=2)), "reward.kwargs.num_gpus")
+    combined = {"combine": [{"name": "contains"}, {**rm(path="/root"), "weight": 0.5}]}
+    refused(team, with_("reward", combined), "reward.combine[1].kwargs.path")
+
+
 def test_the_job_reads_the_checked_paths_and_its_trackers_write_into_its_folder(team, experiment, settings):
     settings.ENGINE_WORKDIR = str(DATA_ROOT.parent)
     raw = dataset(path=f"{DATA_ROOT.name}/x/../gsm", validation_path="var/runs", cache_dir=None)
