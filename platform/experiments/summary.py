@@ -44,5 +44,18 @@ def run_summary(run: Run) -> dict[str, Any]:
         "resumed_from": run.resumed_from_id,
         "last_seq": run.event_seq,
         "total_steps": (run.config.get("trainer") or {}).get("total_steps"),
+        "model": model_label(run.config),
         **run_states(),
     }
+
+
+def model_label(config: dict[str, Any]) -> str:
+    """What a run trains, for its page: the model folder's name, and its LoRA adapters when ``model.lora``
+    is set ("smollm2-135m-instruct · LoRA r=16, alpha=32"); read from the stored config as it is."""
+    model = config.get("model") or {}
+    path = str(model.get("path") or "")
+    label = path.rstrip("/").rsplit("/", 1)[-1] or path
+    lora = model.get("lora")
+    if isinstance(lora, dict):
+        label += f" · LoRA r={lora.get('rank', 16)}, alpha={lora.get('alpha', 32.0):g}"
+    return label
