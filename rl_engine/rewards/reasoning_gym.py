@@ -16,6 +16,9 @@ What of the response is the answer (``extract``):
   reasoning-gym's own system prompts;
 * ``last_line``: the last non-empty line;
 * ``boxed``: the content of the last ``\\boxed{...}`` (no box: no answer);
+* ``last_number``: the last ``<answer>...</answer>`` when there is one, else the last number of the
+  response (``-12``, ``3.5``, ``1,000`` as ``1000``): for tasks whose answer is a number, asked of a
+  small model that answers in a sentence ("So, 45 + 46 equals 91.");
 * ``none``: the whole response, stripped.
 
 reasoning-gym is imported when the first sample is scored (seconds, with matplotlib and sympy), never
@@ -35,7 +38,9 @@ from typing import Any
 from rl_engine.types import Sample
 
 METADATA_KEY = "reasoning_gym"
-EXTRACTIONS = ("auto", "answer_tags", "last_line", "boxed", "none")
+EXTRACTIONS = ("auto", "answer_tags", "last_line", "boxed", "last_number", "none")
+# a number as written in prose: optional sign, digits with optional thousands commas, optional decimals
+_NUMBER = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,]*\d)|(?<![\w.])-?\d+(?:\.\d+)?")
 _ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BOXED = re.compile(r"\\boxed\s*\{")
 _lock = threading.Lock()
@@ -130,6 +135,9 @@ def extract_answer(text: str, extract: str) -> str | None:
     tagged = _ANSWER_TAGS.findall(text)
     if tagged:
         return tagged[-1].strip()
+    if extract == "last_number":
+        numbers = _NUMBER.findall(text)
+        return numbers[-1].replace(",", "") if numbers else None
     return _last_line(text) if extract == "auto" else None
 
 

@@ -152,7 +152,7 @@ def test_the_reward_needs_reasoning_gym_data_and_checks_its_extraction():
     with pytest.raises(ConfigError) as info:
         parse_config(bad)
     assert info.value.errors == [
-        ("reward.kwargs", "extract must be one of auto, answer_tags, last_line, boxed, none")
+        ("reward.kwargs", "extract must be one of auto, answer_tags, last_line, boxed, last_number, none")
     ]
 
 
@@ -311,6 +311,32 @@ def test_extraction_modes():
     assert extract_answer(untagged, "answer_tags") is None
     assert extract_answer(untagged, "boxed") is None
     assert extract_answer("", "auto") is None
+
+
+@pytest.mark.parametrize(
+    "text, number",
+    [
+        ("So, 45 + 46 equals 91.", "91"),
+        ("13 - 18 = -5", "-5"),
+        ("10-5 is what is left", "5"),  # a minus between numbers is an operator
+        ("about 1,000 legs, or 2,500.5", "2500.5"),
+        ("x2 is 3.5.", "3.5"),
+        ("<answer>8</answer> then 9", "8"),  # tags win, as in auto
+        ("no number here", None),
+    ],
+)
+def test_last_number_takes_the_responses_final_number(text, number):
+    assert extract_answer(text, "last_number") == number
+
+
+def test_last_number_scores_a_sentence_answer_with_the_tasks_own_scorer():
+    import reasoning_gym
+
+    data = reasoning_gym.create_dataset("chain_sum", size=4, seed=1, min_terms=2, max_terms=2)
+    entry = data[0]
+    sentence = f"Adding them up, the result is {entry['answer']}."
+    assert data.score_answer(extract_answer(sentence, "last_number"), entry) == 1.0
+    assert data.score_answer(extract_answer(sentence, "auto"), entry) < 1.0  # the whole line is no number
 
 
 def test_the_reward_scores_what_each_extraction_takes():
