@@ -199,8 +199,9 @@ def safetensors_parameters(path: Path, root: str | Path | None = None) -> int | 
         return None
 
 
-def _safetensors_parameters(path: Path, roots: list[str | Path] | None) -> int | None:
-    """As :func:`safetensors_parameters`; a file refused raises (OSError, UnsafeFile)."""
+def _safetensors_header(path: Path, roots: list[str | Path] | None) -> dict[str, Any] | None:
+    """A safetensors file's header (``name -> {dtype, shape, data_offsets}``, and ``__metadata__``);
+    None when the file is not one. A file refused raises (OSError, UnsafeFile)."""
     with safe_files.open_regular(path, roots) as fh:
         head = fh.read(8)
         if len(head) != 8:
@@ -212,7 +213,35 @@ def _safetensors_parameters(path: Path, roots: list[str | Path] | None) -> int |
     if len(raw) != length:
         return None
     header = safe_files.load_json(raw)
-    if not isinstance(header, dict):
+    return header if isinstance(header, dict) else None
+
+
+def module_names(folder: str | Path, root: str | Path | None = None) -> set[str] | None:
+    """The dotted paths of the modules that hold the model folder's weights, from its safetensors
+    headers alone (``model.layers.0.self_attn.q_proj.weight`` -> ``model.layers.0.self_attn.q_proj``):
+    what ``rl_engine.config.lora.unknown_targets`` checks ``model.lora.target_modules`` against without
+    torch. None when the folder holds no safetensors file or one cannot be read (or lies outside
+    ``root``, where one is given)."""
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    names: set[str] = set()
+    for f in files:
+        try:
+            header = _safetensors_header(f, [root if root is not None else folder])
+        except (OSError, safe_files.UnsafeFile):
+            return None
+        if header is None:
+            return None
+        names.update(n.rsplit(".", 1)[0] for n in header if n != "__metadata__" and "." in n)
+    return names
+
+
+def _safetensors_parameters(path: Path, roots: list[str | Path] | None) -> int | None:
+    """As :func:`safetensors_parameters`; a file refused raises (OSError, UnsafeFile)."""
+    header = _safetensors_header(path, roots)
+    if header is None:
         return None
     total = 0
     for name, spec in header.items():

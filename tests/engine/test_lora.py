@@ -64,6 +64,17 @@ def test_the_configs_lora_backends_are_the_registrys():
     assert set(LORA_BACKENDS) == {name for name, b in BACKENDS.items() if b.adapters}
 
 
+def test_a_model_folders_module_names_come_from_its_safetensors_headers_without_torch(tiny_model_dir):
+    from rl_engine.catalogue import module_names
+
+    names = module_names(tiny_model_dir)
+    assert "model.layers.1.mlp.down_proj" in names and "model.embed_tokens" in names
+    assert unknown_targets(LoraConfig(target_modules=["q_proj", "mlp.up_proj", "w_pack"]), names) == [
+        "w_pack"
+    ]
+    assert module_names(tiny_model_dir.parent) is None  # no safetensors file there
+
+
 def test_target_modules_the_model_does_not_have_are_a_field_error(make_cfg):
     assert unknown_targets(LoraConfig(target_modules=["q_proj", "nope"]), ["a.q_proj", "b.k_proj"]) == [
         "nope"
