@@ -151,9 +151,14 @@ def vllm_missing() -> str | None:
 
 
 def run_overrides(args: argparse.Namespace, spec: RunSpec, data_dir: Path) -> list[str]:
+    from rl_engine.presets import get_preset
+
+    # a preset that reads a dataset folder gets the one generated for the invocation (reasoning-gym
+    # presets generate their prompts from the config alone)
+    data_path = [f"data.path={data_dir}"] if "path" in get_preset(args.preset).get("data", {}) else []
     sets = [
         f"model.path={args.model}",
-        f"data.path={data_dir}",
+        *data_path,
         f"pipeline.mode={spec.mode}",
         f"seed={spec.seed}",
         f"trainer.total_steps={args.steps}",

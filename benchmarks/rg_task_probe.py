@@ -1,5 +1,5 @@
 """Which reasoning-gym task should a 135M model learn on 2 cores? The base model's greedy held-out score on
-a few candidate tasks, through the engine's own pieces (the ``rg-chain-sum-smollm2-cpu`` preset with the
+a few candidate tasks, through the engine's own pieces (the ``rg-sums-smollm2-cpu`` preset with the
 task swapped in: its prompt, chat template, reward and evaluator), so the figure is the one a run's
 ``val/pass@1`` before training would show. A good task starts well below its ceiling but not at zero
 (GRPO learns nothing from a group whose samples all score the same).
@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PRESET = "rg-chain-sum-smollm2-cpu"
+PRESET = "rg-sums-smollm2-cpu"
 # label -> (reasoning-gym dataset, its config): small instances, answers a few tokens long
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "chain_sum": ("chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
