@@ -93,8 +93,9 @@ def _lora_model(ckpt: Path, trust_remote_code: bool, tmp: Path):  # -> transform
     if (ckpt / SHARDED_DIR).is_dir():
         from rl_engine.trainer.checkpoint import load_sharded
 
+        peft_cfg.inference_mode = False  # trainable adapters: the shards hold the trainable parameters
         model = get_peft_model(base, peft_cfg)
-        load_sharded(ckpt / SHARDED_DIR, model, None)
+        load_sharded(ckpt / SHARDED_DIR, model, None, trainable_only=True)
     else:
         model = PeftModel.from_pretrained(base, str(adapter))
     model.save_pretrained(str(tmp / ADAPTER_DIR), safe_serialization=True, save_embedding_layers=False)

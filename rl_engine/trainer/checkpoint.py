@@ -138,27 +138,62 @@ def write_atomically_group(path: Path, write: Callable[[Path], None], rank: int,
     dist.barrier()  # no rank returns before the checkpoint is in place
 
 
-def save_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Every rank writes its shards of the model and AdamW state (by parameter name) to ``directory``."""
+def _options(trainable_only: bool):  # -> StateDictOptions
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # trainable_only (LoRA): the frozen weights are the model's files, not the checkpoint's
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _model_entries(state: dict[str, Any], model: torch.nn.Module, trainable_only: bool) -> dict[str, Any]:
+    """``state`` (a model state dict by parameter name), with ``trainable_only`` the trainable
+    parameters' entries alone: ``ignore_frozen_params`` still keeps a frozen weight tied to another
+    under its second name (a tied output layer: the whole embedding)."""
+    if not trainable_only:
+        return state
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in trainable}
+
+
+def save_sharded(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, trainable_only: bool = False
+) -> None:
+    """Every rank writes its shards of the model and AdamW state (by parameter name) to ``directory``;
+    ``trainable_only``: the parameters that train (LoRA adapters), not the frozen ones."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    model_sd = _model_entries(model_sd, model, trainable_only)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
 
 
-def load_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+def load_sharded(
+    directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    trainable_only: bool = False,
+) -> None:
     """Read a sharded checkpoint into ``model`` (and ``optimizer``), resharded to this process group (or
-    whole, with no process group)."""
+    whole, with no process group); ``trainable_only``: one written so (the frozen weights stay as loaded)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
+    options = _options(trainable_only)
     if optimizer is None:
-        state = {"model": model.state_dict()}
+        state = {"model": _model_entries(get_model_state_dict(model, options=options), model, trainable_only)}
         dcp.load(state, checkpoint_id=str(directory))
-        model.load_state_dict(state["model"])
+        set_model_state_dict(model, state["model"], options=options)
         return
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    state = {"model": _model_entries(model_sd, model, trainable_only), "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(directory))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
+    )

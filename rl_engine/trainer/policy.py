@@ -506,11 +506,13 @@ class PolicyTrainer:
         def write(tmp: Path) -> None:
             if self.ranks.sharded:
                 with self.ranks.op("checkpoint save"):
-                    ckpt.save_sharded(tmp / ckpt.SHARDED_DIR, self.model, self.optimizer)
+                    ckpt.save_sharded(
+                        tmp / ckpt.SHARDED_DIR, self.model, self.optimizer, trainable_only=self.lora
+                    )
                 if rank:
                     return
                 self._save_model_config(tmp / "model")
-                if self.lora:  # the adapters' config, for the export (their weights are in the shards)
+                if self.lora:  # the adapters' config, for the export (their weights are the shards)
                     self.model.peft_config["default"].save_pretrained(str(tmp / ADAPTER_DIR))
             elif self.lora:  # the adapters and their AdamW state; the base weights are model.path's
                 self._save_model_config(tmp / "model")
@@ -582,7 +584,9 @@ class PolicyTrainer:
             )
         if ckpt.is_sharded(path):
             with self.ranks.op("checkpoint load"):
-                ckpt.load_sharded(path / ckpt.SHARDED_DIR, self.model, self.optimizer)
+                ckpt.load_sharded(
+                    path / ckpt.SHARDED_DIR, self.model, self.optimizer, trainable_only=self.lora
+                )
         elif self.ranks.sharded:
             raise ValueError(
                 f"{path} was written by one trainer rank: resume it with trainer.world_size 1 "

@@ -230,11 +230,12 @@ def test_the_export_loads_in_peft_and_transformers_with_the_trainers_greedy_answ
 # --- the trainer group ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 2 rank processes and a resume: 5-30 s on 2 cores, by load
 def test_a_two_rank_group_with_lora_reaches_the_one_rank_adapters(make_cfg, tmp_path):
     """FSDP2 shards the adapters with their decoder layer (dim 0, as every parameter); 2 gloo ranks end
     3 steps (6 AdamW steps, clipping active, several micro-batches per rank, a KL reference with the
     adapters disabled, tis) within 1% of a learning-rate step of one rank; the frozen weights untouched;
-    the group's sharded checkpoint exports with its adapters."""
+    the group's sharded checkpoint holds the adapters only, resumes on one rank and exports merged."""
     import numpy as np
 
     from harness.trainer_group import TrainJob, spawn_group
@@ -267,6 +268,15 @@ def test_a_two_rank_group_with_lora_reaches_the_one_rank_adapters(make_cfg, tmp_
     diff = max(float(np.abs(ref[k] - got[k]).max()) for k in ref)
     assert diff <= 1e-2 * lr, diff / lr
     assert metrics[-1]["actor/kl_ref"] > 0
+    from torch.distributed.checkpoint import FileSystemReader
+
+    held = FileSystemReader(str(tmp_path / "step_00000002" / "dcp")).read_metadata().state_dict_metadata
+    assert {k for k in held if k.startswith("model.")} == {f"model.{k}" for k in ref if "lora_" in k}
+    resumed = PolicyTrainer(cfg)  # the group's checkpoint on one rank
+    resumed.load_checkpoint(path)
+    resumed.train_step(steps[2])
+    again = resumed.weights_numpy()
+    assert max(float(np.abs(ref[k] - again[k]).max()) for k in ref) <= 1e-2 * lr
     out = export_checkpoint(path, tmp_path / "hf")
     from transformers import AutoModelForCausalLM
 
