@@ -15,7 +15,8 @@ response) with a Hugging Face ``AutoModelForSequenceClassification`` (docs/engin
   reward models have); with ``probability`` the softmax probability of that label (a classifier's
   "good" class) instead.
 - **Failures** follow the batch contract (``rl_engine.rewards.base.BatchRewardFn``): a batch the actor
-  cannot score (it died, the folder does not load) is unscored, counted and left out of the update.
+  cannot score within ``timeout_s`` (it died, the folder does not load, the cluster lacks the GPU it
+  asks for) is unscored, counted and left out of the update; the next batch asks for the actor again.
 """
 
 from __future__ import annotations
@@ -90,8 +91,11 @@ class RewardModelActor:
 class ModelReward:
     """The ``model`` reward: a batch reward over a sequence-classification model (module docstring)."""
 
-    def __init__(self, path: str, settings: dict[str, Any], num_cpus: float, num_gpus: float):
+    def __init__(
+        self, path: str, settings: dict[str, Any], num_cpus: float, num_gpus: float, timeout_s: float
+    ):
         self.path, self.settings, self.num_cpus, self.num_gpus = path, settings, num_cpus, num_gpus
+        self.timeout_s = timeout_s
         self._host: Any = None  # the actor handle (in a run) or the in-process scorer
 
     def __call__(self, sample: Sample) -> float:
@@ -107,9 +111,11 @@ class ModelReward:
         import ray
 
         try:
-            return ray.get(host.score_texts.remote(texts))
-        except ray.exceptions.RayActorError:
-            self._host = None  # it died: the next batch asks for it again (this one is unscored)
+            return ray.get(host.score_texts.remote(texts), timeout=self.timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            # it died, or never started (resources the cluster lacks), or hangs: this batch is unscored,
+            # the next one asks for the actor again
+            self._host = None
             raise
 
     @property
@@ -147,13 +153,15 @@ def model_reward(
     probability: bool = False,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    timeout_s: float = 600.0,
 ) -> ModelReward:
     """A reward model: an AutoModelForSequenceClassification folder scores prompt + response.
 
     Run on its own Ray actor (``num_cpus``, ``num_gpus``: 1 puts it on a GPU), shared by the run's
     rollouters; ``batch_size`` texts per forward, cut from the left to ``max_length`` tokens; the score is
-    the logit of ``label`` (with ``probability``: its softmax probability). A batch it cannot score is
-    unscored (counted, left out of the update)."""
+    the logit of ``label`` (with ``probability``: its softmax probability). A batch it cannot score within
+    ``timeout_s`` (the first one includes loading the model) is unscored (counted, left out of the
+    update)."""
     if not isinstance(path, str) or not path:
         raise ValueError("path must name a model folder (a sequence-classification model)")
     for name, value, lo, hi in (("batch_size", batch_size, 1, 4096), ("max_length", max_length, 8, 131072),
@@ -163,6 +171,8 @@ def model_reward(
     for name, number in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number <= 64:
             raise ValueError(f"{name} must be a number in 0..64, got {number!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 3600:
+        raise ValueError(f"timeout_s must be a number in (0, 3600], got {timeout_s!r}")
     if not isinstance(probability, bool):
         raise ValueError(f"probability must be true or false, got {probability!r}")
     device = "cuda" if num_gpus >= 1 else "cpu"
@@ -173,4 +183,4 @@ def model_reward(
         "probability": probability,
         "device": device,
     }
-    return ModelReward(str(Path(path)), settings, float(num_cpus), float(num_gpus))
+    return ModelReward(str(Path(path)), settings, float(num_cpus), float(num_gpus), float(timeout_s))

@@ -114,3 +114,12 @@ def test_bad_reward_model_settings_are_config_errors_naming_the_field(kwargs, me
     with pytest.raises(ConfigError) as err:
         parse_config({"model": {"path": "m"}, "reward": {"name": "model", "kwargs": kwargs}})
     assert "reward.kwargs" in str(err.value) and message in str(err.value)
+
+
+def test_an_actor_the_cluster_cannot_place_leaves_the_batch_unscored_after_timeout_s(ray_session, classifier):
+    """num_gpus 1 on a cluster without GPUs: the actor never starts; the batch waits timeout_s, not forever."""
+    fn = reward(classifier, num_gpus=1, timeout_s=2)
+    batch = samples()
+    score_samples(fn, batch)
+    assert all(s.extra.get(UNSCORED) for s in batch)
+    ray.kill(ray.get_actor(fn.fn.actor_name))
