@@ -88,9 +88,11 @@ class MlflowSink(MetricsSink):
             self.client.set_tag(self.run_id, "rl_engine.last_checkpoint", str(data["path"]))
             model_dir = Path(str(data["path"])) / "model"
             if self.cfg.log_checkpoints and model_dir.is_dir():
-                self.client.log_artifacts(
-                    self.run_id, str(model_dir), f"checkpoints/step_{int(data.get('step', 0)):08d}"
-                )
+                where = f"checkpoints/step_{int(data.get('step', 0)):08d}"
+                self.client.log_artifacts(self.run_id, str(model_dir), where)
+                adapter = model_dir.parent / "adapter"  # model.lora: the weights that trained
+                if adapter.is_dir():
+                    self.client.log_artifacts(self.run_id, str(adapter), f"{where}/adapter")
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, status=self._end_state)

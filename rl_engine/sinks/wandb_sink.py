@@ -77,6 +77,9 @@ class WandbSink(MetricsSink):
 
         artifact = wandb.Artifact(f"{self.run.id}-model", type="model", metadata={"step": step})
         artifact.add_dir(str(model_dir))
+        adapter = model_dir.parent / "adapter"  # model.lora: the weights that trained
+        if adapter.is_dir():
+            artifact.add_dir(str(adapter), name="adapter")
         self.run.log_artifact(artifact, aliases=[f"step_{step}", "latest"])
 
     def close(self) -> None:

@@ -87,6 +87,28 @@ def test_mlflow_mirror_writes_a_run_that_mlflow_reads_back(tmp_path, make_cfg, c
     assert _jsonl_events(tmp_path / "metrics.jsonl", "alert") == []
 
 
+def test_mlflow_mirror_logs_a_lora_checkpoints_adapters_beside_its_model_folder(
+    tmp_path, make_cfg, checkpoint
+):
+    from mlflow.tracking import MlflowClient
+
+    adapter = checkpoint / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    logging_cfg = LoggingConfig(
+        sinks=["mlflow"],
+        mlflow=MlflowConfig(tracking_uri="sqlite:///store.db", experiment="e", log_checkpoints=True),
+    )
+    _drive(
+        build_sinks(logging_cfg, placement=Placement(run_dir=str(tmp_path)), experiment=make_cfg()),
+        checkpoint,
+    )
+    client = MlflowClient(f"sqlite:///{tmp_path / 'store.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/step_00000003/adapter")] == [
+        "checkpoints/step_00000003/adapter/adapter_config.json"]  # fmt: skip
+
+
 def _wandb_records(run_file: Path) -> list:
     """Records of a W&B transaction log (``run-*.wandb``): LevelDB's log format (32 KiB blocks of
     [crc32 u32][length u16][type u8] chunks, FULL=1 FIRST=2 MIDDLE=3 LAST=4) after a 7-byte header
