@@ -291,3 +291,23 @@ def test_a_two_rank_group_with_lora_reaches_the_one_rank_adapters(make_cfg, tmp_
     np.testing.assert_allclose(
         merged["model.layers.0.self_attn.q_proj.weight"].detach().numpy(), want, atol=1e-6
     )
+
+
+@pytest.mark.slow
+def test_a_two_rank_groups_adapter_sync_is_the_one_rank_sync_byte_for_byte(make_cfg):
+    """The sync from FSDP2 shards (2 ranks, one step, buckets of 1 KiB) carries the adapters alone, byte for
+    byte what the same adapters held whole stream."""
+    import numpy as np
+
+    from harness.trainer_group import TrainJob, spawn_group
+    from rl_engine.weights.buckets import LocalWeightStream
+
+    cfg = make_cfg(LORA, "trainer.batch_size=12", "trainer.mini_batch_size=6", "rollout.n=3")
+    vocab = PolicyTrainer(cfg).model.get_output_embeddings().weight.shape[0]
+    job = TrainJob(cfg, [synthetic_samples(12, 3, vocab, seed=0, prompt_len=(2, 10), response_len=(1, 16))])
+    got = spawn_group(2, "tests.engine.group_jobs:stream_weights", (job, 1024), timeout_s=900)[0]
+    adapters = {k: torch.from_numpy(v) for k, v in got["weights"].items() if "lora_" in k}
+    want = LocalWeightStream.of(adapters.items(), got["manifest"].torch_dtype, 1024)
+    assert got["manifest"] == want.manifest and set(want.manifest.shapes()) == set(adapters)
+    for a, b in zip(got["buckets"], [b.to_bytes().copy() for b in want], strict=True):
+        np.testing.assert_array_equal(a, b)
