@@ -48,7 +48,7 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
     from rl_engine.data import DataError, make_task, train_rows, validation_rows
     from rl_engine.rewards import build_reward
 
-    problems: list[tuple[str, str]] = []
+    problems: list[tuple[str, str]] = list(lora_problems(cfg))
     try:
         build_reward(cfg.reward)
     except ValueError as exc:
@@ -73,6 +73,20 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
             except DataError as exc:
                 problems.append((where, str(exc)))
     return problems
+
+
+def lora_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """``model.lora.target_modules`` against the module names of the model folder, when it holds one
+    (read from its safetensors headers, no torch; the trainer checks the loaded model again)."""
+    from rl_engine.catalogue import module_names
+    from rl_engine.config.lora import TARGETS_FIELD, unknown_targets
+
+    names = module_names(cfg.model.path) if cfg.model.lora is not None else None
+    unknown = unknown_targets(cfg.model.lora, names) if names is not None else []
+    if not unknown:
+        return []
+    leaves = ", ".join(sorted({n.rsplit(".", 1)[-1] for n in names}))
+    return [(TARGETS_FIELD, f"the model has no module {unknown[0]!r}; its modules: {leaves}")]
 
 
 def load_job(source: str, overrides: list[str], flags: dict[str, Any]) -> JobSpec:

@@ -75,6 +75,17 @@ def test_a_model_folders_module_names_come_from_its_safetensors_headers_without_
     assert module_names(tiny_model_dir.parent) is None  # no safetensors file there
 
 
+def test_validate_checks_the_target_modules_against_the_model_folder(tiny_model_dir, capsys):
+    from rl_engine.cli import main
+
+    args = ["validate", "--config", "preset:demo-cpu", "--set", f"model.path={tiny_model_dir}", "--set"]
+    assert main([*args, "model.lora={target_modules: [q_proj, wq]}"]) == 1
+    assert capsys.readouterr().out.startswith(
+        "model.lora.target_modules: the model has no module 'wq'; its modules:"
+    )
+    assert main([*args, "model.lora={target_modules: [q_proj, v_proj]}"]) == 0
+
+
 def test_target_modules_the_model_does_not_have_are_a_field_error(make_cfg):
     assert unknown_targets(LoraConfig(target_modules=["q_proj", "nope"]), ["a.q_proj", "b.k_proj"]) == [
         "nope"
