@@ -25,6 +25,8 @@ EXTENDED = {
     "live_latency.py",
 }  # fmt: skip
 SCRIPTS = run_all.benchmark_scripts()
+# Scripts whose smoke a test of their own below runs (and checks the report of): not run twice.
+OWN_TEST = {"peer_trl.py"}
 
 
 def test_every_benchmark_has_a_smoke_mode_that_run_all_runs():
@@ -54,7 +56,7 @@ def _drop(url: str) -> None:
 
 @pytest.mark.parametrize(
     "script",
-    [pytest.param(p, id=p.stem, marks=_marks(p.name)) for p in SCRIPTS],
+    [pytest.param(p, id=p.stem, marks=_marks(p.name)) for p in SCRIPTS if p.name not in OWN_TEST],
 )
 def test_the_benchmark_runs_in_its_smoke_mode(script):
     reason = run_all.missing_server(script)
@@ -76,3 +78,31 @@ def test_the_benchmark_runs_in_its_smoke_mode(script):
         f"{script.name} --smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     )
     assert f"{script.name}" in proc.stdout and "  ok" in proc.stdout.splitlines()[-2], proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_peer_trl_smoke_runs_both_trainers_on_the_same_held_out_prompts(tmp_path):
+    """TRL's GRPOTrainer and one engine run, 2 steps each on the tiny model: both evaluated before
+    training and after each step by the same evaluator on the same prompts, in one JSON and one PNG."""
+    import json
+
+    proc = subprocess.run([sys.executable, "benchmarks/peer_trl.py", "--smoke", "--out", str(tmp_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=run_all.TIMEOUT_S)  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [c["label"] for c in report["curves"]] == ["trl-grpo-s0", "hf-fully_async-s0"]
+    for curve in report["curves"]:
+        assert curve["error"] is None
+        assert [e["step"] for e in curve["evals"]] == [0, 1, 2], curve["label"]
+        assert [s["step"] for s in curve["steps"]] == [1, 2], curve["label"]
+        assert all(s["step_s"] > 0 and s["wall_s"] > 0 for s in curve["steps"]), curve["label"]
+    trl, engine = report["runs"]
+    assert report["same_eval_prompts"] is True
+    assert trl["eval_prompts"]["fingerprint"] == engine["eval_prompts"]["fingerprint"]
+    assert engine["eval_prompts"]["reported"] == [engine["eval_prompts"]["count"]] * 3
+    assert trl["prompt_tokens_equal"] is True and trl["train_prompts"] == 4
+    assert trl["versions"]["trl"] == "1.16.0"
+    settings = {k: v["value"] for k, v in trl["settings"].items()}
+    assert settings["loss_type"] == "dapo" and settings["beta"] == 0.0 and settings["num_iterations"] == 1
+    assert settings["per_device_train_batch_size"] == 16 and settings["num_generations"] == 8
+    assert report["png"] and (tmp_path / "curves.png").stat().st_size > 0
