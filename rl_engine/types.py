@@ -48,6 +48,11 @@ class Sample:
     num_interruptions: int = 0
     extra: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)  # the prompt's metadata (rewards may read it)
+    # [len(response_ids)] of a multi-turn episode (``rl_engine.envs``): 1 for a token the policy sampled
+    # (trained on), 0 for a token the environment wrote between turns (its behaviour log-prob is a 0.0
+    # placeholder); None: every token was sampled
+    loss_mask: list[int] | None = None
+    turn_start: int = 0  # where its current turn began in ``response_ids`` (a multi-turn episode's)
 
     @property
     def response_length(self) -> int:

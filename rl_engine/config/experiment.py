@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from rl_engine.config.env import EnvConfig
 from rl_engine.config.errors import FieldError
 from rl_engine.config.lora import LORA_BACKENDS
 from rl_engine.config.moved import split_moved
@@ -51,6 +52,7 @@ class ExperimentConfig(StrictModel):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
 
     @model_validator(mode="before")
     @classmethod

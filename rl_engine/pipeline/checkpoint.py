@@ -61,8 +61,17 @@ def dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+# Sample fields of multi-turn episodes (rl_engine.envs), written only when set: a single-turn run's
+# checkpoint keeps the format it had before they existed.
+_EPISODE_FIELDS = {"loss_mask": None, "turn_start": 0}
+
+
 def sample_to_dict(s: Sample) -> dict[str, Any]:
-    return asdict(s)
+    d = asdict(s)
+    for key, unset in _EPISODE_FIELDS.items():
+        if d[key] == unset:
+            del d[key]
+    return d
 
 
 def sample_from_dict(d: dict[str, Any]) -> Sample:

@@ -49,7 +49,14 @@ def real_prepare(cfg: ExperimentConfig) -> None:
 def real_worker(cfg: ExperimentConfig, index: int = 0) -> Any:
     from rl_engine.backends import build_rollout_worker
 
-    return build_rollout_worker(cfg, index=index)  # each rollouter samples with its own seed
+    worker = build_rollout_worker(cfg, index=index)  # each rollouter samples with its own seed
+    if cfg.env.name is None:
+        return worker
+    from rl_engine.envs.registry import build_episode_worker
+    from rl_engine.rewards import build_reward
+
+    # multi-turn: each sample an episode with the environment, which judges turns with the run's reward
+    return build_episode_worker(worker, cfg, build_reward(cfg.reward))
 
 
 def real_prompts(cfg: ExperimentConfig, index: int = 0) -> Any:
@@ -62,7 +69,13 @@ def real_prompts(cfg: ExperimentConfig, index: int = 0) -> Any:
 def real_reward(cfg: ExperimentConfig, index: int = 0) -> Any:
     from rl_engine.rewards import build_reward
 
-    return build_reward(cfg.reward)
+    if cfg.env.name is None:
+        return build_reward(cfg.reward)
+    from rl_engine.envs.registry import EpisodeReward
+
+    return EpisodeReward(
+        build_reward(cfg.reward)
+    )  # the environment's reward of an episode, where it gives one
 
 
 def real_trainer(cfg: ExperimentConfig, ranks: Any = None) -> Any:

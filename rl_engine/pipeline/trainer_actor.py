@@ -199,7 +199,8 @@ class TrainerActor:
             examples=self._examples(batch, num_examples),
             weights_box=box,
             publish_s=publish_s,
-            reward_parts=component_means([s.extra for s in batch]),
+            # each reward component's mean, and an episode's figures (env/turns, env/truncated, ...)
+            reward_parts={**component_means([s.extra for s in batch]), **episode_means(batch)},
             unscored=[s.unscored for s in batch],
         )
 
@@ -317,3 +318,12 @@ class TrainerActor:
                     "load_checkpoint", (path,), lambda: self.trainer.load_checkpoint(Path(path))
                 )
             )
+
+
+def episode_means(batch: list[Sample]) -> dict[str, float]:
+    """``env/<figure>/mean`` of the batch's episodes (``rl_engine.envs``; none for single-turn samples)."""
+    return {
+        k: v
+        for k, v in component_means([s.extra for s in batch], prefix="env/").items()
+        if k != "env/done/mean"
+    }

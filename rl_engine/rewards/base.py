@@ -306,13 +306,14 @@ class WeightedSum:
         return out
 
 
-def component_means(extras: list[dict[str, float]]) -> dict[str, float]:
+def component_means(extras: list[dict[str, float]], prefix: str = COMPONENT_PREFIX) -> dict[str, float]:
     """``{"reward/<key>/mean": mean}`` over the samples' component scores (``WeightedSum``); a sample
-    without a key (none, unless the batch mixes rewards) is left out of that key's mean."""
+    without a key (none, unless the batch mixes rewards) is left out of that key's mean. Another
+    ``prefix`` averages other per-sample figures the same way (an episode's ``env/<figure>``)."""
     sums: dict[str, list[float]] = {}
     for extra in extras:
         for key, value in extra.items():
-            if key.startswith(COMPONENT_PREFIX):
+            if key.startswith(prefix):
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += float(value)
                 acc[1] += 1.0

@@ -20,7 +20,13 @@ from typing import Any, ClassVar, TypeVar
 
 from rl_engine.config import EngineRolloutConfig, ModelConfig
 from rl_engine.rollout.base import RolloutWorker
-from rl_engine.rollout.common import eos_floor, extend_sample, needs_continuation, sample_template
+from rl_engine.rollout.common import (
+    call_budget,
+    eos_floor,
+    extend_sample,
+    needs_continuation,
+    sample_template,
+)
 from rl_engine.rollout.engine_loop import EngineLoop, InterruptGate
 from rl_engine.types import FinishReason, Prompt, Sample
 
@@ -99,7 +105,7 @@ class AsyncEngineWorker(RolloutWorker):
 
     def _request(self, sample: Sample) -> EngineRequest:
         done = len(sample.response_ids)
-        budget = self.cfg.max_new_tokens - done
+        budget = call_budget(sample, self.cfg.max_new_tokens, self.max_turn_tokens)
         return EngineRequest(
             sample.prompt_ids + sample.response_ids, budget, eos_floor(self.min_new_tokens, done, budget)
         )
@@ -120,7 +126,11 @@ class AsyncEngineWorker(RolloutWorker):
         return self._run([sample_template(p, self.version) for p in prompts for _ in range(n)])
 
     def resume(self, samples: list[Sample]) -> list[Sample]:
-        todo = [i for i, s in enumerate(samples) if needs_continuation(s, self.cfg.max_new_tokens)]
+        todo = [
+            i
+            for i, s in enumerate(samples)
+            if needs_continuation(s, self.cfg.max_new_tokens, self.max_turn_tokens)
+        ]
         out = list(samples)
         for i, s in zip(todo, self._run([samples[i] for i in todo]), strict=True):
             out[i] = s

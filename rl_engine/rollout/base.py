@@ -32,6 +32,9 @@ class RolloutWorker(ABC):
     # SGLang's ``min_new_tokens`` do; counted over the whole response, across interrupts. 0: off. A
     # worker knob, not a config field: benchmarks set it to decode exactly ``max_new_tokens`` tokens.
     min_new_tokens: int = 0
+    # Worker knob, set by a multi-turn episode's wrapper (rl_engine.envs): new tokens per turn of an
+    # episode at most (a turn begins at ``Sample.turn_start``). None: only ``max_new_tokens`` bounds.
+    max_turn_tokens: int | None = None
 
     def __init__(self) -> None:
         self._version = 0

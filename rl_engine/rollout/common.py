@@ -25,8 +25,19 @@ def sample_template(prompt: Prompt, version: int) -> Sample:
     )
 
 
-def needs_continuation(sample: Sample, max_new_tokens: int) -> bool:
-    return sample.finish_reason == "abort" and len(sample.response_ids) < max_new_tokens
+def needs_continuation(sample: Sample, max_new_tokens: int, max_turn_tokens: int | None = None) -> bool:
+    return sample.finish_reason == "abort" and call_budget(sample, max_new_tokens, max_turn_tokens) > 0
+
+
+def call_budget(sample: Sample, max_new_tokens: int, max_turn_tokens: int | None = None) -> int:
+    """New tokens ``sample`` may still get: what is left of ``max_new_tokens`` for the whole response
+    and, in a multi-turn episode (``max_turn_tokens``, a worker knob ``rl_engine.envs`` sets), of its
+    current turn, which began at ``sample.turn_start``."""
+    done = len(sample.response_ids)
+    budget = max_new_tokens - done
+    if max_turn_tokens is not None:
+        budget = min(budget, max_turn_tokens - (done - sample.turn_start))
+    return budget
 
 
 def eos_floor(min_new_tokens: int, done: int, budget: int) -> int:

@@ -290,6 +290,9 @@ class PolicyTrainer:
         adv = scored_advantages(self._advantage_fn, samples, norm_by_std=ac.norm_adv_by_std)
         scored = torch.tensor([not s.unscored for s in samples], dtype=torch.float32)
         mask = batch.response_mask.float() * scored[:, None]  # an unscored sample has no loss
+        if any(s.loss_mask is not None for s in samples):  # an environment's tokens are not trained on
+            sampled = [s.loss_mask if s.loss_mask is not None else [1] * len(s.response_ids) for s in samples]
+            mask = mask * right_pad(sampled, 0, torch.float32, width).to(dev)
         behaviour = right_pad([s.logprobs for s in samples], 0.0, torch.float32, width).to(dev)
         finite = torch.isfinite(behaviour)
         rejected = ((~finite) & (mask > 0)).any(1)

@@ -23,7 +23,13 @@ from rl_engine.models import load_model, load_tokenizer, resolve_device, special
 from rl_engine.models.batching import left_pad, position_ids_from_mask
 from rl_engine.models.logprobs import linear_head_of
 from rl_engine.models.lora import adapter_parameters, add_adapters
-from rl_engine.rollout.common import eos_floor, extend_sample, needs_continuation, sample_template
+from rl_engine.rollout.common import (
+    call_budget,
+    eos_floor,
+    extend_sample,
+    needs_continuation,
+    sample_template,
+)
 from rl_engine.rollout.sampling import DecodeSampler
 from rl_engine.types import FinishReason, Prompt, Sample
 from rl_engine.weights.buckets import FlatParams
@@ -115,7 +121,7 @@ class HFRolloutWorker(HFWeights):
 
     # --- public API -------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
-        budget = self.cfg.max_new_tokens
+        budget = min(self.cfg.max_new_tokens, self.max_turn_tokens or self.cfg.max_new_tokens)
         floor = eos_floor(self.min_new_tokens, 0, budget)
         reqs = [
             _Request(list(p.token_ids), [], budget, sample_template(p, self.version), floor)
@@ -127,10 +133,10 @@ class HFRolloutWorker(HFWeights):
     def resume(self, samples: list[Sample]) -> list[Sample]:
         reqs: list[_Request | None] = []
         for s in samples:
-            if not needs_continuation(s, self.cfg.max_new_tokens):
+            if not needs_continuation(s, self.cfg.max_new_tokens, self.max_turn_tokens):
                 reqs.append(None)  # finished (or out of budget): passes through unchanged
                 continue
-            budget = self.cfg.max_new_tokens - len(s.response_ids)
+            budget = call_budget(s, self.cfg.max_new_tokens, self.max_turn_tokens)
             floor = eos_floor(self.min_new_tokens, len(s.response_ids), budget)
             reqs.append(_Request(list(s.prompt_ids), list(s.response_ids), budget, s, floor))
         todo = [r for r in reqs if r is not None]

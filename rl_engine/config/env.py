@@ -1,0 +1,57 @@
+"""``env``: multi-turn episodes with an environment (docs/engine.md, "Environments"; pydantic, no torch).
+
+Unset (``name: null``, the default) a rollout is one prompt and one response. With a name, each sample
+is an episode: the policy answers, the environment replies, up to ``max_turns`` policy turns, the whole
+episode (the environment's tokens included) within ``rollout.max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from rl_engine.config.errors import FieldError
+from rl_engine.config.strict import StrictModel
+
+ENV_NAMES = ("answer_feedback",)  # rl_engine.envs.registry.ENVIRONMENTS (a test keeps them equal)
+
+
+class EnvConfig(StrictModel):
+    """An environment the policy talks with, turn by turn; none: single-turn rollouts."""
+
+    name: str | None = Field(
+        None,
+        description="An environment (answer_feedback); empty: one prompt, one response.",
+        json_schema_extra={"enum": [None, *ENV_NAMES]},
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="The environment's arguments.")
+    max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode at most.")
+    max_turn_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=131072,
+        description="New tokens per policy turn at most; empty: rollout.max_new_tokens.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value is not None and value not in ENV_NAMES:
+            shown = value if len(value) <= 80 else f"{value[:80]}..."
+            raise ValueError(f"unknown environment {shown!r}; choose one of {', '.join(ENV_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _kwargs_fit(self) -> EnvConfig:
+        if self.name is None:
+            if self.kwargs:
+                raise ValueError("env.kwargs without env.name: name the environment")
+            return self
+        from rl_engine.envs.registry import bound_environment  # the registry reads no config
+
+        try:
+            bound_environment(self.name, self.kwargs)
+        except ValueError as exc:
+            raise FieldError("kwargs", str(exc)) from None
+        return self

@@ -1,0 +1,3 @@
+"""Multi-turn environments (docs/engine.md, "Environments"): the contract (``base``), the built-ins
+(``feedback``), token-exact episodes over any rollout worker (``episodes``, ``chat_turns``) and the
+registry ``env.name`` names them from (``registry``)."""

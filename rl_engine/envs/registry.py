@@ -1,0 +1,108 @@
+"""The environments, by the name ``env.name`` gives (a registry like the rollout backends' and the
+rewards'): each a factory taking the run's ``Judge`` and the config's ``env.kwargs``.
+
+``build_episode_worker`` wraps a rollout worker for a config with an environment;
+``build_episode_reward`` is the run's reward then: the environment's own reward of an episode where it
+gives one, else the configured reward of the episode's last policy turn.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rl_engine.envs.base import Environment, Episode, Judge
+from rl_engine.envs.episodes import META, REWARD, EpisodeWorker
+from rl_engine.envs.feedback import answer_feedback
+from rl_engine.types import Sample
+
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
+    "answer_feedback": answer_feedback,
+}
+
+
+def _no_judge(episode: Episode, text: str) -> float:
+    raise RuntimeError("a config check builds the environment without a judge")
+
+
+def bound_environment(name: str, kwargs: dict[str, Any], judge: Judge = _no_judge) -> Environment:
+    """The environment ``name`` built with ``kwargs``: ValueError (one line) for an unknown name, an
+    argument it does not take, or a value it refuses. The config calls this when it is checked."""
+    factory = ENVIRONMENTS.get(name)
+    if factory is None:
+        raise ValueError(
+            f"unknown environment {name[:80]!r}; choose one of {', '.join(sorted(ENVIRONMENTS))}"
+        )
+    if "judge" in kwargs:
+        raise ValueError("judge is the run's reward: set it in the reward section")
+    sig = inspect.signature(factory)
+    try:
+        sig.bind(judge, **kwargs)
+    except TypeError as exc:
+        params = ", ".join(p for p in sig.parameters if p != "judge") or "none"
+        raise ValueError(f"environment {name!r}: {exc}; it takes: {params}") from None
+    return factory(judge, **kwargs)
+
+
+def judge_of(reward_fn: Callable[[Sample], float]) -> Judge:
+    """The run's reward as a judge of one policy turn: the turn's text scored as a response to the
+    episode's prompt."""
+
+    def judge(episode: Episode, text: str) -> float:
+        turn = Sample(
+            prompt_uid="turn",
+            group_id="turn",
+            prompt_ids=[],
+            response_ids=[],
+            logprobs=[],
+            finish_reason="stop",
+            param_version_start=0,
+            param_version_end=0,
+            prompt_text=episode.prompt_text,
+            response_text=text,
+            answer=episode.answer,
+            metadata=dict(episode.metadata),
+        )
+        return float(reward_fn(turn))
+
+    return judge
+
+
+def build_episode_worker(worker: Any, cfg: Any, reward_fn: Callable[[Sample], float]) -> EpisodeWorker:
+    env = bound_environment(cfg.env.name, cfg.env.kwargs, judge_of(reward_fn))
+    return EpisodeWorker(
+        worker,
+        env,
+        max_turns=cfg.env.max_turns,
+        max_tokens=cfg.rollout.max_new_tokens,
+        max_turn_tokens=cfg.env.max_turn_tokens,
+    )
+
+
+class EpisodeReward:
+    """The run's reward when it has an environment: ``extra["env/reward"]`` where the environment gave
+    one, else ``reward_fn`` on the episode's last policy turn."""
+
+    def __init__(self, reward_fn: Callable[[Sample], float]):
+        self.reward_fn = reward_fn
+
+    def __call__(self, sample: Sample) -> float:
+        if REWARD in sample.extra:
+            return float(sample.extra[REWARD])
+        final = (sample.metadata.get(META) or {}).get("final")
+        return float(self.reward_fn(sample if final is None else _with_response(sample, final)))
+
+    def stats(self) -> dict[str, float]:
+        stats = getattr(self.reward_fn, "stats", None)
+        return stats() if stats is not None else {}
+
+
+def _with_response(sample: Sample, text: str) -> Sample:
+    from dataclasses import replace
+
+    return replace(sample, response_text=text, extra=sample.extra)
+
+
+def environment_names() -> Sequence[str]:
+    return sorted(ENVIRONMENTS)
