@@ -14,7 +14,8 @@ from pydantic import Field, field_validator, model_validator
 from rl_engine.config.errors import FieldError
 from rl_engine.config.strict import StrictModel
 
-ENV_NAMES = ("answer_feedback",)  # rl_engine.envs.registry.ENVIRONMENTS (a test keeps them equal)
+# rl_engine.envs.registry.ENVIRONMENTS (a test keeps them equal)
+ENV_NAMES = ("answer_feedback", "calculator")
 
 
 class EnvConfig(StrictModel):
@@ -22,7 +23,7 @@ class EnvConfig(StrictModel):
 
     name: str | None = Field(
         None,
-        description="An environment (answer_feedback); empty: one prompt, one response.",
+        description="An environment (answer_feedback, calculator); empty: one prompt, one response.",
         json_schema_extra={"enum": [None, *ENV_NAMES]},
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="The environment's arguments.")

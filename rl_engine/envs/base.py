@@ -44,7 +44,9 @@ class EnvStep:
     message: str = ""  # the next message when not done
     role: Role = "user"
     reward: float | None = None  # the episode's reward when done (None: the run's reward scores it)
-    figures: dict[str, float] = field(default_factory=dict)  # named per-episode figures (metrics)
+    # named per-episode figures (metrics ``env/<name>``), of the episode so far: those of the step that
+    # ends it (done, or cut by a budget after this step) are kept
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 class Environment(Protocol):

@@ -10,11 +10,18 @@ is the end of the assistant's turn (ChatML: ``<|im_end|>\n``), the difference of
 the new message with the next assistant header (``<|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n``).
 When the policy's turn ended by sampling the end-of-turn token itself, that token is already in the
 sequence and is not added again. A tokenizer without a chat template gets the message on its own line.
+
+A ``tool`` message (a tool's result) is rendered as the template renders that role (ChatML templates
+such as SmolLM2's: ``<|im_start|>tool\n...<|im_end|>``; Qwen2.5's: a user turn holding
+``<tool_response>...</tool_response>``); a template that refuses the role (``raise_exception``) gets
+it (or leaves the message out) gets it as a user message in the Hermes ``<tool_response>`` wrapping.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from jinja2 import TemplateError
 
 from rl_engine.envs.base import Role
 
@@ -27,9 +34,14 @@ def observation_text(tokenizer: Any, message: str, role: Role, policy_stopped: b
         return f"\n{message}\n"
     base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _PLACEHOLDER}]
     before = tokenizer.apply_chat_template(base, tokenize=False)
-    after = tokenizer.apply_chat_template(
-        [*base, {"role": role, "content": message}], tokenize=False, add_generation_prompt=True
-    )
+    try:
+        after = _rendered(tokenizer, [*base, {"role": role, "content": message}])
+    except TemplateError:  # the template's raise_exception: it refuses the role
+        if role != "tool":
+            raise
+        after = ""
+    if role == "tool" and (not after or message.strip() not in after):  # a template without a tool role
+        after = _rendered(tokenizer, [*base, {"role": "user", "content": tool_response(message)}])
     cut = before.index(_PLACEHOLDER) + len(_PLACEHOLDER)
     if not after.startswith(before):  # a template that rewrites earlier turns: keep what follows the turn
         start = after.index(_PLACEHOLDER) + len(_PLACEHOLDER)
@@ -40,6 +52,17 @@ def observation_text(tokenizer: Any, message: str, role: Role, policy_stopped: b
     if policy_stopped and eos and text.startswith(eos):
         text = text[len(eos) :]  # the policy sampled the end of its turn: it is in the sequence already
     return text
+
+
+def _rendered(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The template's rendering of ``messages`` with the next assistant header."""
+    return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+def tool_response(message: str) -> str:
+    """A tool's result as a user message, for a template that has no ``tool`` role: the Hermes wrapping
+    (Qwen2.5's template renders a tool message so)."""
+    return f"<tool_response>\n{message}\n</tool_response>"
 
 
 def observation_ids(tokenizer: Any, message: str, role: Role, policy_stopped: bool) -> list[int]:

@@ -105,13 +105,13 @@ class EpisodeWorker:
         if step.done:
             return self._finish(s, episode, reward=step.reward, figures=step.figures)
         if episode.turn >= self._max_turns:
-            return self._finish(s, episode, truncated=1.0)
+            return self._finish(s, episode, figures=step.figures, truncated=1.0)
         ids = observation_ids(
             self.tokenizer, step.message, step.role, policy_stopped=s.finish_reason == "stop"
         )
         start = len(s.response_ids)
         if start + len(ids) >= self._max_tokens:  # no room for the message and one more token
-            return self._finish(s, episode, truncated=1.0)
+            return self._finish(s, episode, figures=step.figures, truncated=1.0)
         mask = s.loss_mask if s.loss_mask is not None else [1] * start
         s.metadata = {
             **s.metadata,

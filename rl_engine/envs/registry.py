@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rl_engine.envs.base import Environment, Episode, Judge
+from rl_engine.envs.calculator import calculator
 from rl_engine.envs.episodes import META, REWARD, EpisodeWorker
 from rl_engine.envs.feedback import answer_feedback
 from rl_engine.types import Sample
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
     "answer_feedback": answer_feedback,
+    "calculator": calculator,
 }
 
 
