@@ -4,7 +4,9 @@ task swapped in: its prompt, chat template, reward and evaluator), so the figure
 ``val/pass@1`` before training would show. A good task starts well below its ceiling but not at zero
 (GRPO learns nothing from a group whose samples all score the same).
 
-    .venv/bin/python benchmarks/rg_task_probe.py --prompts 64 --out var/bench/rg-probe.json
+    .venv/bin/python benchmarks/rg_task_probe.py --prompts 64 --extract last_number --out var/bench/rg-probe.json
+    # the same tasks on a trained run's export (transfer to tasks it never saw):
+    .venv/bin/python benchmarks/rg_task_probe.py --prompts 64 --extract last_number --model-path EXPORTED
     .venv/bin/python benchmarks/rg_task_probe.py --smoke          # the tiny model, two tasks, 4 prompts (CI)
 
 Greedy decoding makes the scores independent of the machine's load (only the seconds are not).
@@ -57,7 +59,14 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def config_for(task: str, options: dict[str, Any], prompts: int, model: str | None, extract: str) -> Any:
+def config_for(
+    task: str,
+    options: dict[str, Any],
+    prompts: int,
+    model: str | None,
+    extract: str,
+    model_path: str | None = None,
+) -> Any:
     from rl_engine.config import parse_config
     from rl_engine.presets import get_preset
 
@@ -70,16 +79,23 @@ def config_for(task: str, options: dict[str, Any], prompts: int, model: str | No
         data["model"] = {"path": model}
         data["data"]["chat_template"] = "off"
         data["rollout"].update({"max_prompt_tokens": 1024, "max_new_tokens": 8})  # a character tokenizer
+    elif model_path:
+        data["model"] = {"path": model_path}  # e.g. a run's exported checkpoint: how far it transfers
     return parse_config(data)
 
 
 def probe(
-    task: str, options: dict[str, Any], prompts: int, model: str | None, extract: str
+    task: str,
+    options: dict[str, Any],
+    prompts: int,
+    model: str | None,
+    extract: str,
+    model_path: str | None = None,
 ) -> dict[str, Any]:
     from rl_engine.backends import build_rollout_worker
     from rl_engine.evaluation import Evaluator
 
-    cfg = config_for(task, options, prompts, model, extract)
+    cfg = config_for(task, options, prompts, model, extract, model_path)
     worker = build_rollout_worker(cfg)
     evaluator = Evaluator.from_config(cfg, worker.tokenizer)
     assert evaluator is not None
@@ -112,6 +128,7 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(CANDIDATES))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--extract", default="auto", help="the reasoning_gym reward's extract mode")
+    parser.add_argument("--model-path", default=None, help="another model folder (an exported run: transfer)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     model = None
