@@ -1,8 +1,9 @@
 """``env``: multi-turn episodes with an environment (docs/engine.md, "Environments"; pydantic, no torch).
 
-Unset (``name: null``, the default) a rollout is one prompt and one response. With a name, each sample
-is an episode: the policy answers, the environment replies, up to ``max_turns`` policy turns, the whole
-episode (the environment's tokens included) within ``rollout.max_new_tokens``.
+Unset (``name: null``, the default) a rollout is one prompt and one response. With a name (a built-in,
+or an installed plugin's: entry-point group ``rl_engine.envs``), each sample is an episode: the policy
+answers, the environment replies, up to ``max_turns`` policy turns, the whole episode (the
+environment's tokens included) within ``rollout.max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -38,10 +39,16 @@ class EnvConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _known(cls, value: str | None) -> str | None:
-        if value is not None and value not in ENV_NAMES:
-            shown = value if len(value) <= 80 else f"{value[:80]}..."
-            raise ValueError(f"unknown environment {shown!r}; choose one of {', '.join(ENV_NAMES)}")
-        return value
+        if value is None or value in ENV_NAMES:
+            return value
+        from rl_engine.envs.plugins import installed  # standard library only: entry points' metadata
+
+        plugins = installed(ENV_NAMES)
+        if value in plugins:
+            return value
+        shown = value if len(value) <= 80 else f"{value[:80]}..."
+        extra = f"; installed plugins: {', '.join(sorted(plugins))}" if plugins else ""
+        raise ValueError(f"unknown environment {shown!r}; choose one of {', '.join(ENV_NAMES)}{extra}")
 
     @model_validator(mode="after")
     def _kwargs_fit(self) -> EnvConfig:

@@ -1,5 +1,6 @@
 """The environments, by the name ``env.name`` gives (a registry like the rollout backends' and the
-rewards'): each a factory taking the run's ``Judge`` and the config's ``env.kwargs``.
+rewards'): each a factory taking the run's ``Judge`` and the config's ``env.kwargs``; besides the
+built-ins (``ENVIRONMENTS``), a name may be an installed plugin's (``rl_engine.envs.plugins``).
 
 ``build_episode_worker`` wraps a rollout worker for a config with an environment;
 ``build_episode_reward`` is the run's reward then: the environment's own reward of an episode where it
@@ -16,6 +17,7 @@ from rl_engine.envs.base import Environment, Episode, Judge
 from rl_engine.envs.calculator import calculator
 from rl_engine.envs.episodes import META, REWARD, EpisodeWorker
 from rl_engine.envs.feedback import answer_feedback
+from rl_engine.envs.plugins import installed, load_environment_factory
 from rl_engine.types import Sample
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
@@ -31,11 +33,7 @@ def _no_judge(episode: Episode, text: str) -> float:
 def bound_environment(name: str, kwargs: dict[str, Any], judge: Judge = _no_judge) -> Environment:
     """The environment ``name`` built with ``kwargs``: ValueError (one line) for an unknown name, an
     argument it does not take, or a value it refuses. The config calls this when it is checked."""
-    factory = ENVIRONMENTS.get(name)
-    if factory is None:
-        raise ValueError(
-            f"unknown environment {name[:80]!r}; choose one of {', '.join(sorted(ENVIRONMENTS))}"
-        )
+    factory = environment_factory(name)
     if "judge" in kwargs:
         raise ValueError("judge is the run's reward: set it in the reward section")
     sig = inspect.signature(factory)
@@ -45,6 +43,21 @@ def bound_environment(name: str, kwargs: dict[str, Any], judge: Judge = _no_judg
         params = ", ".join(p for p in sig.parameters if p != "judge") or "none"
         raise ValueError(f"environment {name!r}: {exc}; it takes: {params}") from None
     return factory(judge, **kwargs)
+
+
+def environment_factory(name: str) -> Callable[..., Environment]:
+    """The factory of the built-in environment or installed plugin ``name`` (a plugin's module is
+    imported now); ValueError (one line) for a name that is neither, or a plugin that does not load."""
+    factory = ENVIRONMENTS.get(name)
+    if factory is not None:
+        return factory
+    plugins = installed(ENVIRONMENTS)
+    if name in plugins:
+        return load_environment_factory(plugins[name])
+    extra = f"; installed plugins: {', '.join(sorted(plugins))}" if plugins else ""
+    raise ValueError(
+        f"unknown environment {name[:80]!r}; choose one of {', '.join(sorted(ENVIRONMENTS))}{extra}"
+    )
 
 
 def judge_of(reward_fn: Callable[[Sample], float]) -> Judge:
@@ -107,4 +120,10 @@ def _with_response(sample: Sample, text: str) -> Sample:
 
 
 def environment_names() -> Sequence[str]:
+    """The built-in environments' names (``plugin_names()``: the installed plugins')."""
     return sorted(ENVIRONMENTS)
+
+
+def plugin_names() -> Sequence[str]:
+    """The installed environment plugins' names (entry-point group ``rl_engine.envs``)."""
+    return sorted(installed(ENVIRONMENTS))

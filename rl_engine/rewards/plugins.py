@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any, Protocol
 
-from rl_engine.reward_plugins import describe_factory, plugin_package
+from rl_engine.reward_plugins import PluginError, describe_factory, load_plugin
 from rl_engine.types import Sample
 
 # What a reward function may return: a score, or a score with named figures ({"score": 1.0, "parsed": 1.0}).
@@ -45,25 +45,10 @@ class RewardFactory(Protocol):
     def __call__(self, **kwargs: Any) -> PluginRewardFn: ...
 
 
-class PluginError(ValueError):
-    """A plugin that cannot be loaded (its module raises on import, its object is no callable)."""
-
-
 def load_factory(ep: metadata.EntryPoint) -> Callable[..., PluginRewardFn]:
     """The factory a plugin's entry point names (its module imported now); PluginError (one line): it
     does not load, or is not callable."""
-    name = ep.name
-    package, version = plugin_package(ep)
-    try:
-        factory = ep.load()
-    except Exception as exc:  # a plugin's import is its own code: any error is a plugin error
-        raise PluginError(
-            f"reward plugin {name!r} ({package} {version}, {ep.value}) failed to load: "
-            f"{type(exc).__name__}: {str(exc)[:200]}"
-        ) from None
-    if not callable(factory):
-        raise PluginError(f"reward plugin {name!r} ({package} {version}): {ep.value} is not callable")
-    return factory
+    return load_plugin(ep, "reward")
 
 
 __all__ = [
