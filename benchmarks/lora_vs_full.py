@@ -17,7 +17,8 @@ rank), so that peak memory is that mode's alone. Per mode it reports:
   (``lora``) or with plain weights (``full``: what merged adapters would cost), median of 2.
 
     .venv/bin/python benchmarks/lora_vs_full.py                 # SmolLM2-135M (make model), ~10 min
-    .venv/bin/python benchmarks/lora_vs_full.py --model shaped-0.5b   # Qwen2.5-0.5B's shape, random weights
+    .venv/bin/python benchmarks/lora_vs_full.py --model shaped-0.5b --batch-size 8 --steps 1
+                                                                # Qwen2.5-0.5B's shape, random weights
     .venv/bin/python benchmarks/lora_vs_full.py --smoke         # a tiny model, one step: a check that it runs
 
 Run it alone on the machine: two cores shared with anything else make the times meaningless.
@@ -169,12 +170,14 @@ def main() -> None:
         "--smoke", action="store_true", help="a tiny random model, one step: a check that it runs"
     )
     ap.add_argument("--steps", type=int, default=2, help="timed trainer steps after a warm-up step")
+    ap.add_argument("--batch-size", type=int, default=32, help="samples per trainer step (rollout.n 8)")
     args = ap.parse_args()
 
     from harness.trainer_group import spawn_group
     from rl_engine.models.shaped import save_shaped_model
 
     base = ["trainer.num_threads=2", "rollout.num_threads=2", "rollout.max_new_tokens=64"]
+    base += [f"trainer.batch_size={args.batch_size}", f"trainer.mini_batch_size={args.batch_size}"]
     payload: dict[str, Any] = {
         "steps": args.steps,
         "prompt": (48, 96),
