@@ -216,6 +216,18 @@ class SyncTiming:
 
 
 @dataclass(frozen=True)
+class ExampleTurn:
+    """One turn of a multi-turn episode shown with its example (``rl_engine.envs.transcript``): the
+    policy's (role ``assistant``: its sampled tokens and their mean behaviour log-prob) or the
+    environment's message (role ``user`` or ``tool``: tokens it wrote, no log-prob)."""
+
+    role: str
+    text: str
+    tokens: int
+    logprob_mean: float | None = None
+
+
+@dataclass(frozen=True)
 class ExampleSample:
     """One trained sample shown to the sink (``sink.log_samples`` takes ``to_dict()``)."""
 
@@ -228,12 +240,16 @@ class ExampleSample:
     # each reward component's score (``sample.extra["reward/<label>"]`` of a ``reward.combine`` or a
     # plugin's figures), by label; None for a single reward without figures
     reward_parts: dict[str, float] | None = None
+    # a multi-turn episode's turns in order (policy turns and the environment's messages); None for a
+    # single-turn sample
+    turns: list[ExampleTurn] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The sink's dict (``reward_parts`` left out where there is none)."""
+        """The sink's dict (``reward_parts`` and ``turns`` left out where there are none)."""
         out = asdict(self)
-        if out["reward_parts"] is None:
-            del out["reward_parts"]
+        for key in ("reward_parts", "turns"):
+            if out[key] is None:
+                del out[key]
         return out
 
 

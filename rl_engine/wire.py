@@ -42,6 +42,8 @@ MAX_VERSION = 2**31 - 1
 MAX_TEXT = 100_000  # characters of a message, prompt, response or answer
 MAX_REWARD_PARTS = 32  # a sample's reward components (SampleIn.reward_parts)
 MAX_REWARD_PART_KEY = 200  # characters of a component's label
+MAX_SAMPLE_TURNS = 128  # turns of a multi-turn episode's sample (SampleIn.turns; env.max_turns <= 64)
+MAX_TURN_TEXT = 8000  # characters of one turn's text (the engine cuts a longer one)
 
 # The paths of the ingestion endpoints under ``{platform}/api/runs/{run_id}/``.
 METRICS, EVENTS, SAMPLES, HEARTBEAT = "metrics", "events", "samples", "heartbeat"
@@ -82,6 +84,26 @@ class EventIn(_Wire):
     )
 
 
+class TurnIn(_Wire):
+    """One turn of a multi-turn episode: the policy's (`assistant`) or the environment's message (`user`,
+    `tool`)."""
+
+    role: Literal["assistant", "user", "tool"]
+    text: str = Field(max_length=MAX_TURN_TEXT)
+    tokens: int = Field(ge=0, le=MAX_VERSION, description="Tokens of the turn in the episode's sequence.")
+    logprob_mean: float | None = Field(
+        None,
+        description="A policy turn's mean behaviour log-prob per token; finite. None for the environment's.",
+    )
+
+    @field_validator("logprob_mean")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
 class SampleIn(_Wire):
     """One example. `param_version_start` and `param_version_end` (the engine's names of the weights'
     versions) are accepted for `version_start` and `version_end`."""
@@ -107,6 +129,14 @@ class SampleIn(_Wire):
         description=(
             "Each reward component's score (a `reward.combine` label, or a plugin's `<name>/<figure>`): "
             f"at most {MAX_REWARD_PARTS} keys of at most {MAX_REWARD_PART_KEY} characters, finite values."
+        ),
+    )
+    turns: list[TurnIn] | None = Field(
+        None,
+        max_length=MAX_SAMPLE_TURNS,
+        description=(
+            "A multi-turn episode's turns in order: the policy's and the environment's messages, at most "
+            f"{MAX_SAMPLE_TURNS} of at most {MAX_TURN_TEXT} characters each."
         ),
     )
 

@@ -94,6 +94,11 @@ class Sample(models.Model):
         blank=True,
         help_text="Each reward component's score by label (wire.SampleIn.reward_parts: at most 32, finite).",
     )
+    turns = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A multi-turn episode's turns in order (wire.SampleIn.turns: role, text, tokens, logprob_mean).",
+    )
     created = models.DateTimeField(auto_now_add=True)
     batch_id = models.CharField(max_length=64, blank=True, default="")  # as RunEvent.batch_id
 

@@ -57,5 +57,6 @@ class SampleSerializer(serializers.ModelSerializer):
             "version_start",
             "version_end",
             "reward_parts",
+            "turns",
             "created",
         ]

@@ -354,6 +354,7 @@ class NewSample:
     version_start: int | None = None
     version_end: int | None = None
     reward_parts: dict[str, float] | None = None
+    turns: list[dict[str, Any]] | None = None  # wire.TurnIn's fields, in order
 
 
 def samples_record(*, run_id: int, samples: Iterable[NewSample], batch_id: str = "") -> int:
@@ -389,6 +390,7 @@ def samples_record(*, run_id: int, samples: Iterable[NewSample], batch_id: str =
                     version_start=s.version_start,
                     version_end=s.version_end,
                     reward_parts=s.reward_parts,
+                    turns=s.turns,
                     batch_id=batch_id,
                 )
             )

@@ -33,7 +33,9 @@ from rl_engine.types import UNSCORED, Prompt, Sample
 
 log = logging.getLogger(__name__)
 
-META = "env"  # sample.metadata[META] = {"spans": [[start, end], ...], "replies": [...]}
+# sample.metadata[META] = {"spans": [[start, end], ...], "replies": [...], "roles": [...]}; once done,
+# also "policy" (the policy's turns, decoded) and "final" (the last of them)
+META = "env"
 DONE = "env/done"
 REWARD = "env/reward"
 
@@ -118,6 +120,7 @@ class EpisodeWorker:
             META: {
                 "spans": [*state["spans"], [start, start + len(ids)]],
                 "replies": [*state["replies"], step.message],
+                "roles": [*state.get("roles", ()), step.role],
             },
         }
         s.response_ids = s.response_ids + ids
@@ -152,7 +155,8 @@ class EpisodeWorker:
         unscored: bool = False,
     ) -> Sample:
         s.extra[DONE] = 1.0
-        s.metadata = {**s.metadata, META: {**(s.metadata.get(META) or {}), "final": episode.policy[-1]}}
+        state = {**(s.metadata.get(META) or {}), "policy": list(episode.policy), "final": episode.policy[-1]}
+        s.metadata = {**s.metadata, META: state}
         s.extra["env/turns"] = float(episode.turn)
         s.extra["env/truncated"] = truncated
         s.extra["env/errors"] = errors

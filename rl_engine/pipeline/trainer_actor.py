@@ -29,6 +29,7 @@ import ray
 
 from rl_engine.backends import rollout_backend
 from rl_engine.config import ExperimentConfig
+from rl_engine.envs.transcript import episode_turns
 from rl_engine.pipeline.components import Components
 from rl_engine.pipeline.followers import Followers, RankStatus
 from rl_engine.pipeline.knobs import Knobs
@@ -239,6 +240,7 @@ class TrainerActor:
                 param_version_start=batch[i].param_version_start,
                 param_version_end=batch[i].param_version_end,
                 reward_parts=sample_parts(batch[i].extra),
+                turns=episode_turns(batch[i]),
             )
             for i in picks
         ]

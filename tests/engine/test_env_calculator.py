@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_engine import wire
 from rl_engine.config import ConfigError, parse_config
 from rl_engine.data import PromptStream
 from rl_engine.envs.arithmetic import MAX_CHARS, ExpressionError, evaluate, format_number
@@ -18,8 +19,9 @@ from rl_engine.envs.base import Episode
 from rl_engine.envs.calculator import SYSTEM_PROMPT, calculator, tool_calls
 from rl_engine.envs.chat_turns import observation_ids, observation_text, tool_response
 from rl_engine.envs.episodes import META, EpisodeWorker
+from rl_engine.envs.transcript import episode_turns
 from rl_engine.pipeline.components import real_reward, real_worker
-from rl_engine.types import Prompt, Sample
+from rl_engine.types import ExampleSample, Prompt, Sample
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "var/models/smollm2-135m-instruct"
 
@@ -292,6 +294,33 @@ def test_an_episode_cut_by_its_turn_budget_keeps_its_figures():
     sample = play([call("12*7"), call("y"), call("1")], max_turns=2)
     assert sample.extra["env/turns"] == 2.0 and sample.extra["env/truncated"] == 1.0
     assert (sample.extra["env/tool_calls"], sample.extra["env/tool_errors"]) == (2.0, 1.0)
+
+
+def test_an_episode_is_shown_turn_by_turn_within_the_wires_bounds():
+    """Its example's turns: the policy's as decoded, the tool's messages, each with its tokens (they add
+    up to the response) and a policy turn's mean behaviour log-prob; valid on the wire."""
+    sample = play([call("12*7"), "it is 84"], max_turns=4)
+    turns = episode_turns(sample)
+    assert [(t.role, t.text) for t in turns] == [
+        ("assistant", call("12*7")),
+        ("tool", "84"),
+        ("assistant", "it is 84"),
+    ]
+    assert sum(t.tokens for t in turns) == len(sample.response_ids)
+    assert [t.logprob_mean for t in turns] == [-0.5, None, -0.5]
+    example = ExampleSample("q", "r", "84", 1.0, 0, 0, turns=turns).to_dict()
+    posted = wire.SampleIn.model_validate(wire.sample(example, 1))
+    assert [(t.role, t.tokens) for t in posted.turns] == [(t.role, t.tokens) for t in turns]
+    # a single-turn sample has none; a turn's text longer than the wire takes is cut, and says so
+    assert episode_turns(Sample("p", "g", [], [1], [-1.0], "stop", 0, 0)) is None
+    long = "7" * (wire.MAX_TURN_TEXT + 500)
+    cut = Sample("p", "g", [], [1, 2], [-1.0, -3.0], "stop", 0, 0, metadata={META: {"policy": [long]}})
+    [turn] = episode_turns(cut)
+    assert len(turn.text) <= wire.MAX_TURN_TEXT and turn.text.endswith("more characters]")
+    assert turn.text.startswith("7" * 1000) and turn.tokens == 2 and turn.logprob_mean == -2.0
+    wire.TurnIn.model_validate(turn.__dict__)
+    odd = Sample("p", "g", [], [1], [-1.0], "stop", 0, 0, metadata={META: {"policy": ["a\x00b\ud800"]}})
+    assert episode_turns(odd)[0].text == "ab\ufffd"
 
 
 def test_the_hf_worker_plays_calculator_episodes_on_the_tiny_model(make_cfg):

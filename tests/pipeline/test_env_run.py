@@ -1,6 +1,7 @@
-"""A multi-turn run through the real pipeline (Ray actors, the HF worker and PolicyTrainer on the tiny
-model) with the answer_feedback environment: every step reports its episodes' figures, the held-out
-evaluation plays episodes too."""
+"""Multi-turn runs through the real pipeline (Ray actors, the HF worker and PolicyTrainer on the tiny
+model): with the answer_feedback environment every step reports its episodes' figures and the held-out
+evaluation plays episodes too; with the calculator every step reports its tool figures, and the examples
+the run reports carry their episodes' turns as the platform's wire takes them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_engine import wire
 from rl_engine.config import parse_config
 from rl_engine.pipeline import run_experiment
 from rl_engine.presets import get_preset
@@ -40,3 +42,26 @@ def test_a_multi_turn_run_reports_its_episodes(ray_session, tiny_dir: Path):
         assert 0.0 <= m["env/solved/mean"] <= 1.0 or m["env/truncated/mean"] > 0
     [val] = [m for _, m in sink.metrics if "val/num_prompts" in m]
     assert val["val/num_prompts"] == 4 and val["val/reward_errors"] == 0
+
+
+def test_a_calculator_run_reports_its_tool_figures_and_its_episodes_turns(ray_session, tiny_dir: Path):
+    data = get_preset("demo-cpu")
+    data["model"] = {"path": str(tiny_dir)}
+    data["rollout"].update({"n": 4, "max_new_tokens": 32})
+    data["trainer"].update({"total_steps": 2, "batch_size": 8, "mini_batch_size": 8})
+    data["env"] = {"name": "calculator", "max_turn_tokens": 8}
+    data["logging"] = {"sinks": [], "log_every": 1, "samples_per_step": 2}
+    sink = RecordingSink()
+    summary = run_experiment(parse_config(data), sink)
+    assert summary.steps_done == 2
+    steps = [m for _, m in sink.metrics if "reward/unscored_ratio" in m]
+    assert len(steps) == 2
+    for m in steps:  # the tiny model writes no tool call: every episode is one final answer
+        assert m["env/turns/mean"] == 1.0 and m["env/tool_calls/mean"] == 0.0
+        assert m["env/tool_errors/mean"] == 0.0 and m["env/errors/mean"] == 0.0
+    examples = [e for _, batch in sink.samples for e in batch]
+    assert len(examples) == 4
+    for example in examples:
+        posted = wire.SampleIn.model_validate(wire.sample(example, 1))
+        [turn] = posted.turns
+        assert turn.role == "assistant" and 1 <= turn.tokens <= 8 and turn.logprob_mean < 0

@@ -331,6 +331,51 @@ def test_a_samples_reward_parts_are_stored_and_listed_and_bad_ones_are_a_400(tea
     assert not client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples?step=4").json()
 
 
+def test_an_episodes_turns_are_stored_and_listed_and_bad_ones_are_a_400(team, run, engine):
+    """A multi-turn episode's turns (``turns``: the policy's and the environment's messages in order)
+    travel from the engine's example, as its HTTP sink posts it, to the sample browser's list; a malformed
+    one is refused with the field named, and nothing of the batch is stored."""
+    from rl_engine import wire
+    from rl_engine.types import ExampleSample, ExampleTurn
+
+    turns = [
+        ExampleTurn("assistant", '<tool_call>{"name": "calculator"}</tool_call>', 17, -0.625),
+        ExampleTurn("tool", "84", 9),
+        ExampleTurn("assistant", "84", 2, -0.125),
+    ]
+    example = ExampleSample("what is 12*7?", "...", "84", 1.0, 3, 4, turns=turns).to_dict()
+    body = {"samples": [wire.sample(example, 5)]}
+    assert engine.post(f"/api/runs/{run.pk}/samples", body, format="json").status_code == 201
+    bare = {"step": 5, "samples": [{"prompt": "q", "response": "r"}]}
+    assert engine.post(f"/api/runs/{run.pk}/samples", bare, format="json").status_code == 201
+    listed = client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples?step=5").json()
+    assert [s["turns"] for s in listed] == [
+        [
+            {"role": "assistant", "text": turns[0].text, "tokens": 17, "logprob_mean": -0.625},
+            {"role": "tool", "text": "84", "tokens": 9, "logprob_mean": None},
+            {"role": "assistant", "text": "84", "tokens": 2, "logprob_mean": -0.125},
+        ],
+        None,
+    ]
+    ok = {"role": "tool", "text": "84", "tokens": 1}
+    bad_turns = [
+        [{**ok, "role": "system"}],
+        [{**ok, "text": "x" * (wire.MAX_TURN_TEXT + 1)}],
+        [{**ok, "tokens": -1}],
+        [{**ok, "logprob_mean": "NaN"}],
+        [{**ok, "colour": "red"}],
+        [{"role": "tool", "text": "84"}],
+        [ok] * (wire.MAX_SAMPLE_TURNS + 1),
+        {"role": "tool"},
+    ]
+    for bad in bad_turns:
+        body = {"step": 6, "samples": [{"prompt": "p", "response": "r", "turns": bad}]}
+        resp = engine.post(f"/api/runs/{run.pk}/samples", body, format="json")
+        assert resp.status_code == 400, (bad, resp.content)
+        assert any(k.startswith("samples[0].turns") for k in resp.json()["errors"]), resp.json()
+    assert not client_for(team["viewer"]).get(f"/api/runs/{run.pk}/samples?step=6").json()
+
+
 def test_exports_contain_every_point_in_csv_and_in_the_ingestion_shape(team, run):
     metrics_ingest(
         run_id=run.pk,

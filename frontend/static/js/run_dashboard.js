@@ -1,11 +1,12 @@
 // Run dashboard: status badge and timeline, live charts, event tail, checkpoints (with export to a Hugging
-// Face model directory), samples, cancel/resume, fork from a checkpoint (the curves of the runs this one
-// continues drawn dashed before its own).
+// Face model directory), samples (a multi-turn episode turn by turn), cancel/resume, fork from a
+// checkpoint (the curves of the runs this one continues drawn dashed before its own).
 // Initial state comes from the page; history from the REST API; everything after from ws/runs/<id>/.
 import { api, el, fmtNum, fmtTime, pageData, results } from "./api.js";
 import { ChartBoard } from "./charts.js";
 import { RunStream } from "./live.js";
 import { AlertBanner } from "./run_alerts.js"; // alerts
+import { turnRows } from "./sample_turns.js";
 
 const data = pageData("page-data");
 const run = data.run;
@@ -351,6 +352,16 @@ function rewardCell(s) {
     parts.map(([label, score]) => el("li", {}, `${label} ${fmtNum(score)}`))));
 }
 
+/** The response: as it is, or (a multi-turn episode) its turns in order, the environment's set apart. */
+function responseCell(s) {
+  const rows = turnRows(s.turns);
+  if (!rows.length) return el("td", { class: "text" }, s.response);
+  return el("td", { class: "text" }, el("ol", { class: "turns", "data-testid": "turns" },
+    rows.map((r) => el("li", { class: r.policy ? "turn policy" : "turn environment", "data-role": r.role },
+      el("div", { class: "turn-head small muted" }, `${r.speaker} · ${r.summary}`),
+      el("div", { class: "turn-text" }, r.text)))));
+}
+
 async function loadSamples() {
   const raw = $("sample-step").value.trim();
   const params = { limit: 24 };
@@ -362,7 +373,7 @@ async function loadSamples() {
       rewardCell(s),
       el("td", { class: "muted" }, s.version_start === null || s.version_start === undefined ? "–" : `v${s.version_start}→v${s.version_end}`),
       el("td", { class: "text" }, s.prompt),
-      el("td", { class: "text" }, s.response),
+      responseCell(s),
       el("td", { class: "text muted" }, s.answer === null || s.answer === undefined ? "" : s.answer))));
     $("samples-empty").hidden = rows.length > 0;
   } catch (err) {
