@@ -29,6 +29,12 @@ class EnvConfig(StrictModel):
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="The environment's arguments.")
     max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode at most.")
+    step_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=3600.0,
+        description="An environment step that has not answered by then ends its episode unscored.",
+    )
     max_turn_tokens: int | None = Field(
         None,
         ge=1,

@@ -19,7 +19,9 @@ worker's ``max_turn_tokens`` knob: exact across interruptions, counted from ``Sa
 episode's tokens, the environment's included, within
 ``rollout.max_new_tokens`` (a message that would not fit ends the episode, counted in
 ``env/truncated``). An environment that raises ends the episode unscored (``Sample.unscored``: left out
-of the update) and counts in ``env/errors``.
+of the update) and counts in ``env/errors``; a step that does not answer within ``env.step_timeout_s``
+does too (``env/timeouts``; ``rl_engine.envs.timed``). ``env/seconds``: the episode's time in the
+environment.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from rl_engine.envs.base import Environment, Episode
 from rl_engine.envs.chat_turns import observation_ids
+from rl_engine.envs.timed import EnvTimeout, TimedEnvironment
 from rl_engine.types import UNSCORED, Prompt, Sample
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 # also "policy" (the policy's turns, decoded) and "final" (the last of them)
 META = "env"
 DONE = "env/done"
+DEFAULT_STEP_TIMEOUT_S = 30.0
 REWARD = "env/reward"
 
 
@@ -52,12 +56,12 @@ class EpisodeWorker:
         max_turns: int,
         max_tokens: int,
         max_turn_tokens: int | None = None,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
     ):
-        worker.max_turn_tokens = (
-            max_turn_tokens  # the worker caps each turn (rl_engine.rollout.common.call_budget)
-        )
+        # the worker caps each turn (rl_engine.rollout.common.call_budget)
+        worker.max_turn_tokens = max_turn_tokens
         object.__setattr__(self, "_inner", worker)
-        object.__setattr__(self, "_env", env)
+        object.__setattr__(self, "_env", TimedEnvironment(env, step_timeout_s))
         object.__setattr__(self, "_max_turns", max_turns)
         object.__setattr__(self, "_max_tokens", max_tokens)
 
@@ -100,10 +104,14 @@ class EpisodeWorker:
         state = s.metadata.get(META) or {"spans": [], "replies": []}
         episode = self.episode(s)
         try:
-            step = self._env.step(episode)
+            step, seconds = self._env.step(episode)
+        except EnvTimeout as exc:  # a hung environment ends the episode, unscored
+            log.warning("environment step on %s: %s", s.prompt_uid, exc)
+            return self._finish(s, episode, errors=1.0, timeouts=1.0, unscored=True)
         except Exception as exc:  # an environment's failure ends the episode, unscored (never a 0)
             log.warning("environment failed on %s: %s: %s", s.prompt_uid, type(exc).__name__, exc)
             return self._finish(s, episode, errors=1.0, unscored=True)
+        s.extra["env/seconds"] = s.extra.get("env/seconds", 0.0) + seconds
         if step.done:
             return self._finish(s, episode, reward=step.reward, figures=step.figures)
         if episode.turn >= self._max_turns:
@@ -152,6 +160,7 @@ class EpisodeWorker:
         figures: dict[str, float] | None = None,
         truncated: float = 0.0,
         errors: float = 0.0,
+        timeouts: float = 0.0,
         unscored: bool = False,
     ) -> Sample:
         s.extra[DONE] = 1.0
@@ -160,6 +169,8 @@ class EpisodeWorker:
         s.extra["env/turns"] = float(episode.turn)
         s.extra["env/truncated"] = truncated
         s.extra["env/errors"] = errors
+        s.extra["env/timeouts"] = timeouts
+        s.extra.setdefault("env/seconds", 0.0)
         for key, value in (figures or {}).items():
             s.extra[f"env/{key}"] = float(value)
         if reward is not None:

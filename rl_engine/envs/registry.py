@@ -92,6 +92,7 @@ def build_episode_worker(worker: Any, cfg: Any, reward_fn: Callable[[Sample], fl
         max_turns=cfg.env.max_turns,
         max_tokens=cfg.rollout.max_new_tokens,
         max_turn_tokens=cfg.env.max_turn_tokens,
+        step_timeout_s=cfg.env.step_timeout_s,
     )
 
 

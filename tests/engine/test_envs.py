@@ -169,3 +169,38 @@ def test_bad_environment_settings_name_the_field(make_cfg, env, field):
 def test_without_an_environment_a_rollout_is_one_turn(make_cfg):
     cfg = make_cfg("rollout.max_new_tokens=4")
     assert type(real_worker(cfg)) is type(build_rollout_worker(cfg))
+
+
+class Hangs:
+    """An environment whose step never answers (a stand-in for a stuck tool server)."""
+
+    def __init__(self) -> None:
+        self.release = __import__("threading").Event()
+
+    def step(self, episode: Episode):
+        self.release.wait(60)
+        raise RuntimeError("released")
+
+
+def test_a_hanging_environment_ends_its_episodes_unscored_and_is_closed(make_cfg):
+    from rl_engine.envs.episodes import EpisodeWorker
+    from rl_engine.envs.timed import MAX_HANGS
+    from rl_engine.types import UNSCORED
+
+    cfg = make_cfg("rollout.max_new_tokens=8", "rollout.n=4")
+    env = Hangs()
+    worker = EpisodeWorker(build_rollout_worker(cfg), env, max_turns=3, max_tokens=8, step_timeout_s=0.2)
+    try:
+        samples = worker.generate(PromptStream(cfg, worker.tokenizer).next_batch(2), 4)
+    finally:
+        env.release.set()
+    assert all(s.extra[UNSCORED] == 1.0 and s.extra["env/errors"] == 1.0 for s in samples)
+    assert sum(s.extra["env/timeouts"] for s in samples) == MAX_HANGS  # then closed: the rest end at once
+    assert worker._env.closed
+
+
+def test_an_episode_counts_its_seconds_in_the_environment(make_cfg):
+    cfg = env_cfg(make_cfg)
+    worker = real_worker(cfg)
+    samples = worker.generate(PromptStream(cfg, worker.tokenizer).next_batch(1), cfg.rollout.n)
+    assert all(s.extra["env/seconds"] > 0.0 and s.extra["env/timeouts"] == 0.0 for s in samples)
