@@ -148,7 +148,8 @@ def main() -> None:
             row = {
                 "label": task,
                 "extract": args.extract,
-                **probe(name, options, args.prompts, model, args.extract),
+                "model": args.model_path or "base",
+                **probe(name, options, args.prompts, model, args.extract, args.model_path),
             }
         except ValueError as exc:  # the options allow too few questions for the split, say
             print(json.dumps({"task": task, "refused": str(exc)[:300]}), flush=True)
