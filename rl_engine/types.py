@@ -215,6 +215,12 @@ class SyncTiming:
     per_rollouter: list[WeightLoadTiming] = field(default_factory=list)  # [num_rollouters]
 
 
+# What a sample carries to the platform of a multi-turn episode (``wire.SampleIn.turns``'s bounds; here,
+# beside the type, so that the engine's envs need not import the wire format).
+MAX_SAMPLE_TURNS = 128  # turns of a multi-turn episode's sample (env.max_turns <= 64)
+MAX_TURN_TEXT = 8000  # characters of one turn's text (the engine cuts a longer one)
+
+
 @dataclass(frozen=True)
 class ExampleTurn:
     """One turn of a multi-turn episode shown with its example (``rl_engine.envs.transcript``): the

@@ -33,6 +33,9 @@ from typing_extensions import TypedDict
 
 from rl_engine.config import validation_errors
 
+# a multi-turn episode's sample (SampleIn.turns): at most MAX_SAMPLE_TURNS turns of MAX_TURN_TEXT characters
+from rl_engine.types import MAX_SAMPLE_TURNS, MAX_TURN_TEXT
+
 # Per request; a larger batch is refused with 413 before it is validated.
 MAX_POINTS_PER_BATCH = 5000
 MAX_EVENTS_PER_BATCH = 1000
@@ -42,8 +45,6 @@ MAX_VERSION = 2**31 - 1
 MAX_TEXT = 100_000  # characters of a message, prompt, response or answer
 MAX_REWARD_PARTS = 32  # a sample's reward components (SampleIn.reward_parts)
 MAX_REWARD_PART_KEY = 200  # characters of a component's label
-MAX_SAMPLE_TURNS = 128  # turns of a multi-turn episode's sample (SampleIn.turns; env.max_turns <= 64)
-MAX_TURN_TEXT = 8000  # characters of one turn's text (the engine cuts a longer one)
 
 # The paths of the ingestion endpoints under ``{platform}/api/runs/{run_id}/``.
 METRICS, EVENTS, SAMPLES, HEARTBEAT = "metrics", "events", "samples", "heartbeat"

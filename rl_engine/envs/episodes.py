@@ -60,17 +60,26 @@ class EpisodeWorker:
     ):
         # the worker caps each turn (rl_engine.rollout.common.call_budget)
         worker.max_turn_tokens = max_turn_tokens
-        object.__setattr__(self, "_inner", worker)
-        object.__setattr__(self, "_env", TimedEnvironment(env, step_timeout_s))
-        object.__setattr__(self, "_max_turns", max_turns)
-        object.__setattr__(self, "_max_tokens", max_tokens)
+        self._inner = worker
+        self._env = TimedEnvironment(env, step_timeout_s)
+        self._max_turns = max_turns
+        self._max_tokens = max_tokens
 
-    # the wrapped worker's attributes (version, interrupt, update_weights, cfg, ...), read and written
+    # the wrapped worker's attributes (version, interrupt, update_weights, tokenizer, ...), read through
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not set yet (e.g. while unpickling): never the wrapped worker's
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._inner, name, value)
+    @property
+    def cfg(self) -> Any:
+        """The wrapped worker's rollout config, read and written (the evaluator swaps it for its own
+        sampling settings while it holds the worker: ``rl_engine.evaluation.sampling_overrides``)."""
+        return self._inner.cfg
+
+    @cfg.setter
+    def cfg(self, value: Any) -> None:
+        self._inner.cfg = value
 
     def generate(self, prompts: list[Prompt], n: int) -> list[Sample]:
         return self._play(self._inner.generate(prompts, n))

@@ -3,7 +3,7 @@ environment's messages in order, each with its tokens and (a policy turn's) mean
 
 Read from what the episode's sample holds (``EpisodeWorker``: the spans the environment wrote, its
 messages and their roles, the policy's turns decoded when the episode ended), bounded as the wire bounds
-them (``wire.MAX_SAMPLE_TURNS`` turns, ``wire.MAX_TURN_TEXT`` characters each: a longer text is cut, and
+them (``types.MAX_SAMPLE_TURNS`` turns, ``types.MAX_TURN_TEXT`` characters each: a longer text is cut, and
 says so) and as the platform stores them (a NUL or a lone surrogate in a decoded turn repaired).
 """
 
@@ -14,8 +14,7 @@ from typing import Any
 
 from rl_engine.envs.episodes import META
 from rl_engine.safe_json import json_repaired
-from rl_engine.types import ExampleTurn, Sample
-from rl_engine.wire import MAX_SAMPLE_TURNS, MAX_TURN_TEXT
+from rl_engine.types import MAX_SAMPLE_TURNS, MAX_TURN_TEXT, ExampleTurn, Sample
 
 POLICY_ROLE = "assistant"
 ENV_ROLES = ("user", "tool")  # rl_engine.envs.base.Role
