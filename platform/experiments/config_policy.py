@@ -57,6 +57,7 @@ from django.conf import settings
 from experiments import engine_catalogue
 from experiments.path_policy import PathPolicy, list_text, roots_text
 from experiments.run_files import checkpoint_folder, is_inside
+from rl_engine.catalogue import module_names
 from rl_engine.config import (
     ConfigError,
     DatasetDataConfig,
@@ -68,6 +69,7 @@ from rl_engine.config import (
     parse_config,
 )
 from rl_engine.config import names as config_names
+from rl_engine.config.lora import unknown_targets
 from rl_engine.jobspec import InputPaths
 from rl_engine.presets import get_preset, preset_names
 from rl_engine.strict_url import url_problem
@@ -150,6 +152,25 @@ def _model_violations(model: ModelConfig, policy: PathPolicy) -> list[tuple[str,
             )
             out.append((f"model.{field}", f"{value!r} is not allowed here: use a model directory {where}"))
     return out
+
+
+def _lora_violations(model: ModelConfig, policy: PathPolicy) -> list[tuple[str, str]]:
+    """``model.lora.target_modules`` the model folder has no module of (read from its safetensors headers,
+    no torch: ``rl_engine.catalogue.module_names``), so a typo is a 400 at create, not a failed job. A
+    folder the platform cannot read here (a hub name, a model only the cluster sees) is left to the engine's
+    own check when the job starts."""
+    if model.lora is None or model.tiny is not None:
+        return []
+    place = policy.model_place(model.path)
+    root = next((r for r in policy.model_roots if place and is_inside(place, r)), None)
+    if place is None or root is None:
+        return []
+    names = module_names(place, root)
+    missing = unknown_targets(model.lora, names) if names is not None else []
+    if not missing:
+        return []
+    shown = ", ".join(sorted({n.rsplit(".", 1)[-1] for n in names or ()}))[:300]
+    return [("model.lora.target_modules", f"the model has no module {missing[0]!r}; its modules: {shown}")]
 
 
 def _data_field_violation(
@@ -360,6 +381,8 @@ def config_violations(
     policy = policy or PathPolicy.from_settings()
     resources = resources or ResourcePolicy.from_settings()
     out = _model_violations(cfg.model, policy) + _data_violations(cfg, policy)
+    if not out:  # the model folder is one the policy allows: its modules may be read
+        out += _lora_violations(cfg.model, policy)
     out += _tracker_violations(cfg.logging.mlflow, policy)
     out += _resource_violations(cfg.resources, cfg.pipeline.num_rollouters, resources)
     if cfg.model.trust_remote_code and not allow_remote_code:

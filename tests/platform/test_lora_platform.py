@@ -64,3 +64,21 @@ def test_the_run_page_says_lora_beside_the_model(team):
     )
     page = browser.get(f"/runs/{full.pk}/").content.decode()
     assert f"model <b>{model}</b>" in page and "LoRA" not in page
+
+
+def test_target_modules_the_model_folder_lacks_are_a_400_at_create(team, settings, tmp_path):
+    """Read from the folder's safetensors headers (no torch in the web process): a typo is a 400 naming
+    model.lora.target_modules, not a job that fails at start."""
+    from rl_engine.config import TinyModelSpec
+    from rl_engine.models.tiny import save_tiny_model
+
+    folder = save_tiny_model(TinyModelSpec(seed=0), tmp_path / "tiny")
+    settings.MODEL_ROOTS = [tmp_path]
+    cfg = demo_config()
+    cfg["model"] = {"path": str(folder), "lora": {"target_modules": ["q_proj", "wq"]}}
+    resp = post(team, cfg)
+    assert resp.status_code == 400, resp.json()
+    [message] = resp.json()["errors"]["config.model.lora.target_modules"]
+    assert "'wq'" in message and "q_proj" in message
+    cfg["model"]["lora"]["target_modules"] = ["q_proj", "v_proj"]
+    assert post(team, cfg).status_code == 201
