@@ -196,6 +196,9 @@ SPECTACULAR_SETTINGS = {
         "AlertKindEnum": "alerts.models.AlertKind",
         "RuleKindEnum": "alerts.models.RuleKind",
         "GoalEnum": "alerts.models.Goal",
+        "MembershipRoleEnum": "accounts.models.Role",
+        # a multi-turn episode's turn (rl_engine.wire.TurnIn.role): the policy's or the environment's
+        "TurnRoleEnum": ["assistant", "user", "tool"],
     },
 }
 

@@ -67,9 +67,9 @@ from rl_engine.config import (
     ModelConfig,
     ResourcesConfig,
     parse_config,
+    unknown_targets,
 )
 from rl_engine.config import names as config_names
-from rl_engine.config.lora import unknown_targets
 from rl_engine.jobspec import InputPaths
 from rl_engine.presets import get_preset, preset_names
 from rl_engine.strict_url import url_problem

@@ -16,7 +16,7 @@ Import from here: ``from rl_engine.config import ExperimentConfig, parse_config`
 from rl_engine.config.errors import ConfigError, FieldError, joined, relative
 from rl_engine.config.experiment import ExperimentConfig, experiment_json_schema
 from rl_engine.config.io import apply_overrides, dump_yaml, load_yaml, parse_override, read_yaml, yaml_where
-from rl_engine.config.lora import LoraConfig
+from rl_engine.config.lora import LoraConfig, unknown_targets
 from rl_engine.config.merge import FORK_FIXED, dotted_get, fork_config, merge_config
 from rl_engine.config.sections import (
     ESSENTIAL,
@@ -104,6 +104,7 @@ __all__ = [
     "parse_override",
     "read_yaml",
     "relative",
+    "unknown_targets",
     "validation_errors",
     "yaml_where",
 ]
