@@ -171,6 +171,7 @@ def test_cancel_mid_run_is_cancelled_within_10s_then_resume_continues_from_the_c
     wait_for(lambda: alive_actors(run) == 0, timeout_s=10, message="the job's actors to be gone")
     assert run.checkpoints.exists(), "the graceful stop should have checkpointed"
     ckpt = run.checkpoints.order_by("-step").first()
+
     # the run says what the cancel kept (its page shows the same), and what a stop of it needs
     def notes() -> list[str]:
         return [e.message for e in run.events.filter(kind="log") if e.message.startswith("cancelled: ")]
