@@ -20,18 +20,19 @@ episode's tokens, the environment's included, within
 ``rollout.max_new_tokens`` (a message that would not fit ends the episode, counted in
 ``env/truncated``). An environment that raises ends the episode unscored (``Sample.unscored``: left out
 of the update) and counts in ``env/errors``; a step that does not answer within ``env.step_timeout_s``
-does too (``env/timeouts``; ``rl_engine.envs.timed``). ``env/seconds``: the episode's time in the
+does too (``env/timeouts``; ``rl_engine.bounded_call``). ``env/seconds``: the episode's time in the
 environment.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
+from rl_engine.bounded_call import BoundedCall, CallTimeout
 from rl_engine.envs.base import Environment, Episode
 from rl_engine.envs.chat_turns import observation_ids
-from rl_engine.envs.timed import EnvTimeout, TimedEnvironment
 from rl_engine.types import UNSCORED, Prompt, Sample
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class EpisodeWorker:
         # the worker caps each turn (rl_engine.rollout.common.call_budget)
         worker.max_turn_tokens = max_turn_tokens
         self._inner = worker
-        self._env = TimedEnvironment(env, step_timeout_s)
+        self._env = env
+        self._bounded = BoundedCall(step_timeout_s, "environment")  # each step in a thread, time-limited
         self._max_turns = max_turns
         self._max_tokens = max_tokens
 
@@ -113,8 +115,10 @@ class EpisodeWorker:
         state = s.metadata.get(META) or {"spans": [], "replies": []}
         episode = self.episode(s)
         try:
-            step, seconds = self._env.step(episode)
-        except EnvTimeout as exc:  # a hung environment ends the episode, unscored
+            t0 = time.monotonic()
+            step = self._bounded(self._env.step, episode)
+            seconds = time.monotonic() - t0
+        except CallTimeout as exc:  # a hung environment ends the episode, unscored
             log.warning("environment step on %s: %s", s.prompt_uid, exc)
             return self._finish(s, episode, errors=1.0, timeouts=1.0, unscored=True)
         except Exception as exc:  # an environment's failure ends the episode, unscored (never a 0)

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from rl_engine.bounded_call import MAX_HANGS, BoundedCall
 from rl_engine.types import UNSCORED, Sample
 
 log = logging.getLogger(__name__)
@@ -49,17 +50,12 @@ def score_samples(reward_fn: Callable[[Sample], float], samples: Sequence[Sample
             s.reward = float(value)
 
 
-# A plugin's per-call limit when the config sets none (``reward.timeout_s``), and how many calls may be
-# left hanging before the reward is closed: a thread that never returns cannot be killed in Python.
+# A plugin's per-call limit when the config sets none (``reward.timeout_s``); how many calls may be left
+# hanging before the reward is closed is rl_engine.bounded_call's MAX_HANGS.
 DEFAULT_TIMEOUT_S = 10.0
-MAX_HANGS = 4
 # A figure's name in a reward's mapping result, as a component's label (metric reward/<name>/<figure>/mean).
 FIGURE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 MAX_FIGURES = 32
-
-
-class RewardTimeout(Exception):
-    """A reward call that did not answer within its ``timeout_s`` (its thread is left behind)."""
 
 
 class SafeReward:
@@ -97,9 +93,11 @@ class SafeReward:
         self.timeout_s, self.max_hangs = timeout_s, max_hangs
         self.calls = 0
         self.errors = 0
-        self.timeouts = 0
         self.unscored = 0  # samples a batch function left without a score (``score_batch``)
-        self.closed = False
+        # with a time limit, each call runs in a thread of its own (rl_engine.bounded_call)
+        self._bounded = (
+            BoundedCall(timeout_s, f"reward {name!r}", max_hangs) if timeout_s is not None else None
+        )
         self._lock = threading.Lock()  # rollouters may score from several threads
 
     def __call__(self, sample: Sample) -> float:
@@ -140,11 +138,17 @@ class SafeReward:
         return out
 
     def _call(self, sample: Sample) -> Any:
-        if self.closed:
-            raise RewardTimeout(
-                f"closed after {self.timeouts} calls that did not answer within {self.timeout_s}s"
-            )
-        return self.fn(sample) if self.timeout_s is None else self._call_in_thread(sample)
+        return self.fn(sample) if self._bounded is None else self._bounded(self.fn, sample)
+
+    @property
+    def timeouts(self) -> int:
+        """Calls cut off by ``timeout_s`` (abandoned, still running)."""
+        return self._bounded.hangs if self._bounded is not None else 0
+
+    @property
+    def closed(self) -> bool:
+        """Closed after ``max_hangs`` cut-off calls: every later sample scores as an error at once."""
+        return self._bounded is not None and self._bounded.closed
 
     def _checked(self, sample: Sample, compute: Callable[[], Any]) -> float:
         """``compute()``'s score, its figures kept on the sample; an exception or a malformed result
@@ -196,41 +200,6 @@ class SafeReward:
         if not math.isfinite(value):
             raise ValueError(f"returned {value}")
         return value, figures
-
-    def _call_in_thread(self, sample: Sample) -> Any:
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def call() -> None:
-            try:
-                box["value"] = self.fn(sample)
-            except BaseException as exc:  # handed to the caller, which counts it
-                box["error"] = exc
-            finally:
-                done.set()
-
-        threading.Thread(target=call, name=f"reward-{self.name}", daemon=True).start()
-        if not done.wait(self.timeout_s):
-            with self._lock:
-                self.timeouts += 1
-                hung = self.timeouts
-                if hung >= self.max_hangs and not self.closed:
-                    self.closed = True
-                    log.error(
-                        "reward %r closed: %d calls did not answer within %ss (their threads cannot be "
-                        "stopped); every later sample scores %s as an error",
-                        self.name,
-                        hung,
-                        self.timeout_s,
-                        self.error_value,
-                    )
-            raise RewardTimeout(f"no answer within {self.timeout_s}s (call abandoned, {hung} so far)")
-        if "error" in box:
-            error = box["error"]
-            if isinstance(error, Exception):
-                raise error
-            raise RuntimeError(f"raised {type(error).__name__}")
-        return box["value"]
 
     def stats(self) -> dict[str, float]:
         """Cumulative counts for the step metrics (``reward/timeouts`` where calls have a time limit)."""

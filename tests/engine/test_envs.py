@@ -183,8 +183,8 @@ class Hangs:
 
 
 def test_a_hanging_environment_ends_its_episodes_unscored_and_is_closed(make_cfg):
+    from rl_engine.bounded_call import MAX_HANGS
     from rl_engine.envs.episodes import EpisodeWorker
-    from rl_engine.envs.timed import MAX_HANGS
     from rl_engine.types import UNSCORED
 
     cfg = make_cfg("rollout.max_new_tokens=8", "rollout.n=4")
@@ -196,7 +196,7 @@ def test_a_hanging_environment_ends_its_episodes_unscored_and_is_closed(make_cfg
         env.release.set()
     assert all(s.extra[UNSCORED] == 1.0 and s.extra["env/errors"] == 1.0 for s in samples)
     assert sum(s.extra["env/timeouts"] for s in samples) == MAX_HANGS  # then closed: the rest end at once
-    assert worker._env.closed
+    assert worker._bounded.closed
 
 
 def test_an_episode_counts_its_seconds_in_the_environment(make_cfg):
