@@ -25,22 +25,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rl_engine.presets import get_preset  # noqa: E402 (the repository on the path first)
+
 PRESET = "rg-sums-smollm2-cpu"
+_PRESET_TASK = get_preset(PRESET)["data"]["datasets"][0]
 # label -> (reasoning-gym dataset, its config): small instances, answers a few tokens long
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "chain_sum": ("chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    "chain_sum_2x2_add": (
-        "basic_arithmetic",
-        {
-            "min_terms": 2,
-            "max_terms": 2,
-            "min_digits": 1,
-            "max_digits": 2,
-            "operators": ["+"],
-            "allow_parentheses": False,
-            "allow_negation": False,
-        },
-    ),
+    # the preset's own task (sums of two numbers of one or two digits), as the preset names it
+    "chain_sum_2x2_add": (_PRESET_TASK["name"], _PRESET_TASK["config"]),
     "basic_arithmetic": (
         "basic_arithmetic",
         {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
