@@ -153,7 +153,7 @@ def model_reward(
     probability: bool = False,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
-    timeout_s: float = 600.0,
+    timeout_s: float = 240.0,
 ) -> ModelReward:
     """A reward model: an AutoModelForSequenceClassification folder scores prompt + response.
 
@@ -161,7 +161,8 @@ def model_reward(
     rollouters; ``batch_size`` texts per forward, cut from the left to ``max_length`` tokens; the score is
     the logit of ``label`` (with ``probability``: its softmax probability). A batch it cannot score within
     ``timeout_s`` (the first one includes loading the model) is unscored (counted, left out of the
-    update)."""
+    update). Scoring runs inside the rollouter's generation call, which a weight sync waits for: the
+    default stays under the GPU engines' ``rollout.control_timeout_s`` (300 s)."""
     if not isinstance(path, str) or not path:
         raise ValueError("path must name a model folder (a sequence-classification model)")
     for name, value, lo, hi in (("batch_size", batch_size, 1, 4096), ("max_length", max_length, 8, 131072),
