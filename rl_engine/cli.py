@@ -24,6 +24,7 @@ from rl_engine.config import (
     ExperimentConfig,
     ReasoningGymDataConfig,
     TaskDataConfig,
+    TextArenaDataConfig,
     TinyModelSpec,
     apply_overrides,
     read_yaml,
@@ -63,6 +64,11 @@ def runtime_problems(cfg: ExperimentConfig, *, check_files: bool = True) -> list
             train_rows(cfg)  # builds each dataset with its options (the held-out split: at evaluation)
         except DataError as exc:
             problems.append(("data.datasets", str(exc)))
+    elif isinstance(cfg.data, TextArenaDataConfig):
+        try:
+            train_rows(cfg)  # starts the first game
+        except DataError as exc:
+            problems.append(("data.env_id", str(exc)))
     elif check_files:
         val_field = (
             "data.validation_path" if getattr(cfg.data, "validation_path", None) else "data.validation_split"
@@ -247,7 +253,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     for name in preset_names():
         p = get_preset(name)
         data = p["data"]
-        what = data.get("task") or data.get("path")
+        what = data.get("task") or data.get("path") or data.get("env_id")
         if what is None and data.get("datasets"):  # reasoning-gym: the datasets it mixes
             what = "reasoning_gym:" + "+".join(str(d.get("name")) for d in data["datasets"])
         print(f"{name}\t{p['model']['path']}\t{p['rollout'].get('backend', 'hf')}\t{what}")

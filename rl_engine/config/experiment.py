@@ -116,6 +116,7 @@ class ExperimentConfig(StrictModel):
                 "data.test_size (reasoning_gym)"
             )
         self._reward_fits_data()
+        self._env_fits_data()
         self._lora_fits_backend()
         return self
 
@@ -140,6 +141,24 @@ class ExperimentConfig(StrictModel):
                     "reward 'reasoning_gym' scores prompts of data.source 'reasoning_gym' (their entries "
                     f"carry what it checks); data.source is {self.data.source!r}",
                 )
+
+    def _env_fits_data(self) -> None:
+        """``env.name: textarena`` replays the game each prompt of ``data.source: textarena`` names (its
+        metadata): the two go together, on the same game."""
+        playing = self.env.name == "textarena"
+        if playing != (self.data.source == "textarena"):
+            raise FieldError(
+                "env.name" if playing else "data.source",
+                "env.name 'textarena' and data.source 'textarena' go together (the prompts are the "
+                f"game's, the environment replays it); env.name is {self.env.name!r}, data.source is "
+                f"{self.data.source!r}",
+            )
+        if playing and self.env.kwargs.get("env_id") != self.data.env_id:
+            raise FieldError(
+                "env.kwargs",
+                f"env_id {self.env.kwargs.get('env_id')!r} is not data.env_id {self.data.env_id!r}: "
+                "the environment plays the game of the prompts",
+            )
 
     def _devices_have_gpus(self) -> None:
         """An explicit ``cuda`` device needs a GPU reserved for that actor (Ray only gives it one then)."""

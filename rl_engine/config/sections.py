@@ -49,6 +49,9 @@ RewardName = Annotated[
 
 # A seed: what torch.manual_seed takes (at most 2**64 - 1) and a signed 64-bit database column holds.
 SEED_LIMIT = 2**63
+# data.extra_validation_splits: how many, and their names (they become metric names: val/<split>/pass@1)
+MAX_EXTRA_VALIDATION_SPLITS = 8
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
 def seed_field(description: str) -> Any:
@@ -452,6 +455,13 @@ class SyntheticDataSpec(StrictModel):
     test_size: int = Field(100, ge=1, le=100_000)
     max_value: int = Field(9, ge=2, le=10_000, description="Largest operand of a problem.")
     seed: int = seed_field("Seed of the generated problems.")
+    transfer_size: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Also write a `transfer` split of problems the train split never shows (other "
+        "wordings, two operations), for data.extra_validation_splits.",
+    )
 
 
 class DatasetDataConfig(_DataCommon):
@@ -474,6 +484,12 @@ class DatasetDataConfig(_DataCommon):
     )
     validation_path: str | None = Field(
         None, description="A separate file for evaluation (instead of a split)."
+    )
+    extra_validation_splits: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_EXTRA_VALIDATION_SPLITS,
+        description="More splits of `path` evaluated beside the validation one, each on its own "
+        "(metrics val/<split>/...), e.g. a harder or differently worded held-out set.",
     )
     columns: DatasetColumns = Field(default_factory=DatasetColumns)
     prompt_template: str = Field(
@@ -501,6 +517,26 @@ class DatasetDataConfig(_DataCommon):
             raise ValueError("prompt_template must contain {prompt}")
         if self.validation_split and self.validation_path:
             raise ValueError("set validation_split or validation_path, not both")
+        return self
+
+    @field_validator("extra_validation_splits")
+    @classmethod
+    def _extra_splits(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not SPLIT_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a split name (letters, digits, _ and -, at most 32)")
+        if len(set(value)) != len(value):
+            raise ValueError("each split at most once")
+        return value
+
+    @model_validator(mode="after")
+    def _extra_splits_apart(self) -> DatasetDataConfig:
+        clash = {self.train_split, self.validation_split} & set(self.extra_validation_splits)
+        if clash:
+            raise FieldError(
+                "extra_validation_splits",
+                f"{sorted(c for c in clash if c)[0]!r} is already the train or validation split",
+            )
         return self
 
 
@@ -637,8 +673,46 @@ class ReasoningGymDataConfig(_DataCommon):
         return self.test_size * REASONING_GYM_DRAWS_PER_TEST_ROW + REASONING_GYM_EXTRA_DRAWS
 
 
+class TextArenaDataConfig(_DataCommon):
+    """Games of a TextArena single-player game (``env.name: textarena``, docs/engine.md, "TextArena
+    games"): row ``j`` is the game ``env_id`` started from a seed derived from (``seed``, split, ``j``), its
+    prompt the game's first observation, its metadata the game id and seed the environment replays. The
+    held-out rows' seeds are odd, the train rows' even: no seed of one split is a seed of the other
+    (``rl_engine.data.textarena_games``)."""
+
+    source: Literal["textarena"] = "textarena"
+    env_id: str = Field(
+        ...,
+        min_length=1,
+        max_length=200,
+        description="The game, e.g. GuessTheNumber-v0 (the same as env.kwargs.env_id).",
+        json_schema_extra=ESSENTIAL,
+    )
+    train_size: int = Field(
+        1000, ge=1, le=1_000_000, description="Training games per epoch.", json_schema_extra=ESSENTIAL
+    )
+    test_size: int = Field(0, ge=0, le=100_000, description="Held-out games for evaluation; 0: none.")
+    seed: int = seed_field("Seed of the games' seeds (the held-out split derives its own from it).")
+    prompt_template: str = Field(
+        "{prompt}", description="Text around the game's first observation; `{prompt}` is replaced by it."
+    )
+    system_prompt: str | None = Field(
+        None, description="A system message for every prompt (chat template only)."
+    )
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: apply the tokenizer's chat template when it has one; on: require it."
+    )
+    shuffle: bool = Field(True, description="Each epoch in an order shuffled from (seed, epoch).")
+
+    @model_validator(mode="after")
+    def _prompt_template(self) -> TextArenaDataConfig:
+        if "{prompt}" not in self.prompt_template:
+            raise FieldError("prompt_template", "prompt_template must contain {prompt}")
+        return self
+
+
 DataConfig = Annotated[
-    TaskDataConfig | JsonlDataConfig | DatasetDataConfig | ReasoningGymDataConfig,
+    TaskDataConfig | JsonlDataConfig | DatasetDataConfig | ReasoningGymDataConfig | TextArenaDataConfig,
     Field(discriminator="source"),
 ]
 
@@ -880,11 +954,11 @@ class EvalConfig(StrictModel):
 
 
 def has_validation_data(
-    data: TaskDataConfig | JsonlDataConfig | DatasetDataConfig | ReasoningGymDataConfig,
+    data: TaskDataConfig | JsonlDataConfig | DatasetDataConfig | ReasoningGymDataConfig | TextArenaDataConfig,
 ) -> bool:
     if isinstance(data, TaskDataConfig):
         return data.num_validation_prompts > 0
-    if isinstance(data, ReasoningGymDataConfig):
+    if isinstance(data, ReasoningGymDataConfig | TextArenaDataConfig):
         return data.test_size > 0
     if isinstance(data, JsonlDataConfig):
         return data.validation_path is not None

@@ -1,5 +1,5 @@
-"""The prompt stream over a run's data (built-in seeded task, JSONL file, Hugging Face dataset or
-reasoning-gym mix) and its validation prompts.
+"""The prompt stream over a run's data (built-in seeded task, JSONL file, Hugging Face dataset,
+reasoning-gym mix or TextArena games) and its validation prompts.
 
 ``PromptStream(cfg, tokenizer)`` is what the pipeline checkpoints: its ``state_dict`` is a small
 JSON-friendly dict (the cursor), so a resumed run continues the epoch where it stopped.
@@ -16,6 +16,7 @@ from rl_engine.config import (
     JsonlDataConfig,
     ReasoningGymDataConfig,
     TaskDataConfig,
+    TextArenaDataConfig,
 )
 from rl_engine.data.render import PromptRenderer, Rendered
 from rl_engine.data.rows import DataError, DatasetRows, Row, RowSource, TaskRows, jsonl_rows
@@ -33,6 +34,10 @@ def train_rows(cfg: ExperimentConfig) -> RowSource:
         from rl_engine.data.reasoning_gym import train_split
 
         return train_split(data)
+    if isinstance(data, TextArenaDataConfig):
+        from rl_engine.data.textarena_games import train_split as games
+
+        return games(data)
     from rl_engine.data.hf_datasets import load_train_split
 
     return DatasetRows(load_train_split(data), data.columns, f"{data.path} split {data.train_split!r}")
@@ -56,6 +61,10 @@ def validation_rows(cfg: ExperimentConfig) -> RowSource | None:
         from rl_engine.data.reasoning_gym import held_out_split
 
         return held_out_split(data)
+    if isinstance(data, TextArenaDataConfig):
+        from rl_engine.data.textarena_games import held_out_split as held_out_games
+
+        return held_out_games(data)
     from rl_engine.data.hf_datasets import load_validation_split
 
     ds = load_validation_split(data)
@@ -68,7 +77,7 @@ def validation_rows(cfg: ExperimentConfig) -> RowSource | None:
 def make_renderer(cfg: ExperimentConfig, tokenizer: Any) -> PromptRenderer:
     data = cfg.data
     extra: dict[str, Any] = {}
-    if isinstance(data, DatasetDataConfig | ReasoningGymDataConfig):
+    if isinstance(data, DatasetDataConfig | ReasoningGymDataConfig | TextArenaDataConfig):
         extra = {
             "chat_template": data.chat_template,
             "prompt_template": data.prompt_template,
@@ -180,13 +189,41 @@ def validation_prompts(cfg: ExperimentConfig, tokenizer: Any, max_prompts: int |
     rows = validation_rows(cfg)
     if rows is None:
         return []
+    return _render_rows(cfg, tokenizer, rows, "v", "validation row", max_prompts)
+
+
+def extra_validation_prompts(
+    cfg: ExperimentConfig, tokenizer: Any, max_prompts: int | None = None
+) -> dict[str, list[Prompt]]:
+    """The prompts of each of ``data.extra_validation_splits``, by split, in dataset order (uids
+    ``<split>/v0``...), rendered as the validation prompts are; empty for data without such splits."""
+    data = cfg.data
+    if not isinstance(data, DatasetDataConfig) or not data.extra_validation_splits:
+        return {}
+    from rl_engine.data.hf_datasets import load_named_split
+
+    out: dict[str, list[Prompt]] = {}
+    for split in data.extra_validation_splits:
+        rows = DatasetRows(load_named_split(data, split), data.columns, f"{data.path} split {split!r}")
+        prompts = _render_rows(cfg, tokenizer, rows, f"{split}/v", f"{split} row", max_prompts)
+        if not prompts:
+            raise DataError(
+                f"{data.path} split {split!r}: no prompt to evaluate (data.extra_validation_splits)"
+            )
+        out[split] = prompts
+    return out
+
+
+def _render_rows(
+    cfg: ExperimentConfig, tokenizer: Any, rows: RowSource, uid: str, where: str, max_prompts: int | None
+) -> list[Prompt]:
     renderer = make_renderer(cfg, tokenizer)
     out: list[Prompt] = []
     for j in range(len(rows)):
         if max_prompts is not None and len(out) >= max_prompts:
             break
         row = rows.row(j)
-        rendered = renderer.render(row, where=f"validation row {j}")
+        rendered = renderer.render(row, where=f"{where} {j}")
         if rendered is not None:
-            out.append(_prompt(f"v{j}", j, row, rendered))
+            out.append(_prompt(f"{uid}{j}", j, row, rendered))
     return out

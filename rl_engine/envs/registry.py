@@ -18,11 +18,13 @@ from rl_engine.envs.calculator import calculator
 from rl_engine.envs.episodes import META, REWARD, EpisodeWorker
 from rl_engine.envs.feedback import answer_feedback
 from rl_engine.envs.plugins import installed, load_environment_factory
+from rl_engine.envs.textarena_games import textarena
 from rl_engine.types import Sample
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
     "answer_feedback": answer_feedback,
     "calculator": calculator,
+    "textarena": textarena,
 }
 
 
