@@ -118,6 +118,7 @@ from benchmarks.real_model import (  # noqa: E402 - after the path set-up, as re
     RUN_TIMEOUT_S,
     Curve,
     RunSpec,
+    extra_set_scores,
     plot,
     run_learning,
     run_overrides,
@@ -346,7 +347,7 @@ class HeldOutCallback(TrainerCallback):
         self.eval_s += took
         self.evals.append({"step": step, "wall_s": self.clock(), "pass_at_1": s.pass_at_1,
                            "length": s.response_length, "truncated": s.truncated_ratio, "eval_s": took,
-                           "num_prompts": s.num_prompts})  # fmt: skip
+                           "num_prompts": s.num_prompts, **extra_set_scores(s.metrics())})  # fmt: skip
         print(f"  trl eval at step {step}: pass@1 {s.pass_at_1:.3f} ({took:.1f} s)", flush=True)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -74,7 +74,8 @@ class Curve:
     seed: int
     startup_s: float = 0.0  # process start -> the pipeline's first status event
     steps: list[dict[str, float]] = field(default_factory=list)  # step, wall_s, reward, length
-    evals: list[dict[str, float]] = field(default_factory=list)  # step, wall_s, pass_at_1, length
+    # step, wall_s, pass_at_1, length; "pass_at_1/<split>" for each extra held-out split
+    evals: list[dict[str, float]] = field(default_factory=list)
     checkpoint_dir: str | None = None
     error: str | None = None
 
@@ -100,7 +101,29 @@ class Curve:
             "last_train_step_wall_min": self.steps[-1]["wall_s"] / 60 if self.steps else None,
             "startup_s": self.startup_s,
             "error": self.error,
+            "extra_sets": self.extra_sets(),
         }
+
+    def extra_sets(self) -> dict[str, dict[str, float]]:
+        """Each extra held-out split's pass@1: before training, best, last."""
+        out: dict[str, dict[str, float]] = {}
+        for key in sorted({k for e in self.evals for k in e if k.startswith(SET_PREFIX)}):
+            scores = [e[key] for e in self.evals if key in e]
+            out[key.removeprefix(SET_PREFIX)] = {"before": scores[0], "best": max(scores), "last": scores[-1]}
+        return out
+
+
+SET_PREFIX = "pass_at_1/"  # an evaluation's pass@1 on an extra held-out split (data.extra_validation_splits)
+
+
+def extra_set_scores(metrics: dict[str, float]) -> dict[str, float]:
+    """``{"pass_at_1/<split>": pass@1}`` for each extra held-out split an evaluation's metrics report
+    (``val/<split>/pass@1``)."""
+    return {
+        f"{SET_PREFIX}{name.split('/')[1]}": value
+        for name, value in metrics.items()
+        if name.startswith("val/") and name.count("/") == 2 and name.endswith("/pass@1")
+    }
 
 
 def read_curve(spec: RunSpec, metrics_path: Path, started: float) -> Curve:
@@ -126,7 +149,7 @@ def read_curve(spec: RunSpec, metrics_path: Path, started: float) -> Curve:
         m, wall = item["metrics"], item["time"] - t0 - paused_s
         if "val/pass@1" in m:
             curve.evals.append({"step": item["step"], "wall_s": wall, "pass_at_1": m["val/pass@1"],
-                                "length": m.get("val/response_length", 0.0)})  # fmt: skip
+                                "length": m.get("val/response_length", 0.0), **extra_set_scores(m)})  # fmt: skip
         if "reward/mean" in m:
             curve.steps.append({"step": item["step"], "wall_s": wall, "reward": m["reward/mean"],
                                 "length": m.get("response_length/mean", 0.0),

@@ -16,11 +16,16 @@ finished: normally 0), ``val/reward_errors`` (responses whose reward raised, sco
 ``val/num_prompts``, ``val/param_version`` and ``val/param_version_end`` (the weights of the first and
 of the last chunk: they differ when a weight update landed between chunks), ``val/time_s``; with a
 weighted-sum reward (``reward.combine``) each component's mean, ``val/reward/<key>/mean``.
+
+Each of ``data.extra_validation_splits`` (another held-out set: other wordings, harder problems) is
+evaluated after the validation prompts, in the same call, on its own: its figures are the same names under
+``val/<split>/`` (``val/transfer/pass@1``...), its chunks counted in the weight versions and the time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import statistics
 import time
@@ -81,11 +86,13 @@ class Evaluator:
         reward_fn: Callable[[Sample], float],
         *,
         rollout_temperature: float,
+        extra_sets: dict[str, list[Prompt]] | None = None,
     ):
         if not prompts:
             raise ValueError("evaluation needs at least one validation prompt")
         self.cfg = eval_cfg
         self.prompts = list(prompts)
+        self.extra_sets = {name: list(p) for name, p in (extra_sets or {}).items()}
         self.reward_fn = reward_fn
         self.temperature = eval_cfg.temperature or rollout_temperature
 
@@ -97,18 +104,23 @@ class Evaluator:
         evaluation is off."""
         if not cfg.eval.enabled:
             return None
-        from rl_engine.data import validation_prompts
+        from rl_engine.data import extra_validation_prompts, validation_prompts
 
         if reward_fn is None:
             from rl_engine.rewards import build_reward
 
             reward_fn = build_reward(cfg.reward)
         prompts = validation_prompts(cfg, tokenizer, cfg.eval.max_prompts)
-        return cls(cfg.eval, prompts, reward_fn, rollout_temperature=cfg.rollout.temperature)
+        extra = extra_validation_prompts(cfg, tokenizer, cfg.eval.max_prompts)
+        return cls(
+            cfg.eval, prompts, reward_fn, rollout_temperature=cfg.rollout.temperature, extra_sets=extra
+        )
 
-    def chunks(self) -> list[list[Prompt]]:
+    def chunks(self, prompts: list[Prompt] | None = None) -> list[list[Prompt]]:
+        """``prompts`` (default: the validation prompts) in generate calls of ``eval.prompts_per_call``."""
+        prompts = self.prompts if prompts is None else prompts
         k = self.cfg.prompts_per_call
-        return [self.prompts[i : i + k] for i in range(0, len(self.prompts), k)]
+        return [prompts[i : i + k] for i in range(0, len(prompts), k)]
 
     def _overrides(self) -> dict[str, Any]:
         if self.cfg.greedy:
@@ -140,16 +152,23 @@ class Evaluator:
     def run(
         self, worker: Any, *, hold: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     ) -> EvalResult:
-        """Evaluate every validation prompt; ``hold()`` is entered around each chunk's generation."""
+        """Evaluate every validation prompt, then each extra split's; ``hold()`` is entered around each
+        chunk's generation. The result's samples are the validation prompts' (the extra splits' figures are
+        in its summary's ``sets``)."""
         t0 = time.monotonic()
         versions: list[int] = []
-        samples: list[Sample] = []
-        for chunk in self.chunks():
-            with hold() if hold is not None else contextlib.nullcontext():
-                versions.append(int(worker.version))
-                answered = self.answer(worker, chunk)
-            samples.extend(self.score(answered))  # the worker is free meanwhile
-        return EvalResult(self.summarize(samples, versions, time.monotonic() - t0), samples)
+        answered: dict[str, list[Sample]] = {}
+        for name, prompts in {"": self.prompts, **self.extra_sets}.items():
+            answered[name] = []
+            for chunk in self.chunks(prompts):
+                with hold() if hold is not None else contextlib.nullcontext():
+                    versions.append(int(worker.version))
+                    samples = self.answer(worker, chunk)
+                answered[name].extend(self.score(samples))  # the worker is free meanwhile
+        took = time.monotonic() - t0
+        sets = {name: self.summarize(answered[name], versions, took) for name in self.extra_sets}
+        summary = dataclasses.replace(self.summarize(answered[""], versions, took), sets=sets)
+        return EvalResult(summary, answered[""])
 
     def summarize(self, samples: list[Sample], versions: list[int], time_s: float) -> EvalSummary:
         """Aggregate scored samples (grouped by prompt, ``eval.n`` each) answered with weights

@@ -60,9 +60,13 @@ _SMOLLM2_ARITH: dict[str, Any] = {
             "test_size": 128,
             "max_value": 20,
             "seed": 0,
+            "transfer_size": 64,
         },
         "columns": {"prompt": "question", "answer": "answer"},
         "validation_split": "test",
+        # problems the train split never shows (other wordings, two operations), evaluated beside the
+        # test split as val/transfer/...: whether the policy learns arithmetic or the train split's phrasing
+        "extra_validation_splits": ["transfer"],
         "chat_template": "on",
     },
     "reward": {"name": "math_verify", "kwargs": {"answer_format": "auto"}},

@@ -320,8 +320,26 @@ class EvalSummary:
     time_s: float
     # a weighted-sum reward's component means: {"reward/<key>/mean": mean}, reported as val/reward/<key>/mean
     reward_parts: dict[str, float] = field(default_factory=dict)
+    # each of data.extra_validation_splits evaluated on its own, by split: reported as val/<split>/<metric>
+    sets: dict[str, EvalSummary] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
+        out = self._own_metrics()
+        for split, summary in self.sets.items():
+            out.update(
+                {
+                    f"val/{split}/{name.removeprefix('val/')}": value
+                    for name, value in summary.set_metrics().items()
+                }
+            )
+        return out
+
+    def set_metrics(self) -> dict[str, float]:
+        """An extra split's figures (its weights versions and time are the evaluation's own)."""
+        skip = {"val/param_version", "val/param_version_end", "val/time_s"}
+        return {name: value for name, value in self._own_metrics().items() if name not in skip}
+
+    def _own_metrics(self) -> dict[str, float]:
         out = {
             "val/reward_mean": self.reward_mean,
             "val/response_length": self.response_length,

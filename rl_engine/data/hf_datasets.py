@@ -201,11 +201,23 @@ def ensure_dataset(cfg: DatasetDataConfig) -> None:
         raise DataError(
             f"data.synthetic writes a local dataset directory; data.path {cfg.path!r} is a hub id"
         )
-    if Path(cfg.path).exists():
-        return
-    from rl_engine.data.gsm8k_style import write_dataset
+    from rl_engine.data.gsm8k_style import add_transfer, write_dataset
 
+    if Path(cfg.path).exists():
+        add_transfer(cfg.synthetic, cfg.path)  # a folder written before its spec asked for a transfer split
+        return
     write_dataset(cfg.synthetic, cfg.path)
+
+
+def load_named_split(cfg: DatasetDataConfig, split: str) -> Any:
+    """The split ``split`` of ``cfg.path`` (one of ``data.extra_validation_splits``)."""
+    ensure_dataset(cfg)
+    if _is_single_file(cfg.path):
+        raise DataError(
+            f"{cfg.path} is a single file, which holds one split: it has no split {split!r} "
+            "(data.extra_validation_splits)"
+        )
+    return load_split(cfg, cfg.path, split)
 
 
 def load_train_split(cfg: DatasetDataConfig) -> Any:
