@@ -326,6 +326,23 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_envs(args: argparse.Namespace) -> int:
+    """The environments this environment offers (``env.name``): the built-ins and the installed plugins,
+    found by their metadata (docs/engine.md, "Environments")."""
+    from rl_engine.envs.registry import environment_catalogue
+
+    catalogue = environment_catalogue()
+    if args.json:
+        print(json.dumps(catalogue, indent=2))
+        return 0
+    for e in catalogue["envs"]:
+        origin = "builtin" if e["origin"] == "builtin" else f"{e['package']} {e['version']}"
+        print(f"{e['name']}\t{origin}\t{e['description']}")
+    for e in catalogue["refused"]:
+        print(f"{e['name']}\t{e['package']}\trefused: {e['reason']}", file=sys.stderr)
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     """The built-in tasks (``data.source: task``) and the reasoning-gym datasets (``data.source:
     reasoning_gym``, under ``reasoning_gym``) with their parameters."""
@@ -425,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, helptext in [
         ("rewards", cmd_rewards, "list the rewards: built-ins and installed plugins, with their parameters"),
         ("tasks", cmd_tasks, "list the built-in tasks with their parameters"),
+        ("envs", cmd_envs, "list the environments (env.name): built-ins and installed plugins"),
     ]:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--json", action="store_true", help="one JSON document")

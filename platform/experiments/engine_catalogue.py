@@ -1,9 +1,10 @@
-"""The rewards and tasks the ENGINE's environment offers (``GET /api/rewards``, ``GET /api/tasks``,
-``rlp rewards``, and the config check that refuses a reward the engine lacks).
+"""The rewards, tasks and environments the ENGINE's environment offers (``GET /api/rewards``,
+``GET /api/tasks``, ``rlp rewards``, the config check that refuses a reward the engine lacks, and the
+form's ``env.name`` choices).
 
 Runs execute where ``ENGINE_PYTHON`` runs (another image, another virtual environment: reward plugins
 are packages installed there), not necessarily in this web process, so the list is the engine's own
-answer: ``<ENGINE_PYTHON> -m rl_engine rewards --json`` (and ``tasks --json``) run in ``ENGINE_WORKDIR``
+answer: ``<ENGINE_PYTHON> -m rl_engine rewards --json`` (and ``tasks --json``, ``envs --json``) run in ``ENGINE_WORKDIR``
 in a child process with a timeout, its answer kept for ``CACHE_S`` seconds. Without ``ENGINE_PYTHON`` the
 engine is this interpreter and this repository's ``rl_engine`` (on its ``PYTHONPATH``).
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 CACHE_S = 60.0
 TIMEOUT_S = 60.0
 MAX_OUTPUT = 4 * 1024 * 1024  # bytes of JSON at most
-KINDS = ("rewards", "tasks")
+KINDS = ("rewards", "tasks", "envs")
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "VIRTUAL_ENV", "TMPDIR")
 
 _cache: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
@@ -98,7 +99,7 @@ def _read(kind: str) -> dict[str, Any]:
 
 
 def catalogue(kind: str) -> dict[str, Any]:
-    """The engine's ``rewards`` or ``tasks`` document (``python -m rl_engine <kind> --json``), at most
+    """The engine's ``rewards``, ``tasks`` or ``envs`` document (``python -m rl_engine <kind> --json``), at most
     ``CACHE_S`` old; CatalogueUnavailable when the engine does not answer (not cached: the next call
     asks again)."""
     if kind not in KINDS:
@@ -119,6 +120,11 @@ def catalogue(kind: str) -> dict[str, Any]:
 def engine_rewards() -> dict[str, dict[str, Any]]:
     """The rewards the engine offers, by name (a plugin that does not load there carries ``error``)."""
     return {entry["name"]: entry for entry in catalogue("rewards")["rewards"]}
+
+
+def engine_environments() -> dict[str, dict[str, Any]]:
+    """The environments the engine offers (``env.name``), by name: built-ins and installed plugins."""
+    return {entry["name"]: entry for entry in catalogue("envs")["envs"]}
 
 
 def cache_clear() -> None:

@@ -15,7 +15,9 @@ what the platform accepts and nothing it refuses:
   ``logging.mlflow.tracking_uri`` among a store in the run's own folder and ``ALLOWED_MLFLOW_SERVERS``;
   ``reward.name`` and ``reward.combine[i].name`` among the built-ins and the reward plugins the engine's
   environment offers (``engine_catalogue``; a plugin labelled with its package), the built-ins alone
-  when the engine does not answer;
+  when the engine does not answer; ``env.name`` likewise among the built-in environments and the
+  environment plugins installed both in the engine's environment and here (found by their metadata,
+  nothing imported);
 - bounds: ``RUN_MAX_GPUS``, ``RUN_MAX_CPUS_PER_ACTOR``;
 - grouped: what a run asks of the cluster (``resources``, devices, thread counts, engine parallelism,
   the number of rollouters) carries ``"x-group": "cluster"``: the form draws it in a section of its own,
@@ -40,6 +42,8 @@ from experiments.path_policy import PathPolicy, roots_text
 from rl_engine.catalogue import ModelInfo
 from rl_engine.config import experiment_json_schema
 from rl_engine.config import names as config_names
+from rl_engine.config.env import ENV_NAMES
+from rl_engine.envs.plugins import installed as installed_environments
 from rl_engine.strict_url import url_problem
 
 if TYPE_CHECKING:
@@ -75,6 +79,7 @@ class FormPolicy:
     resources: ResourcePolicy
     models: tuple[ModelInfo, ...]
     plugins: tuple[tuple[str, str], ...] = ()  # (name, label) of each reward plugin the form offers
+    env_plugins: tuple[tuple[str, str], ...] = ()  # (name, label) of each environment plugin it offers
 
     @classmethod
     def for_project(cls, project: Project) -> FormPolicy:
@@ -84,6 +89,7 @@ class FormPolicy:
             resources=ResourcePolicy.from_settings(),
             models=tuple(available_models()),
             plugins=offered_plugins(),
+            env_plugins=offered_env_plugins(),
         )
 
 
@@ -100,6 +106,24 @@ def offered_plugins() -> tuple[tuple[str, str], ...]:
         (name, f"{name} (plugin: {entry.get('package')} {entry.get('version')})")
         for name, entry in sorted(engine.items())
         if entry.get("origin") == "plugin" and not entry.get("error") and name in here
+    )
+
+
+def offered_env_plugins() -> tuple[tuple[str, str], ...]:
+    """(name, label) of the environment plugins installed in the engine's environment and here (the
+    config check runs here: ``rl_engine.config.env``), both found by their metadata; none when the
+    engine does not answer."""
+    here = set(installed_environments(ENV_NAMES))
+    if not here:
+        return ()  # nothing to offer whatever the engine has: it is not asked
+    try:
+        engine = engine_catalogue.engine_environments()
+    except engine_catalogue.CatalogueUnavailable:
+        return ()
+    return tuple(
+        (name, f"{name} (plugin: {entry.get('package')} {entry.get('version')})")
+        for name, entry in sorted(engine.items())
+        if entry.get("origin") == "plugin" and name in here
     )
 
 
@@ -228,6 +252,16 @@ def _narrow_rewards(schema: dict[str, Any], policy: FormPolicy) -> None:
         _choice(schema["$defs"][definition]["properties"]["name"], choices, None)
 
 
+def _narrow_environments(schema: dict[str, Any], policy: FormPolicy) -> None:
+    """``env.name``: none, a built-in, or an offered plugin (the schema's enum: none or a built-in)."""
+    if not policy.env_plugins:
+        return
+    choices = [(name, name) for name in ENV_NAMES] + list(policy.env_plugins)
+    field = schema["$defs"]["EnvConfig"]["properties"]["name"]
+    field["x-choices"] = [{"value": value, "label": label} for value, label in choices]
+    field["enum"] = [None, *(value for value, _ in choices)]
+
+
 def _narrow_resources(schema: dict[str, Any], policy: FormPolicy) -> None:
     limits = policy.resources
     for path, limit in (
@@ -273,6 +307,7 @@ def narrowed_schema(policy: FormPolicy, *, project_id: int | None = None) -> dic
     _narrow_models(schema, policy)
     _narrow_mlflow(schema, policy)
     _narrow_rewards(schema, policy)
+    _narrow_environments(schema, policy)
     _narrow_resources(schema, policy)
     _group_cluster(schema)
     schema["x-platform"] = {"project": project_id}

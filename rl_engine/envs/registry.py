@@ -17,8 +17,9 @@ from rl_engine.envs.base import Environment, Episode, Judge
 from rl_engine.envs.calculator import calculator
 from rl_engine.envs.episodes import META, REWARD, EpisodeWorker
 from rl_engine.envs.feedback import answer_feedback
-from rl_engine.envs.plugins import installed, load_environment_factory
+from rl_engine.envs.plugins import installed, load_environment_factory, refused
 from rl_engine.envs.textarena_games import textarena
+from rl_engine.reward_plugins import plugin_package
 from rl_engine.types import Sample
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
@@ -125,6 +126,27 @@ def _with_response(sample: Sample, text: str) -> Sample:
 def environment_names() -> Sequence[str]:
     """The built-in environments' names (``plugin_names()``: the installed plugins')."""
     return sorted(ENVIRONMENTS)
+
+
+def environment_catalogue() -> dict[str, Any]:
+    """Every environment this Python environment offers, JSON-ready (``python -m rl_engine envs --json``,
+    which the platform's form reads): ``envs``: name, description (a built-in's factory docstring's
+    first paragraph), origin (``builtin``, or ``plugin`` with the package and version: read from the
+    metadata, nothing imported); ``refused``: entry points not offered, with the reason."""
+    envs: list[dict[str, Any]] = []
+    for name, factory in sorted(ENVIRONMENTS.items()):
+        summary = " ".join(inspect.cleandoc(factory.__doc__ or "").split("\n\n")[0].split())
+        envs.append({"name": name, "description": summary, "origin": "builtin"})
+    for name, ep in sorted(installed(ENVIRONMENTS).items()):
+        package, version = plugin_package(ep)
+        envs.append(
+            {"name": name, "description": "", "origin": "plugin", "package": package, "version": version}
+        )
+    refused_eps = [
+        {"name": r.name, "package": r.package, "entry_point": r.value, "reason": r.reason}
+        for r in refused(ENVIRONMENTS)
+    ]
+    return {"envs": envs, "refused": refused_eps}
 
 
 def plugin_names() -> Sequence[str]:
