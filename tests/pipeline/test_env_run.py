@@ -1,7 +1,8 @@
 """Multi-turn runs through the real pipeline (Ray actors, the HF worker and PolicyTrainer on the tiny
 model): with the answer_feedback environment every step reports its episodes' figures and the held-out
 evaluation plays episodes too; with the calculator every step reports its tool figures, and the examples
-the run reports carry their episodes' turns as the platform's wire takes them."""
+the run reports carry their episodes' turns as the platform's wire takes them; a TextArena game's
+episodes end by its rules with its reward."""
 
 from __future__ import annotations
 
@@ -65,3 +66,39 @@ def test_a_calculator_run_reports_its_tool_figures_and_its_episodes_turns(ray_se
         posted = wire.SampleIn.model_validate(wire.sample(example, 1))
         [turn] = posted.turns
         assert turn.role == "assistant" and 1 <= turn.tokens <= 8 and turn.logprob_mean < 0
+
+
+@pytest.mark.slow  # a real run with Ray actors: ~22 s of which most is starting them, ~40 s with setup
+def test_a_textarena_run_plays_its_games(ray_session, tmp_path: Path):
+    """GuessTheNumber-v0 through the whole pipeline: the tiny model's guesses are mostly not numbers (an
+    invalid move, then a lost game), sometimes numbers (a hint); either way the game ends its episodes
+    with its own reward."""
+    game = "GuessTheNumber-v0"
+    data = get_preset("demo-cpu")
+    # a longer context than the session's tiny model: a game's message is ~200 characters (tokens)
+    data["model"] = {
+        "path": str(tmp_path / "tiny"),
+        "tiny": {**data["model"]["tiny"], "max_position_embeddings": 1024},
+    }
+    data["rollout"].update({"n": 4, "max_new_tokens": 720, "max_prompt_tokens": 64})
+    data["trainer"].update({"total_steps": 2, "batch_size": 8, "mini_batch_size": 8})
+    # the prompt's end ("... Enter your guess."): the tiny model could not read more anyway
+    data["data"] = {"source": "textarena", "env_id": game, "train_size": 16}
+    data["data"] |= {"overlong_prompts": "truncate", "truncation_side": "left"}
+    data["env"] = {"name": "textarena", "kwargs": {"env_id": game}, "max_turns": 3, "max_turn_tokens": 3}
+    data["logging"] = {"sinks": [], "log_every": 1, "samples_per_step": 2}
+    sink = RecordingSink()
+    summary = run_experiment(parse_config(data), sink)
+    assert summary.steps_done == 2
+    steps = [m for _, m in sink.metrics if "reward/unscored_ratio" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["env/errors/mean"] == 0.0 and 1.0 <= m["env/turns/mean"] <= 3.0
+        assert 0.0 <= m["env/invalid_move/mean"] <= 1.0 and 0.0 <= m["env/game_reward/mean"] <= 1.0
+    assert any(m["env/truncated/mean"] < 1.0 for m in steps)  # some games ended by the game's rules
+    examples = [e for _, batch in sink.samples for e in batch]
+    assert examples
+    for example in examples:
+        turns = wire.SampleIn.model_validate(wire.sample(example, 1)).turns
+        assert [t.role for t in turns] == ["assistant", "user"] * (len(turns) // 2) + ["assistant"]
+        assert all("[GAME]" in t.text for t in turns if t.role == "user")
