@@ -28,7 +28,8 @@ class RolloutBackend:
     # worker loads any element range, so its buckets keep the size bound even for a huge embedding
     whole_tensors: bool
     # the worker applies LoRA adapters synced on their own (``model.lora``); the config's list of such
-    # backends, ``rl_engine.config.lora.LORA_BACKENDS``, is kept equal to these by a test
+    # backends, ``rl_engine.config.lora.LORA_BACKENDS``, is kept equal to these by a test (the others get
+    # the merged weights: ``model.lora.sync``)
     adapters: bool = False
 
 

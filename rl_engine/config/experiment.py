@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from rl_engine.config.env import EnvConfig
 from rl_engine.config.errors import FieldError
-from rl_engine.config.lora import LORA_BACKENDS
+from rl_engine.config.lora import LORA_BACKENDS, SYNC_FIELD, sync_mode
 from rl_engine.config.moved import split_moved
 from rl_engine.config.names import WITHIN_GROUP
 from rl_engine.config.sections import (
@@ -121,12 +121,20 @@ class ExperimentConfig(StrictModel):
         return self
 
     def _lora_fits_backend(self) -> None:
-        """An adapter-only sync needs a worker that applies adapters (``LORA_BACKENDS``)."""
-        if self.model.lora is not None and self.rollout.backend not in LORA_BACKENDS:
+        """An adapter-only sync needs a worker that applies adapters (``LORA_BACKENDS``); a merged one
+        streams from one trainer rank (the merge reads whole weights)."""
+        mode = sync_mode(self.model.lora, self.rollout.backend)
+        if mode == "adapters" and self.rollout.backend not in LORA_BACKENDS:
             raise FieldError(
-                "model.lora",
-                f"LoRA adapters sync to rollout.backend {', '.join(LORA_BACKENDS)} only, not "
-                f"{self.rollout.backend!r}: unset model.lora or use rollout.backend 'hf'",
+                SYNC_FIELD,
+                f"adapters sync to rollout.backend {', '.join(LORA_BACKENDS)} only, not "
+                f"{self.rollout.backend!r}: set model.lora.sync to merged (or auto)",
+            )
+        if mode == "merged" and self.resources.trainer_world_size(self.trainer.world_size) > 1:
+            raise FieldError(
+                SYNC_FIELD,
+                "a merged LoRA sync streams from one trainer rank: use rollout.backend 'hf' (adapters) "
+                "with a trainer group, or one trainer rank",
             )
 
     def _reward_fits_data(self) -> None:

@@ -35,8 +35,10 @@ from rl_engine.config.strict import StrictModel
 
 ALL_LINEAR = "all-linear"
 # The rollout backends that take an adapter-only sync (``adapters`` in ``rl_engine.backends.registry``;
-# a test keeps the two equal). vLLM's LoRA requests and SGLang's adapter API are not wired yet.
+# a test keeps the two equal). vLLM's LoRA requests and SGLang's adapter API are not wired yet: those
+# backends get the merged weights (``LoraConfig.sync``).
 LORA_BACKENDS = ("hf",)
+SYNC_FIELD = "model.lora.sync"
 TARGETS_FIELD = "model.lora.target_modules"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 
@@ -66,6 +68,16 @@ class LoraConfig(StrictModel):
         ),
     )
 
+    sync: Literal["auto", "adapters", "merged"] = Field(
+        "auto",
+        description=(
+            "What a weight sync sends. adapters: the adapters alone, applied by the rollout worker "
+            "(rollout.backend hf); merged: every weight with the adapters merged in, under the base "
+            "model's names (any backend; the whole model's bytes per sync); auto: adapters where the "
+            "backend applies them, else merged."
+        ),
+    )
+
     @field_validator("target_modules")
     @classmethod
     def _names(cls, value: str | list[str]) -> str | list[str]:
@@ -84,6 +96,15 @@ class LoraConfig(StrictModel):
         if len(set(value)) != len(value):
             raise ValueError("a module is named twice")
         return value
+
+
+def sync_mode(lora: LoraConfig | None, backend: str) -> Literal["adapters", "merged"] | None:
+    """What a weight sync of a run with ``lora`` on rollout ``backend`` sends (None: no LoRA)."""
+    if lora is None:
+        return None
+    if lora.sync == "auto":
+        return "adapters" if backend in LORA_BACKENDS else "merged"
+    return lora.sync
 
 
 def matches(target: str, module: str) -> bool:

@@ -129,4 +129,72 @@ def load_adapters(model: Any, directory: Path) -> None:
         )
 
 
-__all__ = ["ADAPTER_DIR", "adapter_parameters", "add_adapters", "check_targets", "peft_config"]
+class MergedWeights:
+    """A peft model's weights with its adapters merged in, under the base model's names — what a rollout
+    worker without adapters loads (``model.lora.sync: merged``): a ``PieceSource`` for a weight stream
+    (``rl_engine.weights.buckets``), one weight merged at a time.
+
+    An adapted linear layer's weight is ``W + delta``, ``delta`` peft's own ``get_delta_weight`` of the
+    layer (``scaling * B @ A``, in the adapters' dtype), computed when the stream first reads the weight
+    and kept until it reads another; every other weight is read as it is. The model is not changed (no
+    ``merge_adapter``: the trainer goes on training the unmerged adapters)."""
+
+    def __init__(self, model: Any):
+        from peft.tuners.lora import LoraLayer
+
+        base = model.get_base_model()
+        layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.adapted: dict[str, Any] = {}  # base name of an adapted weight -> its LoRA layer
+        for name, param in base.named_parameters():
+            if ".lora_" in name:
+                continue
+            owner, _, leaf = name.rpartition(".")
+            if owner.endswith(".base_layer") and owner.removesuffix(".base_layer") in layers:
+                module = owner.removesuffix(".base_layer")
+                plain = f"{module}.{leaf}"
+                if leaf == "weight":
+                    self.adapted[plain] = layers[module]
+            else:
+                plain = name
+            self.tensors[plain] = param
+        self._name: str | None = None
+        self._merged: torch.Tensor | None = None
+
+    def shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every weight, in the base model's ``named_parameters`` order."""
+        return [(n, tuple(t.shape)) for n, t in self.tensors.items()]
+
+    def device_of(self, name: str) -> torch.device:
+        return self.tensors[name].device
+
+    @torch.no_grad()
+    def merged(self, name: str) -> torch.Tensor:
+        """Weight ``name`` as the rollout computes with it (the adapters merged in for an adapted one)."""
+        base = self.tensors[name].detach()
+        layer = self.adapted.get(name)
+        if layer is None:
+            return base
+        if self._name != name:
+            self._name, self._merged = None, None  # the previous merge goes before the next is made
+            delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
+            self._name, self._merged = name, base + delta.to(base.dtype)
+        assert self._merged is not None
+        return self._merged
+
+    def copy_piece(self, name: str, start: int, out: torch.Tensor) -> None:
+        out.copy_(self.merged(name).reshape(-1)[start : start + out.numel()])
+
+    def release(self) -> None:
+        """Drop the merged weight kept for the stream's next pieces (after the last bucket)."""
+        self._name, self._merged = None, None
+
+
+__all__ = [
+    "ADAPTER_DIR",
+    "MergedWeights",
+    "adapter_parameters",
+    "add_adapters",
+    "check_targets",
+    "peft_config",
+]

@@ -49,10 +49,18 @@ import torch
 from rl_engine.algos.advantages import get_advantage_fn, scored_advantages
 from rl_engine.algos.losses import OFF_POLICY_WEIGHTS, aggregate, kl_k3, ppo_clip_loss
 from rl_engine.config import ExperimentConfig
+from rl_engine.config.lora import sync_mode
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids, torch_dtype
 from rl_engine.models.batching import PackedBatch, pack, right_pad
 from rl_engine.models.logprobs import default_chunk_tokens
-from rl_engine.models.lora import ADAPTER_DIR, adapter_parameters, add_adapters, load_adapters, save_adapters
+from rl_engine.models.lora import (
+    ADAPTER_DIR,
+    MergedWeights,
+    adapter_parameters,
+    add_adapters,
+    load_adapters,
+    save_adapters,
+)
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.distributed import (
     GatheredParams,
@@ -122,6 +130,8 @@ class PolicyTrainer:
         ).train()
         # model.lora: peft adapters on the frozen weights; AdamW, the sync and the checkpoint hold them only
         self.lora = cfg.model.lora is not None
+        # what a sync sends with LoRA: the adapters (a worker that applies them) or the merged weights
+        self.lora_sync = sync_mode(cfg.model.lora, cfg.rollout.backend)
         if cfg.model.lora is not None:
             self.model = add_adapters(self.model, cfg.model.lora, cfg.seed).train()
         self.tokenizer = load_tokenizer(cfg.model)
@@ -189,7 +199,9 @@ class PolicyTrainer:
     ) -> LocalWeightStream:
         """The policy's parameters as buckets cast to the rollout dtype (``model.dtype``), one bucket of
         ``trainer.weight_sync_bucket_mb`` at a time (see ``rl_engine.weights.buckets``; ``split=False``:
-        whole tensors per bucket, for the GPU engines).
+        whole tensors per bucket, for the GPU engines). With LoRA: the adapters alone, or, with
+        ``model.lora.sync`` merged (a backend that does not apply adapters), every weight of the base
+        model with the adapters merged in (``MergedWeights``).
 
         Sharded (world > 1): a parameter of up to one bucket's bytes is gathered whole when the stream
         first reads it and dropped when it reads the next; a larger one (the embedding) is broadcast
@@ -199,6 +211,10 @@ class PolicyTrainer:
         the sending rank's buckets go anywhere.
         """
         size = bucket_bytes or self.cfg.trainer.weight_sync_bucket_mb * 2**20
+        if self.lora_sync == "merged":  # one rank (the config's check): the base names, adapters merged in
+            merged = MergedWeights(self.model)
+            manifest = plan_buckets(merged.shapes(), dtype or self.rollout_dtype, size, split=split)
+            return LocalWeightStream(manifest, merged, self._staging)
         named = self._synced_parameters()
         shapes = ((n, tuple(p.shape)) for n, p in named.items())  # a DTensor's shape is the whole one
         manifest = plan_buckets(shapes, dtype or self.rollout_dtype, size, split=split)

@@ -8,6 +8,7 @@ bit-identically; the export loads in peft and in transformers with the trainer's
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -17,7 +18,7 @@ from harness.trainer_group import synthetic_samples
 from rl_engine.backends import build_rollout_worker
 from rl_engine.backends.registry import BACKENDS
 from rl_engine.config import ConfigError, LoraConfig, parse_config
-from rl_engine.config.lora import LORA_BACKENDS, unknown_targets
+from rl_engine.config.lora import LORA_BACKENDS, sync_mode, unknown_targets
 from rl_engine.trainer import PolicyTrainer
 from tests.engine.test_trainer import _scored_batch
 
@@ -54,10 +55,15 @@ def test_defaults_and_bad_values_name_their_field(make_cfg):
     with pytest.raises(ConfigError) as err:
         make_cfg("model.lora={target_modules: ['q_proj; rm -rf']}")
     assert err.value.errors[0][0] == "model.lora.target_modules"
+    # a backend that does not apply adapters gets the merged weights; asking it to apply them is refused
     vllm = {"model": {"path": "m", "lora": {}}, "rollout": {"backend": "vllm", "device": "cpu"}}
+    assert sync_mode(parse_config(vllm).model.lora, "vllm") == "merged"
     with pytest.raises(ConfigError) as err:
-        parse_config(vllm)
-    assert [p for p, _ in err.value.errors] == ["model.lora"] and "rollout.backend" in str(err.value)
+        parse_config({**vllm, "model": {"path": "m", "lora": {"sync": "adapters"}}})
+    assert [p for p, _ in err.value.errors] == ["model.lora.sync"] and "rollout.backend" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        make_cfg("model.lora={sync: merged}", "trainer.world_size=2")
+    assert [p for p, _ in err.value.errors] == ["model.lora.sync"] and "one trainer rank" in str(err.value)
 
 
 def test_the_configs_lora_backends_are_the_registrys():
@@ -162,6 +168,33 @@ def test_an_adapter_sync_makes_the_workers_logprobs_the_trainers(make_cfg):
     assert all(s.param_version_start == 1 for s in after)
     diff = _max_diff(trainer.compute_logprobs(after), [s.logprobs for s in after])
     assert diff < 1e-4, diff  # as the full-weight path (tests/engine/test_rollout_hf.py)
+
+
+def test_a_merged_sync_gives_a_worker_without_adapters_the_trainers_weights(make_cfg):
+    """What vLLM and SGLang get (``model.lora.sync: merged``), taken here by the HF worker: every weight
+    under the base model's names, the adapters merged in; checked against peft's own merge_and_unload."""
+    cfg = _lora_cfg(make_cfg, "model.lora.sync=merged")
+    trainer = _trained(cfg, 2)
+    worker = build_rollout_worker(cfg)
+    plain = dict(worker.model.named_parameters())
+    assert not any("lora_" in n for n in plain)  # the worker is the plain model
+    reference = {
+        n: t.detach().clone() for n, t in copy.deepcopy(trainer.model).merge_and_unload().named_parameters()
+    }
+    assert set(reference) == set(plain)
+    streamed = dict(trainer.weight_stream(bucket_bytes=64 * 1024).items())  # small buckets: split tensors
+    assert list(streamed) == list(plain)  # every weight once, in the plain model's order and names
+    adapted = [n for n in streamed if n.endswith("q_proj.weight")]
+    assert adapted and all(not torch.equal(streamed[n], plain[n].detach()) for n in adapted)
+    for name, tensor in streamed.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6)
+    assert all(p.requires_grad is False for n, p in trainer.model.named_parameters() if "lora_" not in n)
+    before = worker.generate(_prompts(cfg, worker), 2)
+    assert _max_diff(trainer.compute_logprobs(before), [s.logprobs for s in before]) > 1e-3
+    worker.update_weights(trainer.weight_stream(), 1)
+    after = worker.generate(_prompts(cfg, worker), 2)
+    diff = _max_diff(trainer.compute_logprobs(after), [s.logprobs for s in after])
+    assert diff < 1e-4, diff
 
 
 def _prompts(cfg, worker):

@@ -19,6 +19,7 @@ import torch
 
 from rl_engine.backends.hf.weights import HFWeights
 from rl_engine.config import HFRolloutConfig, ModelConfig
+from rl_engine.config.lora import sync_mode
 from rl_engine.models import load_model, load_tokenizer, resolve_device, special_token_ids
 from rl_engine.models.batching import left_pad, position_ids_from_mask
 from rl_engine.models.logprobs import linear_head_of
@@ -112,9 +113,10 @@ class HFRolloutWorker(HFWeights):
         plain_head = linear_head_of(self.model) is not None
         self._body = self.model.get_decoder() if plain_head else None
         self._head = self.model.get_output_embeddings() if plain_head else None
-        if model_cfg.lora is not None:
+        if sync_mode(model_cfg.lora, "hf") == "adapters":
             # The trainer's adapters on these frozen weights, under the trainer's names (peft injects
-            # them into the modules above in place): a sync sends and loads the adapters only.
+            # them into the modules above in place): a sync sends and loads the adapters only. (A merged
+            # sync sends every weight under the base model's names: the plain model takes it as it is.)
             self.model = add_adapters(self.model, model_cfg.lora, seed).eval()
             self._params = adapter_parameters(self.model)
             self._flat = None  # the adapters load piece by piece (they are small)
