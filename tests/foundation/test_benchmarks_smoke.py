@@ -16,7 +16,7 @@ from benchmarks import run_all
 from tests.conftest import REPO_ROOT
 
 # Under ~30 s and no Ray, web stack or worker processes: the rest start one or more (measured, 2 cores).
-FAST = {"fresh_clone.py", "vllm_cpu.py", "rg_task_probe.py"}
+FAST = {"fresh_clone.py", "vllm_cpu.py", "rg_task_probe.py", "step_bound.py"}
 # Over ~100 s each on a loaded 2-core machine (docs/benchmarks.md): `extended`, so `make test` and
 # `make bench-smoke` run them and the CI does not (together ~17 of the set's 22 minutes; beside pass 1
 # they stretched the CI past 40 minutes).
