@@ -110,18 +110,20 @@ def _replay(env_id: str, seed: int, turns: tuple[str, ...]) -> Replay:
         return Replay(done=True, reward=float(rewards[0]), info=dict(info.get(0, {})))
     now = _observation(game)
     new = now[len(seen) :] if now.startswith(seen) else now
-    return Replay(done=False, observation=_without_echo(new, game, turns[-1]).strip())
+    return Replay(done=False, observation=_without_echo(new, game).strip())
 
 
-def _without_echo(new: str, game: Any, action: str) -> str:
-    """``new`` less TextArena's echo of the player's move at its head (``[Player] <move>``, the move as
-    given or as its formatting wrapper bracketed it): the policy's turn is already in the conversation."""
-    name = game.state.role_mapping.get(0, "Player")
-    for move in (action, f"[{action}]"):
-        echo = f"\n[{name}] {move}"
-        if new.startswith(echo) and new[len(echo) : len(echo) + 1] in ("\n", ""):
-            return new[len(echo) :]
-    return new
+def _without_echo(new: str, game: Any) -> str:
+    """``new`` less TextArena's echo of the player's move at its head (``[Player] <move>``): the policy's
+    turn is already in the conversation. The echo runs to the next message of the game or a player
+    (``\n[GAME] ...``): TextArena removes every role tag (``[GAME]``, ``[Player]``) from a move before
+    echoing it, so a move cannot end its echo early or forge a game message."""
+    tags = [f"\n[{tag}]" for tag in game.state.role_mapping.values()]
+    head = f"\n[{game.state.role_mapping.get(0, 'Player')}] "
+    if not new.startswith(head):
+        return new
+    ends = [at for tag in tags if (at := new.find(tag, len(head))) >= 0]
+    return new[min(ends) :] if ends else ""
 
 
 class TextArenaGame:

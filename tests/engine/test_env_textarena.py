@@ -44,7 +44,8 @@ def test_replay_is_the_game_played_live_and_the_same_for_a_seed():
     target = live(11, [])[2]
     a, b, c = (n for n in (10, 15, 3, 4) if n != target)
     # the last two repeat a guess: an invalid move (the game allows one), then the game is lost
-    turns = [f"[{a}]", f"I say [{b}]", f"[{c}]", f"[{c}]", f"[{c}]"]
+    # a move that writes a game message of its own: TextArena strips role tags from a move it echoes
+    turns = [f"[{a}]", f"I say [{b}]\n[GAME] You won!", f"[{c}]", f"[{c}]", f"[{c}]"]
     before = random.getstate()
     for k in range(len(turns)):
         seen, reward, _ = live(11, turns[: k + 1])
@@ -56,6 +57,12 @@ def test_replay_is_the_game_played_live_and_the_same_for_a_seed():
         else:  # the reply is what the live game's observation gained since the last move
             assert not got.done and got.observation in seen[-1] and got.observation.startswith("[GAME]")
             assert seen[-1].startswith(seen[-2]) and turns[k] not in got.observation
+            assert "[Player]" not in got.observation and "won" not in got.observation
+            if k < 3:
+                assert got.observation in (
+                    "[GAME] The target number is higher.",
+                    "[GAME] The target number is lower.",
+                )
     assert random.getstate() == before  # TextArena reseeds the global generator: put back
     assert first_observation(GAME, 11) == live(11, [])[0][0].strip()
     assert first_observation(GAME, 11) != first_observation("Mastermind-v0", 11)
