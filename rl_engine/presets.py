@@ -218,6 +218,33 @@ PRESETS: dict[str, dict[str, Any]] = {
             ]
         },
     },
+    # smollm2-arith-cpu's model and settings on a TextArena game (textarena==0.7.4, docs/engine.md "TextArena
+    # games"): GuessTheNumber-v0 (1..20, hints "higher"/"lower"), each episode played to the game's end
+    # and paid the game's reward (1 for the number, else the last guess's closeness). The base model
+    # already plays (a short check: 6 episodes, most guesses bracketed, 1 game won, rewards 0.16-1.0, ~11 s
+    # an episode on one thread); not benchmarked: a step is 16 episodes of up to 11 turns on the CPU. The run's reward scores only an episode a budget cuts
+    # (against the empty answer): contains pays it 0.
+    "guess-number-smollm2-cpu": {
+        **_SMOLLM2_CPU,
+        "name": "guess-number-smollm2-cpu",
+        "rollout": {**_SMOLLM2_CPU["rollout"], "max_new_tokens": 640, "max_prompt_tokens": 256},
+        "trainer": {**_SMOLLM2_CPU["trainer"], "batch_size": 16, "mini_batch_size": 16},
+        "data": {
+            "source": "textarena",
+            "env_id": "GuessTheNumber-v0",
+            "train_size": 2000,
+            "test_size": 32,
+            "seed": 0,
+            "chat_template": "on",
+        },
+        "env": {
+            "name": "textarena",
+            "kwargs": {"env_id": "GuessTheNumber-v0"},
+            "max_turns": 12,
+            "max_turn_tokens": 24,
+        },
+        "reward": {"name": "contains"},
+    },
     "gsm8k-qwen2.5-1.5b-vllm": {
         "name": "gsm8k-qwen2.5-1.5b-vllm",
         "seed": 0,
