@@ -56,18 +56,28 @@ def _textarena() -> Any:
 def _make(env_id: str, seed: int) -> Any:
     """The game ``env_id`` reset with ``seed`` (one player): GameError when it cannot be."""
     ta = _textarena()
-    if env_id not in ta.envs.registration.ENV_REGISTRY:
-        raise GameError(f"env_id {env_id[:80]!r} is not a TextArena game (textarena {ta.__version__})")
     try:
         game = ta.make(env_id)
+    except ValueError as exc:  # ta.make's answer to an id it does not register
+        if "not found in registry" not in str(exc):
+            raise GameError(f"{env_id} does not start: ValueError: {str(exc)[:200]}") from None
+        raise GameError(
+            f"env_id {env_id[:80]!r} is not a TextArena game (textarena {ta.__version__})"
+        ) from None
+    except Exception as exc:  # a game module that does not import (Chess-v0 on Python 3.11)
+        raise GameError(f"{env_id} does not start: {_one_line(exc)}") from None
+    try:
         game.reset(num_players=1, seed=seed)
     except AssertionError as exc:  # SinglePlayerState's check of num_players, and others'
         raise GameError(f"{env_id} is not a single-player game: {str(exc)[:200]}") from None
     except Exception as exc:  # a game that needs data it cannot fetch here (nltk corpora), ...
-        lines = [line.strip() for line in str(exc).splitlines() if any(c.isalnum() for c in line)]
-        detail = f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
-        raise GameError(f"{env_id} does not start: {detail}") from None
+        raise GameError(f"{env_id} does not start: {_one_line(exc)}") from None
     return game
+
+
+def _one_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if any(c.isalnum() for c in line)]
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
 def _observation(game: Any) -> str:
