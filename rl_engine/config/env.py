@@ -16,7 +16,7 @@ from rl_engine.config.errors import FieldError
 from rl_engine.config.strict import StrictModel
 
 # rl_engine.envs.registry.ENVIRONMENTS (a test keeps them equal)
-ENV_NAMES = ("answer_feedback", "calculator", "textarena")
+ENV_NAMES = ("answer_feedback", "calculator", "textarena", "openai_feedback")
 
 
 class EnvConfig(StrictModel):
@@ -24,7 +24,7 @@ class EnvConfig(StrictModel):
 
     name: str | None = Field(
         None,
-        description="An environment (answer_feedback, calculator, textarena); empty: one prompt, one response.",
+        description="An environment (answer_feedback, calculator, textarena, openai_feedback); empty: one prompt, one response.",
         json_schema_extra={"enum": [None, *ENV_NAMES]},
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="The environment's arguments.")

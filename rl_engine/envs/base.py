@@ -29,6 +29,9 @@ class Episode:
     metadata: dict[str, Any]
     policy: tuple[str, ...]  # the policy's turns, decoded, in order
     replies: tuple[str, ...] = ()  # the environment's messages between them
+    # the episode's own name, unique in the run (EpisodeWorker gives it): what an environment that keeps
+    # something per episode (an agent's thread: rl_engine.envs.openai_bridge) keys it by
+    id: str = ""
 
     @property
     def turn(self) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from rl_engine.bounded_call import BoundedCall, CallTimeout
@@ -66,6 +67,9 @@ class EpisodeWorker:
         self._bounded = BoundedCall(step_timeout_s, "environment")  # each step in a thread, time-limited
         self._max_turns = max_turns
         self._max_tokens = max_tokens
+        attach = getattr(env, "attach", None)
+        if attach is not None:  # an environment that renders messages itself (an agent's first call)
+            attach(worker.tokenizer)
 
     # the wrapped worker's attributes (version, interrupt, update_weights, tokenizer, ...), read through
     def __getattr__(self, name: str) -> Any:
@@ -113,6 +117,9 @@ class EpisodeWorker:
         """The environment's step after ``s``'s last policy turn: the episode ends (marked done, its
         reward and figures kept) or the message's tokens are appended and the sample continues."""
         state = s.metadata.get(META) or {"spans": [], "replies": []}
+        if "id" not in state:  # the episode's name, kept in the sample with the rest of the episode
+            state = {**state, "id": uuid.uuid4().hex}
+            s.metadata = {**s.metadata, META: state}
         episode = self.episode(s)
         try:
             t0 = time.monotonic()
@@ -139,6 +146,7 @@ class EpisodeWorker:
         s.metadata = {
             **s.metadata,
             META: {
+                "id": state["id"],
                 "spans": [*state["spans"], [start, start + len(ids)]],
                 "replies": [*state["replies"], step.message],
                 "roles": [*state.get("roles", ()), step.role],
@@ -162,7 +170,7 @@ class EpisodeWorker:
         turns.append(s.response_ids[cursor:])
         texts = tuple(self.tokenizer.decode(t, skip_special_tokens=True) for t in turns)
         metadata = {k: v for k, v in s.metadata.items() if k != META}
-        return Episode(s.prompt_text, s.answer, metadata, texts, tuple(state["replies"]))
+        return Episode(s.prompt_text, s.answer, metadata, texts, tuple(state["replies"]), state.get("id", ""))
 
     def _finish(
         self,

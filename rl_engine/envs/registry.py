@@ -17,6 +17,7 @@ from rl_engine.envs.base import Environment, Episode, Judge
 from rl_engine.envs.calculator import calculator
 from rl_engine.envs.episodes import META, REWARD, EpisodeWorker
 from rl_engine.envs.feedback import answer_feedback
+from rl_engine.envs.openai_bridge import openai_feedback
 from rl_engine.envs.plugins import installed, load_environment_factory, refused
 from rl_engine.envs.textarena_games import textarena
 from rl_engine.reward_plugins import plugin_package
@@ -26,6 +27,7 @@ ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
     "answer_feedback": answer_feedback,
     "calculator": calculator,
     "textarena": textarena,
+    "openai_feedback": openai_feedback,
 }
 
 
