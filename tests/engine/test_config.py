@@ -112,7 +112,7 @@ def test_the_kinds_of_a_section_are_those_the_json_schema_declares():
     assert {path: (u.tag, sorted(u.variants)) for path, u in unions.items()} == declared
     assert declared == {
         "rollout": ("backend", ["hf", "sglang", "vllm"]),
-        "data": ("source", ["dataset", "jsonl", "reasoning_gym", "task"]),
+        "data": ("source", ["dataset", "jsonl", "reasoning_gym", "task", "textarena"]),
     }
 
 

@@ -137,3 +137,27 @@ def test_the_hf_worker_plays_a_plugins_episodes(installed_plugins, make_cfg):
     for s in samples:
         assert s.extra["env/turns"] == 2.0 and s.extra["env/nudged"] == 1.0
         assert 0 in s.loss_mask and reward(s) == 0.25
+
+
+def test_the_cli_lists_the_environments_by_their_metadata(installed_plugins, capsys):
+    import json
+
+    from rl_engine.cli import main
+
+    sys.modules.pop(MODULE, None)
+    assert main(["envs", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    by_name = {e["name"]: e for e in listed["envs"]}
+    assert [n for n, e in by_name.items() if e["origin"] == "builtin"] == sorted(ENVIRONMENTS)
+    assert by_name["nudge"] == {
+        "name": "nudge",
+        "description": "",
+        "origin": "plugin",
+        "package": "rlp-env-fixture",
+        "version": "1.2.3",
+    }
+    assert "broken_env" in by_name  # listed by metadata: whether it loads is the config's check
+    assert [(r["name"], r["package"]) for r in listed["refused"]] == [("calculator", "rlp-env-fixture")]
+    assert MODULE not in sys.modules  # nothing imported
+    assert main(["envs"]) == 0
+    assert "nudge\trlp-env-fixture 1.2.3" in capsys.readouterr().out
