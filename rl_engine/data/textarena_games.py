@@ -40,7 +40,7 @@ class TextArenaRows:
         try:
             prompt = first_observation(self.env_id, seed)
         except GameError as exc:
-            raise DataError(f"data.env_id: {exc}") from None
+            raise DataError(str(exc)) from None
         return Row(answer="", prompt=prompt, metadata={META: {"env_id": self.env_id, "seed": seed}})
 
 
