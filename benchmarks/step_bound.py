@@ -127,12 +127,13 @@ def causal_pairs(length: int) -> int:
     return length * (length + 1) // 2
 
 
-def count_generation(shape: Shape, prompt_lens: list[int], response_lens: list[int]) -> Work:
-    """One micro-batch of the HF rollout worker (``rl_engine.backends.hf.worker``): prompts left-padded
-    to the longest, one prefill over all of it (the attention under a padding mask: every row attends
-    over the whole padded square), logits for the last position only; then one cached forward per
-    decode step for *every* row until the longest response is done (a finished row keeps decoding
-    padding), its attention over the cache (padded prompt + the steps so far), logits for each row.
+def count_generation(shape: Shape, prompt_lens: list[int], response_lens: list[int]) -> dict[str, Work]:
+    """One micro-batch of the HF rollout worker (``rl_engine.backends.hf.worker``), as ``prefill`` and
+    ``decode``: prompts left-padded to the longest, one prefill over all of it (the attention under a
+    padding mask: every row attends over the whole padded square), logits for the last position only;
+    then one cached forward per decode step for *every* row until the longest response is done (a
+    finished row keeps decoding padding), its attention over the cache (padded prompt + the steps so
+    far), logits for each row.
 
     A response of r tokens needs r - 1 cached forwards (its first token comes from the prefill's
     logits); the micro-batch runs max(r) - 1. Real work: each row's own prompt and its own steps."""
@@ -140,11 +141,13 @@ def count_generation(shape: Shape, prompt_lens: list[int], response_lens: list[i
     steps = max(response_lens) - 1
     real = forward_flops(shape, sum(prompt_lens), sum(causal_pairs(p) for p in prompt_lens), rows)
     computed = forward_flops(shape, rows * width, rows * width * width, rows)
+    prefill = Work(real=real, padding=computed - real)
+    real = computed = 0.0
     for s in range(1, steps + 1):  # the forward that feeds response token s - 1
         live = [p for p, r in zip(prompt_lens, response_lens, strict=True) if s < r]
         real += forward_flops(shape, len(live), sum(p + s for p in live), len(live))
         computed += forward_flops(shape, rows, rows * (width + s), rows)
-    return Work(real=real, padding=computed - real)
+    return {"prefill": prefill, "decode": Work(real=real, padding=computed - real)}
 
 
 def count_logprob_forward(shape: Shape, micro_batches: list[list[tuple[int, int]]]) -> Work:
@@ -177,9 +180,13 @@ def count_train(shape: Shape, micro_batches: list[list[tuple[int, int]]]) -> dic
 # --- the bound ---------------------------------------------------------------------------------------------
 
 
-def matmul_gflops(m: int, k: int, n: int, dtype: str, threads: int, min_time_s: float = 0.3) -> float:
+def matmul_gflops(
+    m: int, k: int, n: int, dtype: str, threads: int, min_time_s: float = 0.3, stream_bytes: int = 0
+) -> float:
     """Best-of-3 GFLOP/s of ``torch.matmul`` [m, k] @ [k, n] (2 m k n FLOPs) at ``threads`` threads,
-    each a batch of calls lasting at least ``min_time_s``."""
+    each a batch of calls lasting at least ``min_time_s``. ``stream_bytes``: the calls cycle through
+    distinct [k, n] matrices of that many bytes in all (a decode step reads every layer's weights once:
+    they are not in the cache the next time), else one matrix stays in the cache."""
     import torch
 
     before = torch.get_num_threads()
@@ -188,14 +195,16 @@ def matmul_gflops(m: int, k: int, n: int, dtype: str, threads: int, min_time_s: 
         dt = getattr(torch, dtype)
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(m, k, generator=gen).to(dt)
-        b = torch.randn(k, n, generator=gen).to(dt)
+        b0 = torch.randn(k, n, generator=gen).to(dt)
+        copies = max(1, -(-stream_bytes // (b0.numel() * b0.element_size())))
+        bs = [b0] + [b0.clone() for _ in range(copies - 1)]
         out = torch.empty(m, n, dtype=dt)
-        torch.matmul(a, b, out=out)  # warm-up
+        torch.matmul(a, b0, out=out)  # warm-up
         best = 0.0
         for _ in range(3):
             calls, t0 = 0, time.perf_counter()
             while True:
-                torch.matmul(a, b, out=out)
+                torch.matmul(a, bs[calls % copies], out=out)
                 calls += 1
                 elapsed = time.perf_counter() - t0
                 if elapsed >= min_time_s:
@@ -223,17 +232,22 @@ def cpu_features() -> dict[str, Any]:
             "flags": {f: f in flags for f in wanted}, "cpus": os.cpu_count()}  # fmt: skip
 
 
+STREAM_BYTES = 256 * 2**20  # more than any last-level cache here: the weights come from memory
+
+
 def bench_matmuls(shape: Shape, rows: dict[str, int], threads: list[int], min_time_s: float) -> list[dict]:
-    """GFLOP/s at the model's widths (an MLP projection, the output layer) for each phase's rows."""
+    """GFLOP/s at the model's widths (an MLP projection, the output layer) for each phase's rows; the
+    decode's also with its weights streamed from memory (``streamed``), as a decode step reads them."""
     out = []
     widths = {"mlp": (shape.hidden, shape.intermediate), "head": (shape.hidden, shape.vocab)}
     for phase, m in rows.items():
         for wname, (k, n) in widths.items():
             for dtype in ("float32", "bfloat16"):
                 for t in threads:
-                    g = matmul_gflops(m, k, n, dtype, t, min_time_s)
-                    out.append({"rows_of": phase, "m": m, "k": k, "n": n, "width": wname, "dtype": dtype,
-                                "threads": t, "gflops": g})  # fmt: skip
+                    for streamed in (False, True) if phase == "decode" else (False,):
+                        g = matmul_gflops(m, k, n, dtype, t, min_time_s, STREAM_BYTES if streamed else 0)
+                        out.append({"rows_of": phase, "m": m, "k": k, "n": n, "width": wname, "dtype": dtype,
+                                    "threads": t, "streamed": streamed, "gflops": g})  # fmt: skip
     return out
 
 
@@ -252,10 +266,11 @@ def build_config(model_dir: str, data_dir: Path, extra: list[str]) -> Any:
 
 def train_plan(trainer: Any, samples: list[Any]) -> list[list[tuple[int, int]]]:
     """The (prompt, response) lengths of each micro-batch the trainer's next step runs: its shuffled
-    order (drawn from a copy of its generator) cut by ``plan_micro_batches`` at its token budget."""
+    order (drawn from a copy of its generator) cut by ``plan_rows`` at its token budget and in its
+    ``trainer.micro_batch_order``."""
     import torch
 
-    from rl_engine.trainer.microbatch import plan_micro_batches
+    from rl_engine.trainer.microbatch import plan_rows
 
     tc = trainer.cfg.trainer
     gen = torch.Generator().manual_seed(0)
@@ -267,10 +282,24 @@ def train_plan(trainer: Any, samples: list[Any]) -> list[list[tuple[int, int]]]:
         for start in range(0, tc.batch_size, tc.mini_batch_size):
             idx = order[start : start + tc.mini_batch_size]
             rows = tc.micro_batch_size or len(idx)
-            groups = plan_micro_batches([lens[i][0] for i in idx], [lens[i][1] for i in idx], rows,
-                                        trainer.max_tokens)  # fmt: skip
+            groups = plan_rows([lens[i][0] for i in idx], [lens[i][1] for i in idx], rows,
+                               trainer.max_tokens, tc.micro_batch_order)  # fmt: skip
             plan += [[lens[idx[j]] for j in g] for g in groups]
     return plan
+
+
+def logprob_plan(trainer: Any, samples: list[Any]) -> list[list[tuple[int, int]]]:
+    """The micro-batches of a log-prob forward: the batch's rows cut by ``plan_rows`` as the trainer
+    cuts them."""
+    from rl_engine.trainer.microbatch import plan_rows
+
+    tc = trainer.cfg.trainer
+    lens = [(len(s.prompt_ids), len(s.response_ids)) for s in samples]
+    rows = tc.micro_batch_size or len(lens)
+    groups = plan_rows(
+        [p for p, _ in lens], [r for _, r in lens], rows, trainer.max_tokens, tc.micro_batch_order
+    )
+    return [[lens[j] for j in g] for g in groups]
 
 
 def _timed(fn: Any, repeats: int) -> tuple[float, Any]:
@@ -284,90 +313,93 @@ def _timed(fn: Any, repeats: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
-def measure_phases(cfg: Any, prompts_count: int, repeats: int) -> dict[str, Any]:
-    """Time generation, the old log-prob forward and the trainer step on the same batch."""
+def generate(cfg: Any, prompts_count: int, repeats: int) -> tuple[float, list[Any]]:
+    """(median seconds, the samples) of the HF rollout worker generating one step's batch of the
+    preset's prompts; each sample gets a 0/1 reward (what the advantages need: not a phase here)."""
     import random
-
-    import torch
 
     from rl_engine.backends import build_rollout_worker
     from rl_engine.data import PromptStream
-    from rl_engine.trainer import PolicyTrainer
 
     worker = build_rollout_worker(cfg)
     prompts = PromptStream(cfg, worker.tokenizer).next_batch(prompts_count)
     gen_s, samples = _timed(lambda: worker.generate(prompts, cfg.rollout.n), repeats)
-    worker = None  # its memory goes before the trainer's comes
-    rng = random.Random(0)  # a reward per sample: what the advantages need, not a phase of the bound
-    samples = [replace(s, reward=float(rng.random() < 0.5)) for s in samples]
+    rng = random.Random(0)
+    return gen_s, [replace(s, reward=float(rng.random() < 0.5)) for s in samples]
+
+
+def train(cfg: Any, samples: list[Any], repeats: int) -> dict[str, Any]:
+    """The trainer's log-prob forward and its step on ``samples``, timed (medians), with their plans."""
+    import torch
+
+    from rl_engine.trainer import PolicyTrainer
+
     trainer = PolicyTrainer(cfg)
     torch.set_num_threads(cfg.trainer.num_threads)
     lp_s, _ = _timed(lambda: trainer.compute_logprobs(samples), repeats)
     trainer.train_step(samples)  # warm-up: allocates the AdamW state
-    plan = train_plan(trainer, samples)
-    times = []
+    times, plan = [], []
     for _ in range(repeats):
         plan = train_plan(trainer, samples)  # this step's micro-batches
         t0 = time.perf_counter()
         trainer.train_step(samples)
         times.append(time.perf_counter() - t0)
+    return {"logprob_s": lp_s, "train_s": statistics.median(times), "train_plan": plan,
+            "logprob_plan": logprob_plan(trainer, samples)}  # fmt: skip
+
+
+def phase_figures(work: Work, seconds: float, peak: float, own: float) -> dict[str, Any]:
+    """A phase's FLOPs (GFLOP), achieved GFLOP/s and fractions of the bound (``peak``: the best fp32
+    matmul here; ``own``: the fp32 matmul at the phase's rows and the MLP's width)."""
+    achieved = work.total / seconds / 1e9
     return {
-        "samples": samples,
-        "generation_s": gen_s,
-        "logprob_s": lp_s,
-        "train_s": statistics.median(times),
-        "train_plan": plan,
-        "logprob_plan": train_plan_no_grad(trainer, samples),
-        "gen_micro_batch": cfg.rollout.micro_batch_size,
+        "seconds": seconds,
+        "gflop": {
+            "real": work.real / 1e9,
+            "padding": work.padding / 1e9,
+            "recompute": work.recompute / 1e9,
+            "total": work.total / 1e9,
+        },
+        "padding_share": work.padding / work.total,
+        "recompute_share": work.recompute / work.total,
+        "achieved_gflops": achieved,
+        "useful_gflops": work.real / seconds / 1e9,
+        "fraction_of_peak": achieved / peak,
+        "fraction_of_own_shape": achieved / own,
     }
 
 
-def train_plan_no_grad(trainer: Any, samples: list[Any]) -> list[list[tuple[int, int]]]:
-    """The micro-batches of a log-prob forward: the batch in its own order, cut at the token budget."""
-    from rl_engine.trainer.microbatch import plan_micro_batches
-
-    lens = [(len(s.prompt_ids), len(s.response_ids)) for s in samples]
-    rows = trainer.cfg.trainer.micro_batch_size or len(lens)
-    groups = plan_micro_batches([p for p, _ in lens], [r for _, r in lens], rows, trainer.max_tokens)
-    return [[lens[j] for j in g] for g in groups]
-
-
-def report(shape: Shape, phases: dict[str, Any], matmuls: list[dict], threads: int) -> dict[str, Any]:
-    """Each phase's work, achieved GFLOP/s, and fractions of the float32 bound at ``threads``."""
-    samples = phases["samples"]
-    mb = phases["gen_micro_batch"]
-    gen = Work(0.0)
-    for start in range(0, len(samples), mb):
-        chunk = samples[start : start + mb]
-        gen = gen + count_generation(shape, [len(s.prompt_ids) for s in chunk],
-                                     [len(s.response_ids) for s in chunk])  # fmt: skip
-    train = count_train(shape, phases["train_plan"])
-    work = {
-        "generation": gen,
-        "logprob_forward": count_logprob_forward(shape, phases["logprob_plan"]),
-        "train_step": train["train_forward"] + train["train_backward"],
-    }
-    seconds = {"generation": phases["generation_s"], "logprob_forward": phases["logprob_s"],
-               "train_step": phases["train_s"]}  # fmt: skip
+def report(shape: Shape, runs: dict[str, Any], matmuls: list[dict], threads: int) -> dict[str, Any]:
+    """Each phase's work and fractions of the float32 bound at ``threads`` (``phase_figures``)."""
     fp32 = [m for m in matmuls if m["dtype"] == "float32" and m["threads"] == threads]
     peak = max(m["gflops"] for m in fp32)
-    # each phase's own shape: the decode's rows (the step's micro-batch), a trainer micro-batch's tokens
-    own_rows = {"generation": "decode", "logprob_forward": "train", "train_step": "train"}
-    out: dict[str, Any] = {}
-    for name, w in work.items():
-        own = [m["gflops"] for m in fp32 if m["rows_of"] == own_rows[name] and m["width"] == "mlp"]
-        achieved = w.total / seconds[name] / 1e9
-        out[name] = {
-            "seconds": seconds[name],
-            "gflop": asdict(w) | {"total": w.total},
-            "padding_share": w.padding / w.total,
-            "recompute_share": w.recompute / w.total,
-            "achieved_gflops": achieved,
-            "useful_gflops": w.real / seconds[name] / 1e9,
-            "fraction_of_peak": achieved / peak,
-            "fraction_of_own_shape": achieved / own[0] if own else None,
-        }
-        out[name]["gflop"] = {k: v / 1e9 for k, v in out[name]["gflop"].items()}
+
+    def own(rows_of: str, streamed: bool = False) -> float:
+        return next(m["gflops"] for m in fp32 if m["rows_of"] == rows_of and m["width"] == "mlp"
+                    and m["streamed"] == streamed)  # fmt: skip
+
+    samples, mb = runs["samples"], runs["gen_micro_batch"]
+    gen = {"prefill": Work(0.0), "decode": Work(0.0)}
+    for start in range(0, len(samples), mb):
+        chunk = samples[start : start + mb]
+        for k, w in count_generation(shape, [len(s.prompt_ids) for s in chunk],
+                                     [len(s.response_ids) for s in chunk]).items():  # fmt: skip
+            gen[k] = gen[k] + w
+    out: dict[str, Any] = {
+        "prefill": phase_figures(gen["prefill"], runs["prefill_s"], peak, own("prefill")),
+        "decode": phase_figures(gen["decode"], runs["generation_s"] - runs["prefill_s"], peak, own("decode")),
+        "generation": phase_figures(
+            gen["prefill"] + gen["decode"], runs["generation_s"], peak, own("decode")
+        ),
+    }
+    out["decode"]["fraction_of_streamed_shape"] = out["decode"]["achieved_gflops"] / own("decode", True)
+    for order, t in runs["train"].items():
+        train = count_train(shape, t["train_plan"])
+        out[f"logprob_forward[{order}]"] = phase_figures(count_logprob_forward(shape, t["logprob_plan"]),
+                                                         t["logprob_s"], peak, own("train"))  # fmt: skip
+        out[f"train_step[{order}]"] = phase_figures(train["train_forward"] + train["train_backward"],
+                                                    t["train_s"], peak, own("train"))  # fmt: skip
+        out[f"train_step[{order}]"]["micro_batch_rows"] = [len(m) for m in t["train_plan"]]
     out["bound_fp32_gflops"] = {"peak": peak, "threads": threads}
     return out
 
@@ -388,29 +420,34 @@ def main() -> None:
             from real_model import smoke_model
 
             model_dir = str(smoke_model(tmp))
-            extra += [
-                "data.synthetic.train_size=16",
-                "data.synthetic.test_size=4",
-                "rollout.max_new_tokens=8",
-            ]
+            extra += ["data.synthetic.train_size=16", "data.synthetic.test_size=4", "rollout.max_new_tokens=8",
+                      "trainer.batch_size=16", "trainer.mini_batch_size=16", "rollout.micro_batch_size=16"]  # fmt: skip
             prompts_count, min_time_s, args.repeats = 2, 0.02, 1
-            extra += ["trainer.batch_size=16", "trainer.mini_batch_size=16", "rollout.micro_batch_size=16"]
         elif not (Path(model_dir) / "config.json").exists():
             sys.exit(f"{model_dir}: no model there (make model fetches SmolLM2-135M-Instruct)")
+        load_before = os.getloadavg()
         cfg = build_config(model_dir, tmp / "data", extra)
         from transformers import AutoConfig
 
         shape = Shape.of(AutoConfig.from_pretrained(model_dir))
         t0 = time.perf_counter()
-        phases = measure_phases(cfg, prompts_count, args.repeats)
+        prefill_s, _ = generate(build_config(model_dir, tmp / "data", [*extra, "rollout.max_new_tokens=1"]),
+                                prompts_count, args.repeats)  # fmt: skip
+        generation_s, samples = generate(cfg, prompts_count, args.repeats)
+        runs: dict[str, Any] = {"samples": samples, "prefill_s": prefill_s, "generation_s": generation_s,
+                                "gen_micro_batch": min(cfg.rollout.micro_batch_size, len(samples)), "train": {}}  # fmt: skip
+        for order in ("shuffled", "length"):  # before and after length-sorted micro-batches
+            runs["train"][order] = train(
+                build_config(model_dir, tmp / "data", [*extra, f"trainer.micro_batch_order={order}"]),
+                samples,
+                args.repeats,
+            )
         phases_s = time.perf_counter() - t0
-        samples = phases["samples"]
-        padded = [len(mb) * max(p + r for p, r in mb) for mb in phases["train_plan"]]
+        plans = [mb for t in runs["train"].values() for mb in t["train_plan"]]
         rows = {
-            "decode": cfg.rollout.micro_batch_size,
-            "prefill": min(cfg.rollout.micro_batch_size, len(samples))
-            * max(len(s.prompt_ids) for s in samples),
-            "train": max(padded),
+            "decode": runs["gen_micro_batch"],
+            "prefill": runs["gen_micro_batch"] * max(len(s.prompt_ids) for s in samples),
+            "train": max(len(mb) * max(p + r for p, r in mb) for mb in plans),
         }
         matmuls = bench_matmuls(shape, rows, [1, 2], min_time_s)
         result = {
@@ -421,14 +458,13 @@ def main() -> None:
                 "samples": len(samples),
                 "prompt_tokens": [len(s.prompt_ids) for s in samples],
                 "response_tokens": [len(s.response_ids) for s in samples],
-                "train_micro_batch_rows": [len(mb) for mb in phases["train_plan"]],
-                "train_micro_batch_padded_tokens": padded,
             },
             "threads": 1,
-            "phases": report(shape, phases, matmuls, 1),
+            "phases": report(shape, runs, matmuls, 1),
             "matmul": matmuls,
             "phases_wall_s": phases_s,
-            "loadavg": os.getloadavg(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -437,13 +473,13 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
     print(text)
-    print("\nphase            s      GFLOP  padding  recompute  GFLOP/s  of peak  of own shape")
-    for name in ("generation", "logprob_forward", "train_step"):
-        r = result["phases"][name]
-        own = r["fraction_of_own_shape"]
-        print(f"{name:15} {r['seconds']:6.2f} {r['gflop']['total']:8.1f}  {r['padding_share']:7.1%}  "
+    print("\nphase                        s    GFLOP  padding  recompute  GFLOP/s  of peak  of own shape")
+    for name, r in result["phases"].items():
+        if name == "bound_fp32_gflops":
+            continue
+        print(f"{name:24} {r['seconds']:7.2f} {r['gflop']['total']:8.1f}  {r['padding_share']:7.1%}  "
               f"{r['recompute_share']:9.1%}  {r['achieved_gflops']:7.1f}  {r['fraction_of_peak']:7.1%}  "
-              f"{own if own is None else f'{own:.1%}'}")  # fmt: skip
+              f"{r['fraction_of_own_shape']:7.1%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -258,6 +258,13 @@ class TrainerConfig(StrictModel):
             "throughout; auto: bf16 when model.dtype is bfloat16 or float16, else fp32."
         ),
     )
+    micro_batch_order: Literal["length", "shuffled"] = Field(
+        "length",
+        description=(
+            "length: a mini-batch's rows sorted longest first before micro-batches are cut (least padding, "
+            "the same gradient); shuffled: cut in the mini-batch's shuffled order."
+        ),
+    )
     max_tokens_per_micro_batch: int | None = Field(
         None,
         ge=1,

@@ -75,7 +75,7 @@ from rl_engine.trainer.microbatch import (
     MicroBatch,
     ModelShape,
     default_token_budget,
-    plan_micro_batches,
+    plan_rows,
     row_lengths,
     select,
 )
@@ -253,11 +253,12 @@ class PolicyTrainer:
         p_len, r_len = prompt[idx].tolist(), response[idx].tolist()
         shares = split_by_tokens([a + b for a, b in zip(p_len, r_len, strict=True)], self.ranks.world)
         rows = self.cfg.trainer.micro_batch_size or len(idx)
+        order = self.cfg.trainer.micro_batch_order
         plans = [
             [
                 [share[i] for i in g]
-                for g in plan_micro_batches(
-                    [p_len[i] for i in share], [r_len[i] for i in share], rows, self.max_tokens
+                for g in plan_rows(
+                    [p_len[i] for i in share], [r_len[i] for i in share], rows, self.max_tokens, order
                 )
             ]
             for share in shares

@@ -107,7 +107,18 @@ def test_generation_flops_match_torchs_count(make_cfg):
     linear, attn = _split(count)
     shape = step_bound.Shape.of(worker.model.config)
     work = step_bound.count_generation(shape, lengths, [new] * 4)
-    assert linear + attn == work.total  # exact: prefill over the padded prompts, then new - 1 cached steps
-    # the left padding is the only waste when every response has the same length
+    # exact: prefill over the padded prompts, then new - 1 cached steps
+    assert linear + attn == work["prefill"].total + work["decode"].total
+    # every response as long as the budget: the prompts' left padding is the only waste, in the prefill
+    # and in each cached step's attention over the padded keys
     pad_tokens = 4 * max(lengths) - sum(lengths)
-    assert work.padding >= 2 * shape.body_params * pad_tokens
+    assert work["prefill"].padding >= 2 * shape.body_params * pad_tokens
+    assert work["decode"].padding == step_bound.forward_flops(shape, 0, (new - 1) * pad_tokens, 0)
+    # rows that stop early keep decoding: the shorter ones' steps past their end are padding
+    short = step_bound.count_generation(shape, lengths, [new, 2, new, 1])["decode"]
+    assert short.total == work["decode"].total
+    # rows 1 and 3 end after 2 and 1 tokens: their forwards at steps 2-4 and 1-4 (each attending over its
+    # own prompt and steps) are padding too
+    skipped = [(lengths[1], s) for s in (2, 3, 4)] + [(lengths[3], s) for s in (1, 2, 3, 4)]
+    extra = step_bound.forward_flops(shape, len(skipped), sum(p + s for p, s in skipped), len(skipped))
+    assert short.padding == work["decode"].padding + extra
