@@ -84,7 +84,12 @@ def test_a_folder_generated_before_gets_its_transfer_split_when_asked(tmp_path, 
     write_dataset(SyntheticDataSpec(**synthetic), folder)  # an older folder: no transfer split
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     cfg = make_cfg(
-        _data(folder, tmp_path, synthetic={**synthetic, "transfer_size": 10}, extra_validation_splits=["transfer"]),
+        _data(
+            folder,
+            tmp_path,
+            synthetic={**synthetic, "transfer_size": 10},
+            extra_validation_splits=["transfer"],
+        ),
         "rollout.max_prompt_tokens=200",
     )
     from rl_engine.models import load_tokenizer
