@@ -15,9 +15,11 @@ Three parts, one JSON report:
 - **The phases for real**: the HF rollout worker and the ``PolicyTrainer`` as the engine builds them from
   the ``smollm2-arith-cpu`` preset (SmolLM2-135M-Instruct, 4 prompts x 8 = 32 samples of the preset's own
   data, 64 new tokens, float32, 1 thread each), timed, and each phase's achieved GFLOP/s as a fraction of
-  the matmul bound at its own shape and of the best shape's.
+  the matmul bound at its own shape and of the best shape's. Generation is timed whole and with one new
+  token (the prefill; decode is the difference); the trainer under both ``trainer.micro_batch_order``
+  (``shuffled``: before; ``length``: after), side by side on the same batch.
 
-    .venv/bin/python benchmarks/step_bound.py --out var/bench/step_bound.json   # SmolLM2, ~3 min
+    .venv/bin/python benchmarks/step_bound.py --out var/bench/step_bound.json   # SmolLM2, ~5 min
     .venv/bin/python benchmarks/step_bound.py --smoke                           # tiny model: it runs
 
 Run it alone on the machine: the fractions come from one run (phase and bound measured side by side),
