@@ -42,8 +42,6 @@ from experiments.path_policy import PathPolicy, roots_text
 from rl_engine.catalogue import ModelInfo
 from rl_engine.config import experiment_json_schema
 from rl_engine.config import names as config_names
-from rl_engine.config.env import ENV_NAMES
-from rl_engine.envs.plugins import installed as installed_environments
 from rl_engine.strict_url import url_problem
 
 if TYPE_CHECKING:
@@ -113,7 +111,7 @@ def offered_env_plugins() -> tuple[tuple[str, str], ...]:
     """(name, label) of the environment plugins installed in the engine's environment and here (the
     config check runs here: ``rl_engine.config.env``), both found by their metadata; none when the
     engine does not answer."""
-    here = set(installed_environments(ENV_NAMES))
+    here = set(config_names.environment_plugins())
     if not here:
         return ()  # nothing to offer whatever the engine has: it is not asked
     try:
@@ -256,7 +254,7 @@ def _narrow_environments(schema: dict[str, Any], policy: FormPolicy) -> None:
     """``env.name``: none, a built-in, or an offered plugin (the schema's enum: none or a built-in)."""
     if not policy.env_plugins:
         return
-    choices = [(name, name) for name in ENV_NAMES] + list(policy.env_plugins)
+    choices = [(name, name) for name in config_names.builtin_environments()] + list(policy.env_plugins)
     field = schema["$defs"]["EnvConfig"]["properties"]["name"]
     field["x-choices"] = [{"value": value, "label": label} for value, label in choices]
     field["enum"] = [None, *(value for value, _ in choices)]

@@ -123,6 +123,8 @@ class ExperimentConfig(StrictModel):
     def _lora_fits_backend(self) -> None:
         """An adapter-only sync needs a worker that applies adapters (``LORA_BACKENDS``); a merged one
         streams from one trainer rank (the merge reads whole weights)."""
+        if self.model.lora is None:
+            return
         mode = sync_mode(self.model.lora, self.rollout.backend)
         if mode == "adapters" and self.rollout.backend not in LORA_BACKENDS:
             raise FieldError(

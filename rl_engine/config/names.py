@@ -108,6 +108,21 @@ def refused_reward_plugins() -> tuple[PluginRefused, ...]:
     return discover(frozenset(REWARDS.names))[1]
 
 
+def builtin_environments() -> tuple[str, ...]:
+    """The built-in environments ``env.name`` accepts (``rl_engine.config.env.ENV_NAMES``)."""
+    from rl_engine.config.env import ENV_NAMES
+
+    return ENV_NAMES
+
+
+def environment_plugins() -> dict[str, metadata.EntryPoint]:
+    """The installed environment plugins by name (entry-point group ``rl_engine.envs``: entry points, not
+    loaded), those shadowing a built-in left out: what ``env.name`` accepts besides the built-ins."""
+    from rl_engine.envs.plugins import installed
+
+    return installed(builtin_environments())
+
+
 def refresh_reward_plugins() -> None:
     """Forget the cached entry points: the next lookup reads the installed packages again."""
     refresh()
